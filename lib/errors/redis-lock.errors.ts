@@ -1,0 +1,165 @@
+/**
+ * Base class of every error this library throws or uses to abort a signal.
+ * Catch this to handle all lock failures at once; check the subclass (never the message text)
+ * to tell them apart.
+ */
+export class RedisLockError extends Error {
+  constructor(message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = new.target.name;
+  }
+}
+
+/**
+ * The module options are invalid or contradict each other. Thrown while the application
+ * boots (`forRoot()` / `forRootAsync()`), never later.
+ */
+export class RedisLockConfigurationError extends RedisLockError {
+  constructor(
+    /** The option at fault, as a path (`defaults.ttl`, `client`, ...). */
+    readonly option: string,
+    /** The value that was given (`undefined` when the problem is a missing option). */
+    readonly value: unknown,
+    /** What is wrong and how to fix it. */
+    readonly problem: string,
+  ) {
+    super(`Invalid RedisLockModule option "${option}" (${describe(value)}): ${problem}`);
+  }
+}
+
+/**
+ * A call was given a bad argument: an empty key, a duration that is not a whole positive
+ * number of milliseconds, a foreign `AbortSignal`, an unknown option name.
+ */
+export class LockArgumentError extends RedisLockError {
+  constructor(
+    /** The argument or option at fault (`key`, `ttl`, `acquireTimeout`, ...). */
+    readonly argument: string,
+    /** The value that was given. */
+    readonly value: unknown,
+    /** What is wrong and how to fix it. */
+    readonly problem: string,
+  ) {
+    super(`Invalid lock argument "${argument}" (${describe(value)}): ${problem}`);
+  }
+}
+
+/** The lock was still held by someone else when `acquireTimeout` ran out. */
+export class LockAcquireTimeoutError extends RedisLockError {
+  constructor(
+    /** The lock key, without the module's `keyPrefix`. */
+    readonly key: string,
+    /** How long this call waited, in ms. */
+    readonly waitedMs: number,
+    /** The `acquireTimeout` in force, in ms. */
+    readonly acquireTimeout: number,
+    /** How long the current holder's lock still had to live at the last attempt, in ms (`undefined` when unknown). */
+    readonly retryAfterMs?: number,
+  ) {
+    super(
+      `Could not acquire lock "${key}" within ${acquireTimeout} ms (waited ${Math.round(waitedMs)} ms): ` +
+        `another holder kept it. Retry later, raise acquireTimeout, or shorten the work done under the lock.`,
+    );
+  }
+}
+
+/** Why a lock was lost: see {@link LockLostError.reason}. */
+export type LockLostReason =
+  /** Redis no longer holds our token under the key: it expired or was deleted, and may be someone else's now. */
+  | 'not-held'
+  /** No extension could be confirmed before the lock's TTL ran out (Redis slow or unreachable). */
+  | 'unconfirmed'
+  /** The TTL ran out and auto-extension was off. */
+  | 'expired'
+  /** The module shut down and released the lock while the work was still running. */
+  | 'shutdown';
+
+/**
+ * The lock is no longer ours, or may not be. `lock.signal` aborts with this error as its
+ * `reason`; `extend()` throws it. Work protected by the lock should stop at once: another
+ * holder may already be running it.
+ */
+export class LockLostError extends RedisLockError {
+  constructor(
+    /** The lock key, without the module's `keyPrefix`. */
+    readonly key: string,
+    /** The token this holder had. */
+    readonly token: string,
+    /** What was observed. */
+    readonly reason: LockLostReason,
+    options?: { cause?: unknown },
+  ) {
+    super(`Lock "${key}" was lost (${LOST_REASONS[reason]}). ${LOST_ADVICE}`, options);
+  }
+}
+
+const LOST_REASONS: Record<LockLostReason, string> = {
+  'not-held': 'Redis no longer holds this token: the lock expired or was deleted',
+  unconfirmed: 'no extension could be confirmed before its TTL ran out',
+  expired: 'its TTL ran out and autoExtend is off',
+  shutdown: 'the module shut down and released it',
+};
+const LOST_ADVICE =
+  'Stop the protected work; use the fencing token to make the resource reject stale writers, ' +
+  'and give the lock a longer ttl or enable autoExtend if the work is legitimately slow.';
+
+/** The wait for a lock was cancelled through the caller's `AbortSignal`. */
+export class LockAcquireAbortedError extends RedisLockError {
+  constructor(
+    /** The lock key, without the module's `keyPrefix`. */
+    readonly key: string,
+    /** The signal's `reason`. */
+    reason: unknown,
+  ) {
+    super(`Acquiring lock "${key}" was aborted by the caller's signal.`, { cause: reason });
+  }
+}
+
+/** The module is shutting down: pending acquisitions are rejected and new ones refused. */
+export class RedisLockShutdownError extends RedisLockError {
+  constructor(
+    /** The lock key, without the module's `keyPrefix`. */
+    readonly key: string,
+  ) {
+    super(
+      `Lock "${key}" cannot be acquired: the RedisLockModule is shutting down. ` +
+        `Stop starting locked work once shutdown has begun.`,
+    );
+  }
+}
+
+/** What the library asked Redis to do when it failed. */
+export type LockOperation = 'acquire' | 'extend' | 'release' | 'isLocked';
+
+/**
+ * Redis failed to answer a lock command (connection lost, timeout, script error). The lock
+ * state is unknown for this call; the original error is the `cause`.
+ */
+export class LockBackendError extends RedisLockError {
+  constructor(
+    /** The lock key, without the module's `keyPrefix`. */
+    readonly key: string,
+    /** The command that failed. */
+    readonly operation: LockOperation,
+    cause: unknown,
+  ) {
+    super(
+      `Redis failed during ${operation} of lock "${key}": ${causeText(cause)}. ` +
+        `Check that Redis is reachable; the call may be retried.`,
+      { cause },
+    );
+  }
+}
+
+function describe(value: unknown): string {
+  if (typeof value === 'string') return JSON.stringify(value);
+  if (typeof value === 'number' || typeof value === 'boolean' || value == null) {
+    return String(value);
+  }
+  if (typeof value === 'function') return 'a function';
+  return `a ${value.constructor?.name ?? 'value'}`;
+}
+
+function causeText(cause: unknown): string {
+  return cause instanceof Error ? cause.message : String(cause);
+}

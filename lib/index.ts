@@ -1,0 +1,18 @@
+export {
+  LockAcquireAbortedError,
+  LockAcquireTimeoutError,
+  LockArgumentError,
+  LockBackendError,
+  LockLostError,
+  RedisLockConfigurationError,
+  RedisLockError,
+  RedisLockShutdownError,
+  type LockLostReason,
+  type LockOperation,
+} from './errors/redis-lock.errors.js';
+export type { AcquireOptions, Lock } from './interfaces/lock.interface.js';
+export type { LockDefaults, RedisLockModuleOptions } from './interfaces/redis-lock-options.interface.js';
+export { getCurrentLock } from './lock.context.js';
+export { LockService } from './lock.service.js';
+export { RedisLockModule } from './redis-lock.module.js';
+export { MODULE_OPTIONS_TOKEN as REDIS_LOCK_MODULE_OPTIONS } from './redis-lock.module-definition.js';

@@ -1,0 +1,57 @@
+import type { Cluster, Redis, RedisOptions } from 'ioredis';
+
+/** Defaults applied to every lock taken through the module, overridable per call. */
+export interface LockDefaults {
+  /**
+   * TTL of a lock in ms: how long Redis keeps it if its holder stops extending it (crashes).
+   * @default 10_000
+   */
+  ttl?: number;
+  /**
+   * How long `acquire()`, `using()` and `@WithLock` wait for a held lock, in ms. `0`: one attempt.
+   * @default 5_000
+   */
+  acquireTimeout?: number;
+  /**
+   * Extend held locks in the background. When unset: off for `acquire()` / `tryAcquire()`
+   * (a forgotten handle must still expire), on for `using()` and `@WithLock`. When set, it
+   * applies to every method unless a call says otherwise.
+   * @default undefined
+   */
+  autoExtend?: boolean;
+  /**
+   * Longest pause between two attempts while waiting, in ms. Waiters are woken by the
+   * release itself (pub/sub); this only bounds what a lost wake-up or a holder that keeps
+   * extending can cost.
+   * @default 1_000
+   */
+  retryInterval?: number;
+  /**
+   * Random extra delay, up to this many ms, added to every timed retry so that waiters do
+   * not all retry at the same instant. `0` turns it off.
+   * @default 50
+   */
+  retryJitter?: number;
+}
+
+/** Options of `RedisLockModule.forRoot()` and the factory of `forRootAsync()`. Give exactly one of `client` or `connection`. */
+export interface RedisLockModuleOptions {
+  /**
+   * Your own ioredis client. The module uses it (and a `duplicate()` of it for pub/sub,
+   * which it owns) and never closes it.
+   */
+  client?: Redis | Cluster;
+  /**
+   * A Redis URL or ioredis options. The module creates the client and closes it on shutdown.
+   * @example 'redis://127.0.0.1:6379'
+   */
+  connection?: string | RedisOptions;
+  /**
+   * Prepended to every lock key in Redis. May not contain `{` or `}`: the library puts each
+   * key in a hash tag of its own so that its fencing counter lives in the same cluster slot.
+   * @default 'lock:'
+   */
+  keyPrefix?: string;
+  /** Defaults for every lock taken through this module. */
+  defaults?: LockDefaults;
+}

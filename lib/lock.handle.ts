@@ -1,0 +1,170 @@
+import type { Logger } from '@nestjs/common';
+import {
+  LockArgumentError,
+  LockBackendError,
+  LockLostError,
+  type LockLostReason,
+} from './errors/redis-lock.errors.js';
+import type { LockBackend } from './interfaces/lock-backend.interface.js';
+import type { Lock } from './interfaces/lock.interface.js';
+import { durationProblem } from './redis-lock.options.js';
+
+/** What a handle needs from the service that created it. */
+export interface LockOwnerHooks {
+  readonly backend: LockBackend;
+  readonly logger: Logger;
+  /** Called once when the handle stops being held (released or lost). */
+  settled(lock: LockHandle): void;
+}
+
+/**
+ * A held lock and its lease: the expiry timer that aborts `signal` when the TTL runs out
+ * unconfirmed, and, with auto-extension, the watchdog that extends it every `ttl / 3`.
+ * Extension goes through the owner-checked script, so a lost lock is never re-created.
+ */
+export class LockHandle implements Lock {
+  private readonly controller = new AbortController();
+  private state: 'held' | 'released' | 'lost' = 'held';
+  /** Holders in this call chain: re-entrant uses share the handle, the last release frees it. */
+  private depth = 1;
+  private expiry: number;
+  private expiryTimer: NodeJS.Timeout | undefined;
+  private extendTimer: NodeJS.Timeout | undefined;
+  private lastExtendError: unknown;
+
+  constructor(
+    readonly key: string,
+    readonly token: string,
+    readonly fence: number,
+    private ttl: number,
+    expiresAt: number,
+    private readonly autoExtend: boolean,
+    private readonly owner: LockOwnerHooks,
+  ) {
+    this.expiry = expiresAt;
+    this.armExpiry();
+    if (autoExtend) this.scheduleExtension(ttl / 3);
+  }
+
+  get signal(): AbortSignal {
+    return this.controller.signal;
+  }
+
+  get expiresAt(): number {
+    return this.expiry;
+  }
+
+  /** True once `release()` has taken the lock's last holder away. */
+  get released(): boolean {
+    return this.state === 'released';
+  }
+
+  /** Whether this handle was created by the service that `hooks` belong to. */
+  belongsTo(hooks: LockOwnerHooks): boolean {
+    return this.owner === hooks;
+  }
+
+  /** Re-enters the lock from nested code in the same call chain. */
+  enter(): this {
+    if (this.state === 'lost') throw this.signal.reason as LockLostError;
+    this.depth++;
+    return this;
+  }
+
+  async release(): Promise<boolean> {
+    if (this.state === 'released') return false;
+    if (--this.depth > 0) return this.state === 'held';
+    this.settle('released');
+    try {
+      return await this.owner.backend.release(this.key, this.token);
+    } catch (error) {
+      throw new LockBackendError(this.key, 'release', error);
+    }
+  }
+
+  async extend(ttl: number = this.ttl): Promise<void> {
+    const problem = durationProblem(ttl, false);
+    if (problem) throw new LockArgumentError('ttl', ttl, problem);
+    if (this.state === 'released') throw new LockLostError(this.key, this.token, 'not-held');
+    if (this.state === 'lost') throw this.signal.reason as LockLostError;
+    let extended: boolean;
+    try {
+      extended = await this.renew(ttl);
+    } catch (error) {
+      throw new LockBackendError(this.key, 'extend', error);
+    }
+    if (!extended) throw this.signal.reason as LockLostError;
+  }
+
+  /**
+   * Ends the lease because the module shuts down: releases it in Redis and aborts `signal`, so
+   * work still running learns that it no longer holds the lock.
+   */
+  async abandon(): Promise<boolean> {
+    if (this.state !== 'held') return false;
+    this.settle('released');
+    this.controller.abort(new LockLostError(this.key, this.token, 'shutdown'));
+    return this.owner.backend.release(this.key, this.token);
+  }
+
+  /** One extension, shared by `extend()` and the watchdog. Resolves false when the lock is gone. */
+  private async renew(ttl: number): Promise<boolean> {
+    const sentAt = performance.now();
+    const extended = await this.owner.backend.extend(this.key, this.token, ttl);
+    if (this.state !== 'held') return extended && this.state !== 'lost';
+    if (!extended) {
+      this.lose('not-held');
+      return false;
+    }
+    this.ttl = ttl;
+    this.expiry = sentAt + ttl;
+    this.lastExtendError = undefined;
+    this.armExpiry();
+    return true;
+  }
+
+  private scheduleExtension(delay: number): void {
+    this.extendTimer = setTimeout(() => void this.autoExtendOnce(), delay);
+    this.extendTimer.unref();
+  }
+
+  private async autoExtendOnce(): Promise<void> {
+    this.extendTimer = undefined;
+    if (this.state !== 'held') return;
+    try {
+      if (await this.renew(this.ttl)) this.scheduleExtension(this.ttl / 3);
+    } catch (error) {
+      if (this.state !== 'held') return;
+      // Keep trying until the expiry timer declares the lock unconfirmed.
+      this.lastExtendError = error;
+      this.owner.logger.warn(`Could not extend lock "${this.key}", retrying: ${String(error)}`);
+      this.scheduleExtension(Math.max(this.ttl / 10, 10));
+    }
+  }
+
+  private armExpiry(): void {
+    clearTimeout(this.expiryTimer);
+    this.expiryTimer = setTimeout(
+      () => this.lose(this.autoExtend ? 'unconfirmed' : 'expired', this.lastExtendError),
+      Math.max(0, this.expiry - performance.now()),
+    );
+    this.expiryTimer.unref();
+  }
+
+  private lose(reason: LockLostReason, cause?: unknown): void {
+    if (this.state !== 'held') return;
+    this.settle('lost');
+    this.controller.abort(
+      new LockLostError(this.key, this.token, reason, cause === undefined ? undefined : { cause }),
+    );
+  }
+
+  private settle(state: 'released' | 'lost'): void {
+    const wasHeld = this.state === 'held';
+    this.state = state;
+    clearTimeout(this.expiryTimer);
+    clearTimeout(this.extendTimer);
+    this.expiryTimer = this.extendTimer = undefined;
+    if (wasHeld) this.owner.settled(this);
+  }
+}

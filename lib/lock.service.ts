@@ -1,0 +1,317 @@
+import { Inject, Injectable, Logger, type OnApplicationShutdown } from '@nestjs/common';
+import { randomBytes } from 'node:crypto';
+import { setMaxListeners } from 'node:events';
+import {
+  LockAcquireAbortedError,
+  LockAcquireTimeoutError,
+  LockArgumentError,
+  LockBackendError,
+  RedisLockShutdownError,
+} from './errors/redis-lock.errors.js';
+import type {
+  AcquireAttempt,
+  LockBackend,
+  ReleaseSubscription,
+} from './interfaces/lock-backend.interface.js';
+import type { AcquireOptions, Lock } from './interfaces/lock.interface.js';
+import type { RedisLockModuleOptions } from './interfaces/redis-lock-options.interface.js';
+import { findChainLock, runHoldingLock } from './lock.context.js';
+import { LockHandle, type LockOwnerHooks } from './lock.handle.js';
+import { MODULE_OPTIONS_TOKEN } from './redis-lock.module-definition.js';
+import {
+  assertKey,
+  resolveAcquireOptions,
+  resolveModuleOptions,
+  type AcquireMode,
+  type ResolvedAcquireOptions,
+  type ResolvedDefaults,
+} from './redis-lock.options.js';
+import { RedisLockBackend } from './redis/redis-lock.backend.js';
+
+/** Rejection reason of a wait that outlived its deadline (internal). */
+const DEADLINE = Symbol('deadline');
+
+/**
+ * Takes, watches and releases distributed locks. Every public method, `@WithLock` included,
+ * goes through the same acquire loop (`obtain`) and the same lease (`LockHandle`).
+ */
+@Injectable()
+export class LockService implements OnApplicationShutdown {
+  protected readonly logger = new Logger('RedisLock');
+  private readonly backend: LockBackend;
+  private readonly defaults: ResolvedDefaults;
+  /** Locks taken through this service and neither released nor lost. */
+  private readonly held = new Set<LockHandle>();
+  private readonly stopping = new AbortController();
+  private readonly hooks: LockOwnerHooks;
+
+  constructor(@Inject(MODULE_OPTIONS_TOKEN) options: RedisLockModuleOptions) {
+    // Every waiter listens on this one signal (and removes its listener when done).
+    setMaxListeners(0, this.stopping.signal);
+    const resolved = resolveModuleOptions(options);
+    this.defaults = resolved.defaults;
+    this.backend = RedisLockBackend.create(resolved.source, resolved.keyPrefix, this.logger);
+    this.hooks = {
+      backend: this.backend,
+      logger: this.logger,
+      settled: (lock) => this.held.delete(lock),
+    };
+  }
+
+  /**
+   * Takes the lock on `key`, waiting up to `acquireTimeout` while someone else holds it.
+   * Release it with `lock.release()` in a `finally` block, or prefer `using()`.
+   * Auto-extension is off unless asked for: a forgotten handle still expires after `ttl`.
+   * @throws LockAcquireTimeoutError when the lock stayed taken for `acquireTimeout`
+   * @throws LockAcquireAbortedError when `signal` aborts the wait
+   * @example
+   * const lock = await locks.acquire(`order:${id}`, { ttl: 5_000 });
+   * try { await pay(id, lock.fence); } finally { await lock.release(); }
+   */
+  async acquire(key: string, options?: AcquireOptions): Promise<Lock> {
+    return (await this.obtain(key, options, 'acquire'))!;
+  }
+
+  /**
+   * Makes one attempt at the lock on `key` and never waits.
+   * @returns the lock, or `null` if someone else holds it
+   */
+  tryAcquire(key: string, options?: AcquireOptions): Promise<Lock | null> {
+    return this.obtain(key, options, 'tryAcquire');
+  }
+
+  /**
+   * Runs `fn` while holding the lock on `key` and releases it afterwards, whatever `fn` does.
+   * Returns what `fn` returns and rethrows what it throws, unchanged: a failed release is logged,
+   * never thrown over the result. The lock is auto-extended while `fn` runs (turn off with
+   * `autoExtend: false`); watch `lock.signal` to stop work if the lock is lost. Nested calls on
+   * the same key in the same async call chain re-enter the lock instead of deadlocking.
+   * @example
+   * await locks.using(`sku:${sku}`, async (lock) => reserve(sku, qty, lock.signal));
+   */
+  async using<T>(
+    key: string,
+    fn: (lock: Lock) => T | Promise<T>,
+    options?: AcquireOptions,
+  ): Promise<T> {
+    if (typeof fn !== 'function') throw new LockArgumentError('fn', fn, 'must be a function');
+    const lock = (await this.obtain(key, options, 'using'))!;
+    try {
+      return await runHoldingLock(this, lock, () => fn(lock));
+    } finally {
+      await this.releaseQuietly(lock);
+    }
+  }
+
+  /** Releases `lock`. Resolves `false` if it was no longer ours (expired, taken over, already released). */
+  release(lock: Lock): Promise<boolean> {
+    return this.ownHandle(lock).release();
+  }
+
+  /**
+   * Resets the TTL of `lock` to `ttl` (default: the TTL it last had).
+   * @throws LockLostError if it is no longer ours
+   */
+  extend(lock: Lock, ttl?: number): Promise<void> {
+    return this.ownHandle(lock).extend(ttl);
+  }
+
+  /** Whether anyone holds the lock on `key` right now. Only a hint: it may change at once. */
+  async isLocked(key: string): Promise<boolean> {
+    assertKey(key);
+    try {
+      return await this.backend.isLocked(key);
+    } catch (error) {
+      throw new LockBackendError(key, 'isLocked', error);
+    }
+  }
+
+  /**
+   * Shutdown: rejects pending acquisitions, stops watchdogs, releases every lock this service
+   * holds (their signals abort with reason `shutdown`) and closes the connections it created.
+   */
+  async onApplicationShutdown(): Promise<void> {
+    if (this.stopping.signal.aborted) return;
+    this.stopping.abort(new RedisLockShutdownError('*'));
+    const locks = [...this.held];
+    const results = await Promise.allSettled(locks.map((lock) => lock.abandon()));
+    results.forEach((result, i) => {
+      if (result.status === 'rejected') {
+        this.logger.warn(
+          `Could not release lock "${locks[i].key}" on shutdown; it expires after its TTL: ${String(result.reason)}`,
+        );
+      }
+    });
+    await this.backend.close();
+  }
+
+  /** The one acquire loop behind acquire(), tryAcquire(), using() and @WithLock. */
+  private async obtain(
+    key: string,
+    options: AcquireOptions | undefined,
+    mode: AcquireMode,
+  ): Promise<LockHandle | null> {
+    const opts = resolveAcquireOptions(key, options, this.defaults, mode);
+    const chained = findChainLock(this, key);
+    if (chained) return chained.enter();
+
+    const token = opts.token ?? randomBytes(16).toString('hex');
+    const signals = [opts.signal, this.stopping.signal];
+    const started = performance.now();
+    const deadline = started + opts.acquireTimeout;
+    let subscription: ReleaseSubscription | undefined;
+    let handle: LockHandle | undefined;
+    try {
+      for (;;) {
+        this.throwIfStopped(key, opts.signal);
+        const seen = subscription?.seen ?? 0;
+        const sentAt = performance.now();
+        const attempt = await this.attempt(key, token, opts, deadline, signals);
+        if (attempt.acquired) {
+          handle = this.hold(key, token, attempt, sentAt, opts);
+          return handle;
+        }
+        const remaining = deadline - performance.now();
+        if (remaining <= 0) {
+          if (mode === 'tryAcquire') return null;
+          throw new LockAcquireTimeoutError(
+            key,
+            performance.now() - started,
+            opts.acquireTimeout,
+            attempt.retryAfter,
+          );
+        }
+        if (!subscription) {
+          // Subscribe, then try again at once: a release between the failed attempt and the
+          // subscription would otherwise go unnoticed until the timer.
+          subscription = this.backend.watchReleases(key);
+          await within(subscription.ready, remaining, signals).catch(ignoreDeadline);
+          continue;
+        }
+        const pause =
+          Math.min(attempt.retryAfter ?? Infinity, this.defaults.retryInterval) +
+          Math.random() * this.defaults.retryJitter;
+        await subscription.wait(seen, Math.min(pause, remaining), signals);
+      }
+    } catch (error) {
+      if (opts.signal?.aborted && error === opts.signal.reason) {
+        throw new LockAcquireAbortedError(key, error);
+      }
+      if (error === this.stopping.signal.reason) throw new RedisLockShutdownError(key);
+      throw error;
+    } finally {
+      subscription?.dispose(handle !== undefined);
+    }
+  }
+
+  /**
+   * One acquisition attempt, given up when the deadline passes or a signal aborts. A reply that
+   * comes after that and says we got the lock is answered with a release, so an abandoned attempt
+   * never leaves a lock behind (unless the token is the caller's, which may hold it already).
+   */
+  private async attempt(
+    key: string,
+    token: string,
+    opts: ResolvedAcquireOptions,
+    deadline: number,
+    signals: readonly (AbortSignal | undefined)[],
+  ): Promise<AcquireAttempt> {
+    const pending = this.backend.tryAcquire(key, token, opts.ttl);
+    const limit = opts.acquireTimeout > 0 ? Math.max(deadline - performance.now(), 1) : undefined;
+    try {
+      return await within(pending, limit, signals);
+    } catch (error) {
+      const abandoned = error === DEADLINE || signals.some((s) => s?.aborted && s.reason === error);
+      if (!abandoned) throw new LockBackendError(key, 'acquire', error);
+      pending
+        .then((late) => {
+          if (late.acquired && opts.token === undefined) return this.backend.release(key, token);
+        })
+        .catch(() => {
+          // Nothing to undo: the attempt failed, or its lock expires after its TTL.
+        });
+      if (error === DEADLINE) {
+        throw new LockBackendError(key, 'acquire', new Error('Redis did not answer within acquireTimeout'));
+      }
+      throw error;
+    }
+  }
+
+  private hold(
+    key: string,
+    token: string,
+    attempt: Extract<AcquireAttempt, { acquired: true }>,
+    sentAt: number,
+    opts: ResolvedAcquireOptions,
+  ): LockHandle {
+    const handle = new LockHandle(
+      key,
+      token,
+      attempt.fence,
+      opts.ttl,
+      sentAt + attempt.validity,
+      opts.autoExtend,
+      this.hooks,
+    );
+    this.held.add(handle);
+    return handle;
+  }
+
+  private async releaseQuietly(lock: LockHandle): Promise<void> {
+    try {
+      const released = await lock.release();
+      if (lock.signal.aborted) {
+        this.logger.warn(`Lock "${lock.key}" was lost before the work finished: ${String(lock.signal.reason)}`);
+      } else if (!released) {
+        this.logger.warn(`Lock "${lock.key}" was no longer held when the work finished.`);
+      }
+    } catch (error) {
+      this.logger.error(`Could not release lock "${lock.key}"; it expires after its TTL: ${String(error)}`);
+    }
+  }
+
+  private throwIfStopped(key: string, signal: AbortSignal | undefined): void {
+    if (signal?.aborted) throw new LockAcquireAbortedError(key, signal.reason);
+    if (this.stopping.signal.aborted) throw new RedisLockShutdownError(key);
+  }
+
+  private ownHandle(lock: Lock): LockHandle {
+    if (!(lock instanceof LockHandle) || !lock.belongsTo(this.hooks)) {
+      throw new LockArgumentError('lock', lock, 'must be a lock returned by this LockService');
+    }
+    return lock;
+  }
+}
+
+/**
+ * Settles like `promise`, unless `ms` pass first (rejects with DEADLINE) or a signal aborts
+ * (rejects with its reason). Leaves no timer or listener behind.
+ */
+function within<T>(
+  promise: Promise<T>,
+  ms: number | undefined,
+  signals: readonly (AbortSignal | undefined)[],
+): Promise<T> {
+  const aborted = signals.find((signal) => signal?.aborted);
+  if (aborted) return Promise.reject(aborted.reason as Error);
+  return new Promise<T>((resolve, reject) => {
+    const onAbort = function (this: AbortSignal): void {
+      cleanup();
+      reject(this.reason as Error);
+    };
+    const timer = ms === undefined ? undefined : setTimeout(() => (cleanup(), reject(DEADLINE)), ms);
+    const cleanup = (): void => {
+      clearTimeout(timer);
+      for (const signal of signals) signal?.removeEventListener('abort', onAbort);
+    };
+    for (const signal of signals) signal?.addEventListener('abort', onAbort, { once: true });
+    promise.then(
+      (value) => (cleanup(), resolve(value)),
+      (error: unknown) => (cleanup(), reject(error as Error)),
+    );
+  });
+}
+
+function ignoreDeadline(error: unknown): void {
+  if (error !== DEADLINE) throw error;
+}

@@ -1,0 +1,198 @@
+import type { Cluster, Redis, RedisOptions } from 'ioredis';
+import { LockArgumentError, RedisLockConfigurationError } from './errors/redis-lock.errors.js';
+import type { AcquireOptions } from './interfaces/lock.interface.js';
+import type { LockDefaults, RedisLockModuleOptions } from './interfaces/redis-lock-options.interface.js';
+
+/** The built-in defaults: the single place they are written down. */
+export const DEFAULT_KEY_PREFIX = 'lock:';
+export const DEFAULT_LOCK_DEFAULTS = {
+  ttl: 10_000,
+  acquireTimeout: 5_000,
+  autoExtend: undefined,
+  retryInterval: 1_000,
+  retryJitter: 50,
+} as const satisfies Required<Omit<LockDefaults, 'autoExtend'>> & { autoExtend: undefined };
+
+/** Largest duration accepted: Node timers fire at once beyond 2^31 - 1 ms (~24.8 days). */
+export const MAX_DURATION = 2_147_483_647;
+
+export type ResolvedDefaults = Omit<Required<LockDefaults>, 'autoExtend'> & {
+  autoExtend: boolean | undefined;
+};
+
+/** Where the Redis connection comes from; exactly one source. */
+export type RedisSource =
+  | { kind: 'client'; client: Redis | Cluster }
+  | { kind: 'connection'; connection: string | RedisOptions };
+
+export interface ResolvedModuleOptions {
+  source: RedisSource;
+  keyPrefix: string;
+  defaults: ResolvedDefaults;
+}
+
+/** What a lock call runs with, once defaults are applied and everything is checked. */
+export interface ResolvedAcquireOptions {
+  ttl: number;
+  acquireTimeout: number;
+  autoExtend: boolean;
+  signal: AbortSignal | undefined;
+  token: string | undefined;
+}
+
+/** Which public method is asking: decides the `autoExtend` default and whether waiting is allowed. */
+export type AcquireMode = 'acquire' | 'tryAcquire' | 'using';
+
+const MODULE_KEYS = ['client', 'connection', 'keyPrefix', 'defaults'];
+const DEFAULTS_KEYS = Object.keys(DEFAULT_LOCK_DEFAULTS);
+const ACQUIRE_KEYS = ['ttl', 'acquireTimeout', 'autoExtend', 'signal', 'token'];
+
+/**
+ * Says what is wrong with a duration, or `undefined` if it is fine. Durations are whole
+ * milliseconds, finite, > 0 (or >= 0 where `allowZero`), and fit a Node timer.
+ */
+export function durationProblem(value: unknown, allowZero: boolean): string | undefined {
+  const floor = allowZero ? '>= 0' : '> 0';
+  if (typeof value !== 'number' || !Number.isFinite(value) || !Number.isInteger(value)) {
+    return `must be a whole number of milliseconds ${floor}`;
+  }
+  if (allowZero ? value < 0 : value <= 0) return `must be ${floor}`;
+  if (value > MAX_DURATION) return `must be at most ${MAX_DURATION} ms (~24.8 days)`;
+  return undefined;
+}
+
+/** Validates the module options and applies the defaults. Throws `RedisLockConfigurationError`. */
+export function resolveModuleOptions(raw: RedisLockModuleOptions): ResolvedModuleOptions {
+  const fail = (option: string, value: unknown, problem: string): never => {
+    throw new RedisLockConfigurationError(option, value, problem);
+  };
+  if (raw === null || typeof raw !== 'object') {
+    fail('options', raw, 'pass an object such as { connection: "redis://127.0.0.1:6379" }');
+  }
+  rejectUnknownKeys(raw, MODULE_KEYS, '', fail);
+
+  const hasClient = raw.client !== undefined;
+  const hasConnection = raw.connection !== undefined;
+  if (hasClient === hasConnection) {
+    fail(
+      hasClient ? 'client + connection' : 'client | connection',
+      undefined,
+      hasClient
+        ? 'give either your own client or connection settings, not both'
+        : 'give exactly one of `client` (your ioredis client) or `connection` (a URL or ioredis options)',
+    );
+  }
+  let source: RedisSource;
+  if (hasClient) {
+    if (!isRedisClient(raw.client)) {
+      fail('client', raw.client, 'must be an ioredis Redis or Cluster instance');
+    }
+    source = { kind: 'client', client: raw.client! };
+  } else {
+    const connection = raw.connection;
+    if (typeof connection === 'string') {
+      if (!/^rediss?:\/\/./.test(connection)) {
+        fail('connection', connection, 'a URL must start with redis:// or rediss://');
+      }
+    } else if (connection === null || typeof connection !== 'object') {
+      fail('connection', connection, 'must be a redis:// URL or an ioredis options object');
+    }
+    source = { kind: 'connection', connection: connection! };
+  }
+
+  const keyPrefix = raw.keyPrefix ?? DEFAULT_KEY_PREFIX;
+  if (typeof keyPrefix !== 'string') fail('keyPrefix', keyPrefix, 'must be a string');
+  if (/[{}]/.test(keyPrefix)) {
+    fail(
+      'keyPrefix',
+      keyPrefix,
+      'may not contain { or }: each lock key gets its own hash tag so that its fencing counter shares its cluster slot',
+    );
+  }
+
+  const given = raw.defaults ?? {};
+  if (given === null || typeof given !== 'object') fail('defaults', given, 'must be an object');
+  rejectUnknownKeys(given, DEFAULTS_KEYS, 'defaults.', fail);
+  const defaults: ResolvedDefaults = { ...DEFAULT_LOCK_DEFAULTS };
+  for (const name of ['ttl', 'acquireTimeout', 'retryInterval', 'retryJitter'] as const) {
+    const value = given[name];
+    if (value === undefined) continue;
+    const problem = durationProblem(value, name !== 'ttl' && name !== 'retryInterval');
+    if (problem) fail(`defaults.${name}`, value, problem);
+    defaults[name] = value;
+  }
+  if (given.autoExtend !== undefined) {
+    if (typeof given.autoExtend !== 'boolean') {
+      fail('defaults.autoExtend', given.autoExtend, 'must be true or false');
+    }
+    defaults.autoExtend = given.autoExtend;
+  }
+  return { source, keyPrefix, defaults };
+}
+
+/** Validates one call's key and options and fills in the defaults. Throws `LockArgumentError`. */
+export function resolveAcquireOptions(
+  key: unknown,
+  options: AcquireOptions | undefined,
+  defaults: ResolvedDefaults,
+  mode: AcquireMode,
+): ResolvedAcquireOptions {
+  const fail = (argument: string, value: unknown, problem: string): never => {
+    throw new LockArgumentError(argument, value, problem);
+  };
+  assertKey(key);
+  const opts = options ?? {};
+  if (opts === null || typeof opts !== 'object') fail('options', opts, 'must be an object');
+  rejectUnknownKeys(opts, ACQUIRE_KEYS, '', fail);
+
+  const ttl = opts.ttl ?? defaults.ttl;
+  const ttlProblem = durationProblem(ttl, false);
+  if (ttlProblem) fail('ttl', ttl, ttlProblem);
+  const acquireTimeout = mode === 'tryAcquire' ? 0 : (opts.acquireTimeout ?? defaults.acquireTimeout);
+  const timeoutProblem = durationProblem(acquireTimeout, true);
+  if (timeoutProblem) fail('acquireTimeout', acquireTimeout, timeoutProblem);
+  const autoExtend = opts.autoExtend ?? defaults.autoExtend ?? mode === 'using';
+  if (typeof autoExtend !== 'boolean') fail('autoExtend', autoExtend, 'must be true or false');
+  if (opts.signal !== undefined && !(opts.signal instanceof AbortSignal)) {
+    fail('signal', opts.signal, 'must be an AbortSignal');
+  }
+  if (opts.token !== undefined && (typeof opts.token !== 'string' || opts.token.length === 0)) {
+    fail('token', opts.token, 'must be a non-empty string');
+  }
+  return { ttl, acquireTimeout, autoExtend, signal: opts.signal, token: opts.token };
+}
+
+/** Throws `LockArgumentError` unless `key` is a non-empty string. */
+export function assertKey(key: unknown): asserts key is string {
+  if (typeof key !== 'string' || key.length === 0) {
+    throw new LockArgumentError('key', key, 'must be a non-empty string');
+  }
+}
+
+function rejectUnknownKeys(
+  object: object,
+  known: readonly string[],
+  path: string,
+  fail: (name: string, value: unknown, problem: string) => never,
+): void {
+  for (const name of Object.keys(object)) {
+    if (!known.includes(name)) {
+      const hint =
+        path === '' && DEFAULTS_KEYS.includes(name)
+          ? ` (did you mean the module option defaults.${name}?)`
+          : '';
+      fail(`${path}${name}`, (object as Record<string, unknown>)[name], `unknown option${hint}; known: ${known.join(', ')}`);
+    }
+  }
+}
+
+function isRedisClient(value: unknown): value is Redis | Cluster {
+  // Duck-typed so that a client from another copy of ioredis (a different version in the
+  // app's node_modules) is still accepted.
+  return (
+    typeof value === 'object' &&
+    value !== null &&
+    typeof (value as Redis).defineCommand === 'function' &&
+    typeof (value as Redis).duplicate === 'function'
+  );
+}

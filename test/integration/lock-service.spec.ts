@@ -1,0 +1,246 @@
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+import { Redis } from 'ioredis';
+import {
+  LockAcquireTimeoutError,
+  LockArgumentError,
+  LockLostError,
+  type LockService,
+} from '../../lib/index.js';
+import { sleep, startLockModule, uniqueKey, type LockModuleFixture } from '../support/lock-module.js';
+import { startRedis, type RedisServer } from '../support/redis-server.js';
+
+describe('LockService on a single Redis', () => {
+  let server: RedisServer;
+  let fixture: LockModuleFixture;
+  let locks: LockService;
+  let redis: Redis;
+
+  before(async () => {
+    server = await startRedis();
+    fixture = await startLockModule({ connection: server.url });
+    locks = fixture.locks;
+    redis = new Redis(server.port, '127.0.0.1');
+  });
+  after(async () => {
+    await fixture?.close();
+    redis?.disconnect();
+    await server?.stop();
+  });
+
+  describe('acquire and release', () => {
+    it('stores a 128-bit random token under the prefixed key with the TTL, atomically', async () => {
+      const key = uniqueKey('order');
+      const lock = await locks.acquire(key, { ttl: 5_000 });
+      assert.equal(lock.key, key);
+      assert.match(lock.token, /^[0-9a-f]{32}$/);
+      assert.equal(await redis.get(`lock:{${key}}`), lock.token);
+      const pttl = await redis.pttl(`lock:{${key}}`);
+      assert.ok(pttl > 4_000 && pttl <= 5_000, `pttl ${pttl}`);
+      assert.ok(lock.expiresAt <= performance.now() + 5_000);
+      assert.equal(await locks.isLocked(key), true);
+      assert.equal(await lock.release(), true);
+      assert.equal(await redis.exists(`lock:{${key}}`), 0);
+      assert.equal(await locks.isLocked(key), false);
+    });
+
+    it('gives every acquisition a fresh token', async () => {
+      const key = uniqueKey();
+      const tokens = new Set<string>();
+      for (let i = 0; i < 20; i++) {
+        const lock = await locks.acquire(key);
+        tokens.add(lock.token);
+        await lock.release();
+      }
+      assert.equal(tokens.size, 20);
+    });
+
+    it('tryAcquire returns null at once while the lock is held, and never waits', async () => {
+      const key = uniqueKey();
+      const first = await locks.acquire(key);
+      const started = performance.now();
+      assert.equal(await locks.tryAcquire(key, { acquireTimeout: 5_000 }), null);
+      assert.ok(performance.now() - started < 200);
+      await first.release();
+      const second = await locks.tryAcquire(key);
+      assert.ok(second);
+      await second.release();
+    });
+
+    it('acquire times out with LockAcquireTimeoutError carrying key and waited time', async () => {
+      const key = uniqueKey();
+      const held = await locks.acquire(key, { ttl: 10_000 });
+      const started = performance.now();
+      const error = await locks.acquire(key, { acquireTimeout: 300 }).catch((e: unknown) => e);
+      const elapsed = performance.now() - started;
+      assert.ok(error instanceof LockAcquireTimeoutError);
+      assert.equal(error.key, key);
+      assert.equal(error.acquireTimeout, 300);
+      assert.ok(error.waitedMs >= 300 && error.waitedMs < 1_000, `waited ${error.waitedMs}`);
+      assert.ok(error.retryAfterMs !== undefined && error.retryAfterMs > 8_000);
+      assert.ok(elapsed >= 300 && elapsed < 1_000);
+      await held.release();
+    });
+
+    it('acquireTimeout 0 makes exactly one attempt', async () => {
+      const key = uniqueKey();
+      const held = await locks.acquire(key);
+      await assert.rejects(locks.acquire(key, { acquireTimeout: 0 }), LockAcquireTimeoutError);
+      await held.release();
+    });
+
+    it('release through the service and the handle agree; a second release is false', async () => {
+      const key = uniqueKey();
+      const lock = await locks.acquire(key);
+      assert.equal(await locks.release(lock), true);
+      assert.equal(await lock.release(), false);
+      assert.equal(await locks.release(lock), false);
+    });
+
+    it('rejects a lock object it did not create', async () => {
+      const fake = { key: 'x', token: 't', fence: 1, expiresAt: 0, signal: new AbortController().signal } as never;
+      assert.throws(() => locks.release(fake), LockArgumentError);
+      assert.throws(() => locks.extend(fake), LockArgumentError);
+    });
+  });
+
+  describe('expiry and ownership', () => {
+    it('an expired lock is free again, and the old holder cannot release or extend the new one', async () => {
+      const key = uniqueKey();
+      const old = await locks.acquire(key, { ttl: 150 });
+      await sleep(250);
+      const current = await locks.acquire(key, { ttl: 5_000, acquireTimeout: 0 });
+      assert.equal(await old.release(), false, 'stale holder must not release');
+      assert.equal(await redis.get(`lock:{${key}}`), current.token, 'new holder keeps its key');
+      await assert.rejects(old.extend(), LockLostError);
+      assert.equal(await redis.get(`lock:{${key}}`), current.token);
+      assert.ok(current.fence > old.fence);
+      await current.release();
+    });
+
+    it('the expired holder learns it through its signal (reason "expired")', async () => {
+      const key = uniqueKey();
+      const lock = await locks.acquire(key, { ttl: 100 });
+      await sleep(180);
+      assert.equal(lock.signal.aborted, true);
+      const reason = lock.signal.reason as LockLostError;
+      assert.ok(reason instanceof LockLostError);
+      assert.equal(reason.reason, 'expired');
+      assert.equal(reason.key, key);
+      await lock.release();
+    });
+
+    it('extend resets the TTL, and rejects with LockLostError once the key is gone', async () => {
+      const key = uniqueKey();
+      const lock = await locks.acquire(key, { ttl: 1_000 });
+      await lock.extend(8_000);
+      assert.ok((await redis.pttl(`lock:{${key}}`)) > 7_000);
+      await locks.extend(lock, 3_000);
+      assert.ok((await redis.pttl(`lock:{${key}}`)) <= 3_000);
+      await redis.del(`lock:{${key}}`);
+      const error = await lock.extend().catch((e: unknown) => e);
+      assert.ok(error instanceof LockLostError);
+      assert.equal(error.reason, 'not-held');
+      assert.equal(await redis.exists(`lock:{${key}}`), 0, 'extend never re-creates a lost lock');
+      assert.equal(lock.signal.aborted, true);
+    });
+
+    it('extend validates its ttl', async () => {
+      const lock = await locks.acquire(uniqueKey());
+      await assert.rejects(lock.extend(-1), LockArgumentError);
+      await assert.rejects(lock.extend(Number.NaN), LockArgumentError);
+      await lock.release();
+    });
+  });
+
+  describe('caller tokens', () => {
+    it('re-acquiring with the token that holds the key succeeds, keeps the fence and resets the TTL', async () => {
+      const key = uniqueKey();
+      const token = 'request-7f3a9c';
+      const first = await locks.acquire(key, { token, ttl: 2_000 });
+      assert.equal(first.token, token);
+      const again = await locks.acquire(key, { token, ttl: 9_000, acquireTimeout: 0 });
+      assert.equal(again.fence, first.fence);
+      assert.ok((await redis.pttl(`lock:{${key}}`)) > 8_000);
+      assert.equal(await locks.tryAcquire(key, { token: 'someone-else' }), null);
+      await again.release();
+      assert.equal(await redis.exists(`lock:{${key}}`), 0);
+    });
+  });
+
+  describe('fencing tokens', () => {
+    it('increase strictly across successive holders', async () => {
+      const key = uniqueKey();
+      let last = 0;
+      for (let i = 0; i < 50; i++) {
+        const lock = await locks.acquire(key);
+        assert.ok(Number.isSafeInteger(lock.fence));
+        assert.ok(lock.fence > last, `fence ${lock.fence} after ${last}`);
+        last = lock.fence;
+        await lock.release();
+      }
+    });
+
+    it('keep increasing after the companion counter key is deleted', async () => {
+      const key = uniqueKey();
+      const first = await locks.acquire(key);
+      await first.release();
+      assert.equal(await redis.get(`lock:{${key}}:fence`), String(first.fence));
+      await redis.del(`lock:{${key}}:fence`);
+      const second = await locks.acquire(key);
+      assert.ok(second.fence > first.fence);
+      await second.release();
+    });
+
+    it('stay above a counter that is ahead of the server clock, and keep it alive with the lock', async () => {
+      const key = uniqueKey();
+      const ahead = 9_000_000_000_000_000; // beyond TIME in µs for centuries
+      await redis.set(`lock:{${key}}:fence`, String(ahead));
+      const lock = await locks.acquire(key, { ttl: 1_000 });
+      assert.equal(lock.fence, ahead + 1);
+      assert.ok((await redis.pttl(`lock:{${key}}:fence`)) > 1_000, 'counter outlives the lock');
+      await lock.release();
+    });
+
+    it('are independent per key', async () => {
+      const a = await locks.acquire(uniqueKey('a'));
+      const b = await locks.acquire(uniqueKey('b'));
+      assert.ok(a.fence > 0 && b.fence > 0);
+      await a.release();
+      await b.release();
+    });
+  });
+
+  describe('mutual exclusion', () => {
+    // A read-modify-write with a pause in the middle: only exclusion keeps the count right.
+    async function racyIncrement(counter: string): Promise<void> {
+      const value = Number(await redis.get(counter));
+      await sleep(2);
+      await redis.set(counter, value + 1);
+    }
+
+    it('control: without the lock, concurrent increments lose updates', async () => {
+      const counter = uniqueKey('counter');
+      await Promise.all(Array.from({ length: 20 }, () => racyIncrement(counter)));
+      assert.ok(Number(await redis.get(counter)) < 20, 'the race must be observable');
+    });
+
+    it('with using(), holders never overlap and no update is lost', async () => {
+      const key = uniqueKey();
+      const counter = uniqueKey('counter');
+      let inside = 0;
+      let maxInside = 0;
+      await Promise.all(
+        Array.from({ length: 20 }, () =>
+          locks.using(key, async () => {
+            maxInside = Math.max(maxInside, ++inside);
+            await racyIncrement(counter);
+            inside--;
+          }, { acquireTimeout: 10_000 }),
+        ),
+      );
+      assert.equal(maxInside, 1);
+      assert.equal(Number(await redis.get(counter)), 20);
+    });
+  });
+});

@@ -1,0 +1,65 @@
+import { Logger, type LoggerService } from '@nestjs/common';
+import { Test, type TestingModule } from '@nestjs/testing';
+import { randomUUID } from 'node:crypto';
+import { LockService, RedisLockModule, type RedisLockModuleOptions } from '../../lib/index.js';
+
+export interface LockModuleFixture {
+  readonly module: TestingModule;
+  readonly locks: LockService;
+  close(): Promise<void>;
+}
+
+/** Boots a Nest testing module with RedisLockModule.forRoot(options) and returns its LockService. */
+export async function startLockModule(options: RedisLockModuleOptions): Promise<LockModuleFixture> {
+  const module = await Test.createTestingModule({
+    imports: [RedisLockModule.forRoot(options)],
+  }).compile();
+  await module.init();
+  return { module, locks: module.get(LockService), close: () => module.close() };
+}
+
+/** A key no other test uses. */
+export function uniqueKey(name = 'key'): string {
+  return `${name}:${randomUUID().slice(0, 8)}`;
+}
+
+export const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
+
+/** Polls `condition` until it holds or `ms` pass; returns whether it held. */
+export async function eventually(condition: () => boolean | Promise<boolean>, ms = 5_000): Promise<boolean> {
+  const end = performance.now() + ms;
+  while (performance.now() < end) {
+    if (await condition()) return true;
+    await sleep(10);
+  }
+  return condition();
+}
+
+/** Collects what the library logs through Nest's Logger while a test runs. */
+export class LogCapture implements LoggerService {
+  readonly lines: { level: string; message: string }[] = [];
+  log(message: unknown): void { this.push('log', message); }
+  error(message: unknown): void { this.push('error', message); }
+  warn(message: unknown): void { this.push('warn', message); }
+  debug(message: unknown): void { this.push('debug', message); }
+  verbose(message: unknown): void { this.push('verbose', message); }
+  fatal(message: unknown): void { this.push('fatal', message); }
+  private push(level: string, message: unknown): void {
+    this.lines.push({ level, message: String(message) });
+  }
+
+  /** Routes Nest's static Logger here until the returned function is called. */
+  static install(): { capture: LogCapture; restore: () => void } {
+    const capture = new LogCapture();
+    Logger.overrideLogger(capture);
+    return { capture, restore: () => Logger.overrideLogger(new SilentLogger()) };
+  }
+}
+
+/** Keeps test output readable: the library's warnings are asserted through LogCapture where they matter. */
+class SilentLogger implements LoggerService {
+  log(): void {}
+  error(): void {}
+  warn(): void {}
+}
+Logger.overrideLogger(new SilentLogger());

@@ -1,0 +1,103 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { createServer } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+
+/** A redis-server process this harness started, on a loopback port nobody else uses. */
+export interface RedisServer {
+  readonly host: '127.0.0.1';
+  readonly port: number;
+  readonly url: string;
+  readonly pid: number;
+  /** Stops the server (SIGTERM, no persistence) and waits until it has exited. */
+  stop(): Promise<void>;
+  /** Sends a signal without waiting (SIGSTOP / SIGCONT to freeze and thaw it). */
+  signal(signal: NodeJS.Signals): void;
+}
+
+const binary = process.env.REDIS_SERVER_BIN ?? 'redis-server';
+const running = new Set<ChildProcess>();
+// Whatever happens to the test process, the servers it started die with it.
+process.on('exit', () => {
+  for (const child of running) child.kill('SIGKILL');
+});
+
+/** Starts a private redis-server with no persistence on a free 127.0.0.1 port. */
+export async function startRedis(extraArgs: readonly string[] = []): Promise<RedisServer> {
+  let lastError: unknown;
+  for (let tries = 0; tries < 5; tries++) {
+    try {
+      return await launch(await freePort(), extraArgs);
+    } catch (error) {
+      lastError = error; // most likely the port was taken between probe and bind: try another
+    }
+  }
+  throw lastError;
+}
+
+/** A port that was free a moment ago on 127.0.0.1. */
+export function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const probe = createServer();
+    probe.unref();
+    probe.once('error', reject);
+    probe.listen(0, '127.0.0.1', () => {
+      const address = probe.address();
+      probe.close(() => (typeof address === 'object' && address ? resolve(address.port) : reject(new Error('no port'))));
+    });
+  });
+}
+
+function launch(port: number, extraArgs: readonly string[]): Promise<RedisServer> {
+  const dir = mkdtempSync(join(tmpdir(), 'nestjs-redis-lock-'));
+  const args = [
+    '--port', String(port), '--bind', '127.0.0.1', '--protected-mode', 'no',
+    '--save', '', '--appendonly', 'no', '--dir', dir, '--logfile', '', '--daemonize', 'no',
+    ...extraArgs,
+  ];
+  const child = spawn(binary, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+  running.add(child);
+  const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
+  void exited.then(() => {
+    running.delete(child);
+    rmSync(dir, { recursive: true, force: true });
+  });
+
+  return new Promise<RedisServer>((resolve, reject) => {
+    let output = '';
+    const timer = setTimeout(() => fail(new Error(`redis-server on ${port} not ready after 10 s:\n${output}`)), 10_000);
+    const fail = (error: Error): void => {
+      clearTimeout(timer);
+      child.kill('SIGKILL');
+      reject(error);
+    };
+    child.once('error', (error) => fail(new Error(`cannot start ${binary}: ${error.message}`)));
+    const onEarlyExit = (code: number | null): void =>
+      fail(new Error(`redis-server on ${port} exited (${code}):\n${output}`));
+    child.once('exit', onEarlyExit);
+    child.stderr!.on('data', (chunk: Buffer) => (output += chunk.toString()));
+    child.stdout!.on('data', (chunk: Buffer) => {
+      output += chunk.toString();
+      if (!output.includes('Ready to accept connections')) return;
+      clearTimeout(timer);
+      child.off('exit', onEarlyExit);
+      child.stdout!.removeAllListeners('data');
+      child.stdout!.resume();
+      resolve({
+        host: '127.0.0.1',
+        port,
+        url: `redis://127.0.0.1:${port}`,
+        pid: child.pid!,
+        signal: (signal) => void child.kill(signal),
+        stop: async () => {
+          if (child.exitCode === null && child.signalCode === null) {
+            child.kill('SIGCONT');
+            child.kill('SIGTERM');
+          }
+          await exited;
+        },
+      });
+    });
+  });
+}
