@@ -11,7 +11,10 @@ export {
   type LockOperation,
 } from './errors/redis-lock.errors.js';
 export type { AcquireOptions, Lock } from './interfaces/lock.interface.js';
-export type { LockDefaults, RedisLockModuleOptions } from './interfaces/redis-lock-options.interface.js';
+export type {
+  LockDefaults,
+  RedisLockModuleOptions,
+} from './interfaces/redis-lock-options.interface.js';
 export { getCurrentLock } from './lock.context.js';
 export { LockService } from './lock.service.js';
 export { RedisLockModule } from './redis-lock.module.js';

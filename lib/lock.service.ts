@@ -28,8 +28,8 @@ import {
 } from './redis-lock.options.js';
 import { RedisLockBackend } from './redis/redis-lock.backend.js';
 
-/** Rejection reason of a wait that outlived its deadline (internal). */
-const DEADLINE = Symbol('deadline');
+/** Rejection reason of a wait that outlived its deadline (internal, never escapes). */
+const DEADLINE = new Error('deadline');
 
 /**
  * Takes, watches and releases distributed locks. Every public method, `@WithLock` included,
@@ -231,7 +231,11 @@ export class LockService implements OnApplicationShutdown {
           // Nothing to undo: the attempt failed, or its lock expires after its TTL.
         });
       if (error === DEADLINE) {
-        throw new LockBackendError(key, 'acquire', new Error('Redis did not answer within acquireTimeout'));
+        throw new LockBackendError(
+          key,
+          'acquire',
+          new Error('Redis did not answer within acquireTimeout'),
+        );
       }
       throw error;
     }
@@ -261,12 +265,16 @@ export class LockService implements OnApplicationShutdown {
     try {
       const released = await lock.release();
       if (lock.signal.aborted) {
-        this.logger.warn(`Lock "${lock.key}" was lost before the work finished: ${String(lock.signal.reason)}`);
+        this.logger.warn(
+          `Lock "${lock.key}" was lost before the work finished: ${String(lock.signal.reason)}`,
+        );
       } else if (!released) {
         this.logger.warn(`Lock "${lock.key}" was no longer held when the work finished.`);
       }
     } catch (error) {
-      this.logger.error(`Could not release lock "${lock.key}"; it expires after its TTL: ${String(error)}`);
+      this.logger.error(
+        `Could not release lock "${lock.key}"; it expires after its TTL: ${String(error)}`,
+      );
     }
   }
 
@@ -299,7 +307,8 @@ function within<T>(
       cleanup();
       reject(this.reason as Error);
     };
-    const timer = ms === undefined ? undefined : setTimeout(() => (cleanup(), reject(DEADLINE)), ms);
+    const timer =
+      ms === undefined ? undefined : setTimeout(() => (cleanup(), reject(DEADLINE)), ms);
     const cleanup = (): void => {
       clearTimeout(timer);
       for (const signal of signals) signal?.removeEventListener('abort', onAbort);

@@ -1,7 +1,10 @@
 import type { Cluster, Redis, RedisOptions } from 'ioredis';
 import { LockArgumentError, RedisLockConfigurationError } from './errors/redis-lock.errors.js';
 import type { AcquireOptions } from './interfaces/lock.interface.js';
-import type { LockDefaults, RedisLockModuleOptions } from './interfaces/redis-lock-options.interface.js';
+import type {
+  LockDefaults,
+  RedisLockModuleOptions,
+} from './interfaces/redis-lock-options.interface.js';
 
 /** The built-in defaults: the single place they are written down. */
 export const DEFAULT_KEY_PREFIX = 'lock:';
@@ -100,7 +103,7 @@ export function resolveModuleOptions(raw: RedisLockModuleOptions): ResolvedModul
     source = { kind: 'connection', connection: connection! };
   }
 
-  const keyPrefix = raw.keyPrefix ?? DEFAULT_KEY_PREFIX;
+  const keyPrefix = raw.keyPrefix === undefined ? DEFAULT_KEY_PREFIX : raw.keyPrefix;
   if (typeof keyPrefix !== 'string') fail('keyPrefix', keyPrefix, 'must be a string');
   if (/[{}]/.test(keyPrefix)) {
     fail(
@@ -110,7 +113,7 @@ export function resolveModuleOptions(raw: RedisLockModuleOptions): ResolvedModul
     );
   }
 
-  const given = raw.defaults ?? {};
+  const given = raw.defaults === undefined ? {} : raw.defaults;
   if (given === null || typeof given !== 'object') fail('defaults', given, 'must be an object');
   rejectUnknownKeys(given, DEFAULTS_KEYS, 'defaults.', fail);
   const defaults: ResolvedDefaults = { ...DEFAULT_LOCK_DEFAULTS };
@@ -141,17 +144,23 @@ export function resolveAcquireOptions(
     throw new LockArgumentError(argument, value, problem);
   };
   assertKey(key);
-  const opts = options ?? {};
+  const opts = options === undefined ? {} : options;
   if (opts === null || typeof opts !== 'object') fail('options', opts, 'must be an object');
   rejectUnknownKeys(opts, ACQUIRE_KEYS, '', fail);
 
-  const ttl = opts.ttl ?? defaults.ttl;
+  const ttl = opts.ttl === undefined ? defaults.ttl : opts.ttl;
   const ttlProblem = durationProblem(ttl, false);
   if (ttlProblem) fail('ttl', ttl, ttlProblem);
-  const acquireTimeout = mode === 'tryAcquire' ? 0 : (opts.acquireTimeout ?? defaults.acquireTimeout);
+  const acquireTimeout =
+    mode === 'tryAcquire'
+      ? 0
+      : opts.acquireTimeout === undefined
+        ? defaults.acquireTimeout
+        : opts.acquireTimeout;
   const timeoutProblem = durationProblem(acquireTimeout, true);
   if (timeoutProblem) fail('acquireTimeout', acquireTimeout, timeoutProblem);
-  const autoExtend = opts.autoExtend ?? defaults.autoExtend ?? mode === 'using';
+  const autoExtend =
+    opts.autoExtend === undefined ? (defaults.autoExtend ?? mode === 'using') : opts.autoExtend;
   if (typeof autoExtend !== 'boolean') fail('autoExtend', autoExtend, 'must be true or false');
   if (opts.signal !== undefined && !(opts.signal instanceof AbortSignal)) {
     fail('signal', opts.signal, 'must be an AbortSignal');
@@ -181,7 +190,11 @@ function rejectUnknownKeys(
         path === '' && DEFAULTS_KEYS.includes(name)
           ? ` (did you mean the module option defaults.${name}?)`
           : '';
-      fail(`${path}${name}`, (object as Record<string, unknown>)[name], `unknown option${hint}; known: ${known.join(', ')}`);
+      fail(
+        `${path}${name}`,
+        (object as Record<string, unknown>)[name],
+        `unknown option${hint}; known: ${known.join(', ')}`,
+      );
     }
   }
 }

@@ -1,14 +1,35 @@
 import { Logger } from '@nestjs/common';
 import { Redis, type Cluster } from 'ioredis';
 import type { RedisSource } from '../redis-lock.options.js';
-import type { AcquireAttempt, LockBackend, ReleaseSubscription } from '../interfaces/lock-backend.interface.js';
-import { ACQUIRE_SCRIPT, EXTEND_SCRIPT, FENCE_RETENTION_MS, RELEASE_SCRIPT } from './lock.scripts.js';
+import type {
+  AcquireAttempt,
+  LockBackend,
+  ReleaseSubscription,
+} from '../interfaces/lock-backend.interface.js';
+import {
+  ACQUIRE_SCRIPT,
+  EXTEND_SCRIPT,
+  FENCE_RETENTION_MS,
+  RELEASE_SCRIPT,
+} from './lock.scripts.js';
 import { closeQuietly, ReleaseNotifier } from './release.notifier.js';
 
 /** The script commands this backend defines on its client (EVALSHA with EVAL fallback). */
 interface LockCommands {
-  redisLockAcquire(lockKey: string, fenceKey: string, token: string, ttl: number, retention: number): Promise<[number, number]>;
-  redisLockExtend(lockKey: string, fenceKey: string, token: string, ttl: number, retention: number): Promise<number>;
+  redisLockAcquire(
+    lockKey: string,
+    fenceKey: string,
+    token: string,
+    ttl: number,
+    retention: number,
+  ): Promise<[number, number]>;
+  redisLockExtend(
+    lockKey: string,
+    fenceKey: string,
+    token: string,
+    ttl: number,
+    retention: number,
+  ): Promise<number>;
   redisLockRelease(lockKey: string, token: string, channel: string): Promise<number>;
 }
 
@@ -40,7 +61,8 @@ export class RedisLockBackend implements LockBackend {
 
   /** Builds the backend for the module's Redis source, creating (and then owning) the client if asked to. */
   static create(source: RedisSource, keyPrefix: string, logger: Logger): RedisLockBackend {
-    if (source.kind === 'client') return new RedisLockBackend(source.client, keyPrefix, false, logger);
+    if (source.kind === 'client')
+      return new RedisLockBackend(source.client, keyPrefix, false, logger);
     // lazyConnect: no socket is opened before the first lock command, so an app whose bootstrap
     // fails later never leaks a connection it cannot close.
     const client =

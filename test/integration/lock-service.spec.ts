@@ -7,7 +7,12 @@ import {
   LockLostError,
   type LockService,
 } from '../../lib/index.js';
-import { sleep, startLockModule, uniqueKey, type LockModuleFixture } from '../support/lock-module.js';
+import {
+  sleep,
+  startLockModule,
+  uniqueKey,
+  type LockModuleFixture,
+} from '../support/lock-module.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
 
 describe('LockService on a single Redis', () => {
@@ -98,7 +103,13 @@ describe('LockService on a single Redis', () => {
     });
 
     it('rejects a lock object it did not create', async () => {
-      const fake = { key: 'x', token: 't', fence: 1, expiresAt: 0, signal: new AbortController().signal } as never;
+      const fake = {
+        key: 'x',
+        token: 't',
+        fence: 1,
+        expiresAt: 0,
+        signal: new AbortController().signal,
+      } as never;
       assert.throws(() => locks.release(fake), LockArgumentError);
       assert.throws(() => locks.extend(fake), LockArgumentError);
     });
@@ -232,11 +243,15 @@ describe('LockService on a single Redis', () => {
       let maxInside = 0;
       await Promise.all(
         Array.from({ length: 20 }, () =>
-          locks.using(key, async () => {
-            maxInside = Math.max(maxInside, ++inside);
-            await racyIncrement(counter);
-            inside--;
-          }, { acquireTimeout: 10_000 }),
+          locks.using(
+            key,
+            async () => {
+              maxInside = Math.max(maxInside, ++inside);
+              await racyIncrement(counter);
+              inside--;
+            },
+            { acquireTimeout: 10_000 },
+          ),
         ),
       );
       assert.equal(maxInside, 1);

@@ -23,10 +23,14 @@ export function uniqueKey(name = 'key'): string {
   return `${name}:${randomUUID().slice(0, 8)}`;
 }
 
-export const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
+export const sleep = (ms: number): Promise<void> =>
+  new Promise((resolve) => setTimeout(resolve, ms));
 
 /** Polls `condition` until it holds or `ms` pass; returns whether it held. */
-export async function eventually(condition: () => boolean | Promise<boolean>, ms = 5_000): Promise<boolean> {
+export async function eventually(
+  condition: () => boolean | Promise<boolean>,
+  ms = 5_000,
+): Promise<boolean> {
   const end = performance.now() + ms;
   while (performance.now() < end) {
     if (await condition()) return true;
@@ -38,12 +42,24 @@ export async function eventually(condition: () => boolean | Promise<boolean>, ms
 /** Collects what the library logs through Nest's Logger while a test runs. */
 export class LogCapture implements LoggerService {
   readonly lines: { level: string; message: string }[] = [];
-  log(message: unknown): void { this.push('log', message); }
-  error(message: unknown): void { this.push('error', message); }
-  warn(message: unknown): void { this.push('warn', message); }
-  debug(message: unknown): void { this.push('debug', message); }
-  verbose(message: unknown): void { this.push('verbose', message); }
-  fatal(message: unknown): void { this.push('fatal', message); }
+  log(message: unknown): void {
+    this.push('log', message);
+  }
+  error(message: unknown): void {
+    this.push('error', message);
+  }
+  warn(message: unknown): void {
+    this.push('warn', message);
+  }
+  debug(message: unknown): void {
+    this.push('debug', message);
+  }
+  verbose(message: unknown): void {
+    this.push('verbose', message);
+  }
+  fatal(message: unknown): void {
+    this.push('fatal', message);
+  }
   private push(level: string, message: unknown): void {
     this.lines.push({ level, message: String(message) });
   }

@@ -44,7 +44,11 @@ export function freePort(): Promise<number> {
     probe.once('error', reject);
     probe.listen(0, '127.0.0.1', () => {
       const address = probe.address();
-      probe.close(() => (typeof address === 'object' && address ? resolve(address.port) : reject(new Error('no port'))));
+      probe.close(() =>
+        typeof address === 'object' && address
+          ? resolve(address.port)
+          : reject(new Error('no port')),
+      );
     });
   });
 }
@@ -52,8 +56,22 @@ export function freePort(): Promise<number> {
 function launch(port: number, extraArgs: readonly string[]): Promise<RedisServer> {
   const dir = mkdtempSync(join(tmpdir(), 'nestjs-redis-lock-'));
   const args = [
-    '--port', String(port), '--bind', '127.0.0.1', '--protected-mode', 'no',
-    '--save', '', '--appendonly', 'no', '--dir', dir, '--logfile', '', '--daemonize', 'no',
+    '--port',
+    String(port),
+    '--bind',
+    '127.0.0.1',
+    '--protected-mode',
+    'no',
+    '--save',
+    '',
+    '--appendonly',
+    'no',
+    '--dir',
+    dir,
+    '--logfile',
+    '',
+    '--daemonize',
+    'no',
     ...extraArgs,
   ];
   const child = spawn(binary, args, { stdio: ['ignore', 'pipe', 'pipe'] });
@@ -66,7 +84,10 @@ function launch(port: number, extraArgs: readonly string[]): Promise<RedisServer
 
   return new Promise<RedisServer>((resolve, reject) => {
     let output = '';
-    const timer = setTimeout(() => fail(new Error(`redis-server on ${port} not ready after 10 s:\n${output}`)), 10_000);
+    const timer = setTimeout(
+      () => fail(new Error(`redis-server on ${port} not ready after 10 s:\n${output}`)),
+      10_000,
+    );
     const fail = (error: Error): void => {
       clearTimeout(timer);
       child.kill('SIGKILL');
@@ -76,14 +97,14 @@ function launch(port: number, extraArgs: readonly string[]): Promise<RedisServer
     const onEarlyExit = (code: number | null): void =>
       fail(new Error(`redis-server on ${port} exited (${code}):\n${output}`));
     child.once('exit', onEarlyExit);
-    child.stderr!.on('data', (chunk: Buffer) => (output += chunk.toString()));
-    child.stdout!.on('data', (chunk: Buffer) => {
+    child.stderr.on('data', (chunk: Buffer) => (output += chunk.toString()));
+    child.stdout.on('data', (chunk: Buffer) => {
       output += chunk.toString();
       if (!output.includes('Ready to accept connections')) return;
       clearTimeout(timer);
       child.off('exit', onEarlyExit);
-      child.stdout!.removeAllListeners('data');
-      child.stdout!.resume();
+      child.stdout.removeAllListeners('data');
+      child.stdout.resume();
       resolve({
         host: '127.0.0.1',
         port,

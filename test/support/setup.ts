@@ -6,7 +6,14 @@
 import { after } from 'node:test';
 import 'reflect-metadata';
 
-const ignored = new Set(['CloseReq', 'FSReqCallback', 'PipeWrap', 'TTYWrap', 'Immediate', 'TickObject']);
+const ignored = new Set([
+  'CloseReq',
+  'FSReqCallback',
+  'PipeWrap',
+  'TTYWrap',
+  'Immediate',
+  'TickObject',
+]);
 const baseline = tally();
 const unhandled: unknown[] = [];
 

@@ -1,0 +1,310 @@
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+import { Redis } from 'ioredis';
+import {
+  getCurrentLock,
+  LockAcquireTimeoutError,
+  LockLostError,
+  type LockService,
+} from '../../lib/index.js';
+import {
+  eventually,
+  LogCapture,
+  sleep,
+  startLockModule,
+  uniqueKey,
+  type LockModuleFixture,
+} from '../support/lock-module.js';
+import { startRedis, type RedisServer } from '../support/redis-server.js';
+
+describe('the lease of a held lock', () => {
+  let server: RedisServer;
+  let fixture: LockModuleFixture;
+  let other: LockModuleFixture;
+  let locks: LockService;
+  let redis: Redis;
+
+  before(async () => {
+    server = await startRedis();
+    fixture = await startLockModule({ connection: server.url });
+    other = await startLockModule({ connection: server.url });
+    locks = fixture.locks;
+    redis = new Redis(server.port, '127.0.0.1');
+  });
+  after(async () => {
+    await fixture?.close();
+    await other?.close();
+    redis?.disconnect();
+    await server?.stop();
+  });
+
+  describe('auto-extension', () => {
+    it('using() keeps the lock alive well past its TTL while the work runs', async () => {
+      const key = uniqueKey();
+      const result = await locks.using(
+        key,
+        async (lock) => {
+          await sleep(900); // three TTLs
+          assert.equal(lock.signal.aborted, false);
+          assert.equal(await redis.get(`lock:{${key}}`), lock.token);
+          assert.equal(await other.locks.tryAcquire(key), null);
+          return 'done';
+        },
+        { ttl: 300 },
+      );
+      assert.equal(result, 'done');
+      assert.equal(await redis.exists(`lock:{${key}}`), 0, 'released afterwards');
+    });
+
+    it('acquire() does not auto-extend unless asked, and does when asked', async () => {
+      const plain = await locks.acquire(uniqueKey(), { ttl: 200 });
+      const extended = await locks.acquire(uniqueKey(), { ttl: 200, autoExtend: true });
+      await sleep(450);
+      assert.equal(plain.signal.aborted, true);
+      assert.equal(extended.signal.aborted, false);
+      assert.ok(extended.expiresAt > performance.now());
+      assert.equal(await extended.release(), true);
+      await plain.release();
+    });
+
+    it('using() with autoExtend: false lets the lock expire under slow work', async () => {
+      const key = uniqueKey();
+      await locks.using(
+        key,
+        async (lock) => {
+          await sleep(300);
+          assert.equal(lock.signal.aborted, true);
+          assert.equal((lock.signal.reason as LockLostError).reason, 'expired');
+        },
+        { ttl: 150, autoExtend: false },
+      );
+    });
+
+    it('the watchdog is stopped by release: nothing extends or re-creates the key afterwards', async () => {
+      const key = uniqueKey();
+      const lock = await locks.acquire(key, { ttl: 150, autoExtend: true });
+      await sleep(200);
+      await lock.release();
+      await sleep(300);
+      assert.equal(await redis.exists(`lock:{${key}}`), 0);
+      assert.equal(lock.signal.aborted, false, 'release is not a loss');
+    });
+  });
+
+  describe('losing the lock', () => {
+    it('aborts the signal with LockLostError when the key is deleted under the holder', async () => {
+      const key = uniqueKey();
+      await locks.using(
+        key,
+        async (lock) => {
+          await redis.del(`lock:{${key}}`);
+          assert.ok(await eventually(() => lock.signal.aborted, 1_000));
+          const reason = lock.signal.reason as LockLostError;
+          assert.ok(reason instanceof LockLostError);
+          assert.equal(reason.reason, 'not-held');
+          assert.equal(reason.token, lock.token);
+          assert.equal(await redis.exists(`lock:{${key}}`), 0, 'the watchdog never re-creates it');
+        },
+        { ttl: 300 },
+      );
+    });
+
+    it('aborts the signal when someone else has taken the key, and leaves their lock alone', async () => {
+      const key = uniqueKey();
+      await locks.using(
+        key,
+        async (lock) => {
+          await redis.del(`lock:{${key}}`);
+          const thief = await other.locks.acquire(key, { ttl: 5_000 });
+          assert.ok(await eventually(() => lock.signal.aborted, 1_000));
+          assert.ok(thief.fence > lock.fence);
+          await sleep(50);
+          assert.equal(await redis.get(`lock:{${key}}`), thief.token);
+          await thief.release();
+        },
+        { ttl: 300 },
+      );
+    });
+
+    it('aborts with reason "unconfirmed" when Redis stops answering before the TTL runs out', async () => {
+      const frozen = await startRedis();
+      const app = await startLockModule({ connection: frozen.url });
+      try {
+        const lock = await app.locks.acquire(uniqueKey(), { ttl: 500, autoExtend: true });
+        const frozenAt = performance.now();
+        frozen.signal('SIGSTOP');
+        assert.ok(await eventually(() => lock.signal.aborted, 2_000));
+        const noticed = performance.now() - frozenAt;
+        assert.equal((lock.signal.reason as LockLostError).reason, 'unconfirmed');
+        assert.ok(noticed <= 550, `noticed after ${noticed.toFixed(0)} ms, TTL 500`);
+        frozen.signal('SIGCONT');
+        await lock.release();
+      } finally {
+        frozen.signal('SIGCONT');
+        await app.close();
+        await frozen.stop();
+      }
+    });
+  });
+
+  describe('using()', () => {
+    it('returns the result of fn, sync or async', async () => {
+      assert.equal(await locks.using(uniqueKey(), () => 42), 42);
+      assert.deepEqual(await locks.using(uniqueKey(), async () => ({ ok: true })), { ok: true });
+    });
+
+    it('rethrows the error of fn unchanged and still releases', async () => {
+      const key = uniqueKey();
+      class DomainError extends Error {}
+      const thrown = new DomainError('insufficient funds');
+      const caught = await locks
+        .using(key, () => {
+          throw thrown;
+        })
+        .catch((e: unknown) => e);
+      assert.equal(caught, thrown);
+      assert.equal(await redis.exists(`lock:{${key}}`), 0);
+    });
+
+    it('a failed release is logged, never thrown over the result', async () => {
+      const key = uniqueKey();
+      const { capture, restore } = LogCapture.install();
+      try {
+        const result = await locks.using(
+          key,
+          async () => {
+            // Make the release script fail inside Redis (WRONGTYPE) rather than return 0.
+            await redis.del(`lock:{${key}}`);
+            await redis.hset(`lock:{${key}}`, 'not', 'a lock');
+            return 'kept';
+          },
+          { autoExtend: false },
+        );
+        assert.equal(result, 'kept');
+        assert.ok(
+          capture.lines.some((line) => line.level === 'error' && line.message.includes(key)),
+        );
+      } finally {
+        restore();
+        await redis.del(`lock:{${key}}`);
+      }
+    });
+
+    it('logs a warning when the lock was lost while the work ran', async () => {
+      const key = uniqueKey();
+      const { capture, restore } = LogCapture.install();
+      try {
+        await locks.using(
+          key,
+          async (lock) => {
+            await redis.del(`lock:{${key}}`);
+            await eventually(() => lock.signal.aborted, 1_000);
+          },
+          { ttl: 300 },
+        );
+        assert.ok(
+          capture.lines.some((line) => line.level === 'warn' && line.message.includes(key)),
+        );
+      } finally {
+        restore();
+      }
+    });
+  });
+
+  describe('re-entrancy within one call chain', () => {
+    it('nested using() of the same key re-enters instead of deadlocking', async () => {
+      const key = uniqueKey();
+      const fences = await locks.using(key, async (outer) =>
+        locks.using(
+          key,
+          async (inner) => {
+            assert.equal(inner.token, outer.token);
+            return [outer.fence, inner.fence];
+          },
+          { acquireTimeout: 0 },
+        ),
+      );
+      assert.equal(fences[0], fences[1]);
+      assert.equal(await redis.exists(`lock:{${key}}`), 0, 'released when the outermost use ends');
+    });
+
+    it('the inner release does not free the outer lock', async () => {
+      const key = uniqueKey();
+      await locks.using(key, async (outer) => {
+        const inner = await locks.acquire(key, { acquireTimeout: 0 });
+        assert.equal(await inner.release(), true);
+        assert.equal(await redis.get(`lock:{${key}}`), outer.token);
+        assert.equal(await other.locks.tryAcquire(key), null);
+      });
+    });
+
+    it('unrelated concurrent calls in the same process still exclude each other', async () => {
+      const key = uniqueKey();
+      const held = await new Promise<() => void>((resolveHeld) => {
+        void locks.using(key, () => new Promise<void>((done) => resolveHeld(done)));
+      });
+      await assert.rejects(
+        locks.using(key, () => 'second', { acquireTimeout: 200 }),
+        LockAcquireTimeoutError,
+      );
+      held();
+    });
+
+    it('sibling branches forked inside another lock do not share a lock they each take', async () => {
+      const outerKey = uniqueKey('outer');
+      const key = uniqueKey('inner');
+      let inside = 0;
+      let maxInside = 0;
+      await locks.using(outerKey, () =>
+        Promise.all(
+          [1, 2, 3].map(() =>
+            locks.using(key, async () => {
+              maxInside = Math.max(maxInside, ++inside);
+              await sleep(30);
+              inside--;
+            }),
+          ),
+        ),
+      );
+      assert.equal(maxInside, 1);
+    });
+
+    it('does not cross LockService instances (two apps in one process)', async () => {
+      const key = uniqueKey();
+      await locks.using(key, async () => {
+        assert.equal(await other.locks.tryAcquire(key), null);
+      });
+    });
+
+    it('getCurrentLock() exposes the lock held by the chain', async () => {
+      const a = uniqueKey('a');
+      const b = uniqueKey('b');
+      assert.equal(getCurrentLock(), undefined);
+      await locks.using(a, async (lockA) => {
+        assert.equal(getCurrentLock(), lockA);
+        await locks.using(b, async (lockB) => {
+          assert.equal(getCurrentLock(), lockB);
+          assert.equal(getCurrentLock(a), lockA);
+        });
+        assert.equal(getCurrentLock(), lockA);
+      });
+      assert.equal(getCurrentLock(), undefined);
+    });
+
+    it('re-entering a lock that was lost fails with LockLostError', async () => {
+      const key = uniqueKey();
+      await locks.using(
+        key,
+        async (lock) => {
+          await redis.del(`lock:{${key}}`);
+          await eventually(() => lock.signal.aborted, 1_000);
+          await assert.rejects(
+            locks.using(key, () => 'inner'),
+            LockLostError,
+          );
+        },
+        { ttl: 300 },
+      );
+    });
+  });
+});

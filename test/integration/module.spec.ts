@@ -1,0 +1,295 @@
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+import { Injectable, Module } from '@nestjs/common';
+import { Test } from '@nestjs/testing';
+import { Redis } from 'ioredis';
+import {
+  LockLostError,
+  LockService,
+  RedisLockConfigurationError,
+  RedisLockModule,
+  RedisLockShutdownError,
+  type RedisLockModuleOptions,
+} from '../../lib/index.js';
+import { eventually, sleep, startLockModule, uniqueKey } from '../support/lock-module.js';
+import { startRedis, type RedisServer } from '../support/redis-server.js';
+
+describe('RedisLockModule', () => {
+  let server: RedisServer;
+  let redis: Redis;
+
+  before(async () => {
+    server = await startRedis();
+    redis = new Redis(server.port, '127.0.0.1');
+  });
+  after(async () => {
+    redis?.disconnect();
+    await server?.stop();
+  });
+
+  /** Takes a lock through `locks` and checks it landed in this test's Redis under `prefix`. */
+  async function assertWorks(locks: LockService, prefix = 'lock:'): Promise<void> {
+    const key = uniqueKey();
+    const lock = await locks.acquire(key);
+    assert.equal(await redis.get(`${prefix}{${key}}`), lock.token);
+    await lock.release();
+  }
+
+  describe('forRoot', () => {
+    it('connects from a URL', async () => {
+      const app = await startLockModule({ connection: server.url });
+      await assertWorks(app.locks);
+      await app.close();
+    });
+
+    it('connects from ioredis options and applies keyPrefix and defaults', async () => {
+      const app = await startLockModule({
+        connection: { host: '127.0.0.1', port: server.port },
+        keyPrefix: 'myapp:locks:',
+        defaults: { ttl: 1_234 },
+      });
+      await assertWorks(app.locks, 'myapp:locks:');
+      const key = uniqueKey();
+      await app.locks.acquire(key);
+      const pttl = await redis.pttl(`myapp:locks:{${key}}`);
+      assert.ok(pttl > 1_000 && pttl <= 1_234, `pttl ${pttl}`);
+      await app.close();
+    });
+
+    it('uses the client it is given and never closes it', async () => {
+      const client = new Redis(server.port, '127.0.0.1');
+      const app = await startLockModule({ client });
+      await assertWorks(app.locks);
+      await app.close();
+      assert.equal(client.status, 'ready');
+      assert.equal(await client.ping(), 'PONG');
+      client.disconnect();
+    });
+
+    it('closes the client it created, and its pub/sub connection, on shutdown', async () => {
+      const connectionName = uniqueKey('owned');
+      const app = await startLockModule({
+        connection: { host: '127.0.0.1', port: server.port, connectionName },
+      });
+      try {
+        await assertWorks(app.locks);
+        // Wait on a held lock so that the pub/sub connection exists too.
+        const held = await app.locks.acquire('busy');
+        await assert.rejects(app.locks.acquire('busy', { acquireTimeout: 100 }));
+        await held.release();
+        assert.equal(await clientCount(connectionName), 2);
+      } finally {
+        await app.close();
+      }
+      assert.ok(await eventually(async () => (await clientCount(connectionName)) === 0, 2_000));
+    });
+
+    it('isGlobal makes LockService injectable in modules that do not import it', async () => {
+      @Injectable()
+      class Consumer {
+        constructor(readonly locks: LockService) {}
+      }
+      @Module({ providers: [Consumer] })
+      class FeatureModule {}
+      const module = await Test.createTestingModule({
+        imports: [
+          RedisLockModule.forRoot({ connection: server.url, isGlobal: true }),
+          FeatureModule,
+        ],
+      }).compile();
+      await assertWorks(module.get(Consumer).locks);
+      await module.close();
+    });
+  });
+
+  describe('forRootAsync', () => {
+    @Injectable()
+    class RedisConfig {
+      readonly url = `redis://127.0.0.1:${server.port}`;
+    }
+    @Module({ providers: [RedisConfig], exports: [RedisConfig] })
+    class ConfigModule {}
+
+    @Injectable()
+    class LockOptionsFactory {
+      constructor(private readonly config: RedisConfig) {}
+      create(): RedisLockModuleOptions {
+        return { connection: this.config.url, keyPrefix: 'factory:' };
+      }
+    }
+
+    it('useFactory with imports and inject', async () => {
+      const module = await Test.createTestingModule({
+        imports: [
+          RedisLockModule.forRootAsync({
+            imports: [ConfigModule],
+            inject: [RedisConfig],
+            useFactory: async (config: RedisConfig) => ({
+              connection: config.url,
+              keyPrefix: 'async:',
+            }),
+          }),
+        ],
+      }).compile();
+      await assertWorks(module.get(LockService), 'async:');
+      await module.close();
+    });
+
+    it('useClass', async () => {
+      const module = await Test.createTestingModule({
+        imports: [
+          RedisLockModule.forRootAsync({
+            imports: [ConfigModule],
+            useClass: class {
+              constructor() {}
+              create(): RedisLockModuleOptions {
+                return { connection: `redis://127.0.0.1:${server.port}`, keyPrefix: 'class:' };
+              }
+            },
+          }),
+        ],
+      }).compile();
+      await assertWorks(module.get(LockService), 'class:');
+      await module.close();
+    });
+
+    it('useExisting', async () => {
+      @Module({
+        imports: [ConfigModule],
+        providers: [LockOptionsFactory],
+        exports: [LockOptionsFactory],
+      })
+      class OptionsModule {}
+      const module = await Test.createTestingModule({
+        imports: [
+          RedisLockModule.forRootAsync({
+            imports: [OptionsModule],
+            useExisting: LockOptionsFactory,
+          }),
+        ],
+      }).compile();
+      await assertWorks(module.get(LockService), 'factory:');
+      await module.close();
+    });
+
+    it('isGlobal', async () => {
+      @Injectable()
+      class Consumer {
+        constructor(readonly locks: LockService) {}
+      }
+      @Module({ providers: [Consumer] })
+      class FeatureModule {}
+      const module = await Test.createTestingModule({
+        imports: [
+          RedisLockModule.forRootAsync({
+            isGlobal: true,
+            useFactory: () => ({ connection: server.url }),
+          }),
+          FeatureModule,
+        ],
+      }).compile();
+      await assertWorks(module.get(Consumer).locks);
+      await module.close();
+    });
+  });
+
+  describe('bad configuration fails at bootstrap', () => {
+    const cases: [string, () => RedisLockModuleOptions, string][] = [
+      ['neither client nor connection', () => ({}), 'client | connection'],
+      [
+        'both client and connection',
+        () => ({ client: redis, connection: server.url }),
+        'client + connection',
+      ],
+      ['a client that is not ioredis', () => ({ client: {} as never }), 'client'],
+      ['a URL that is not redis://', () => ({ connection: 'http://localhost' }), 'connection'],
+      ['braces in keyPrefix', () => ({ connection: server.url, keyPrefix: '{app}:' }), 'keyPrefix'],
+      [
+        'a NaN default ttl',
+        () => ({ connection: server.url, defaults: { ttl: Number.NaN } }),
+        'defaults.ttl',
+      ],
+      [
+        'a zero default ttl',
+        () => ({ connection: server.url, defaults: { ttl: 0 } }),
+        'defaults.ttl',
+      ],
+      [
+        'a negative acquireTimeout',
+        () => ({ connection: server.url, defaults: { acquireTimeout: -5 } }),
+        'defaults.acquireTimeout',
+      ],
+      [
+        'a string retryInterval',
+        () => ({ connection: server.url, defaults: { retryInterval: '100' as never } }),
+        'defaults.retryInterval',
+      ],
+      [
+        'a non-boolean autoExtend',
+        () => ({ connection: server.url, defaults: { autoExtend: 'yes' as never } }),
+        'defaults.autoExtend',
+      ],
+      ['ttl at the top level', () => ({ connection: server.url, ttl: 1_000 }) as never, 'ttl'],
+      [
+        'an unknown default',
+        () => ({ connection: server.url, defaults: { tll: 1_000 } as never }),
+        'defaults.tll',
+      ],
+    ];
+    for (const [name, options, option] of cases) {
+      it(`${name} → RedisLockConfigurationError naming ${option}`, async () => {
+        const error = await Test.createTestingModule({
+          imports: [RedisLockModule.forRootAsync({ useFactory: options })],
+        })
+          .compile()
+          .catch((e: unknown) => e);
+        assert.ok(error instanceof RedisLockConfigurationError, String(error));
+        assert.equal(error.option, option);
+      });
+    }
+
+    it('forRoot fails the same way', async () => {
+      await assert.rejects(
+        Test.createTestingModule({ imports: [RedisLockModule.forRoot({})] }).compile(),
+        RedisLockConfigurationError,
+      );
+    });
+  });
+
+  describe('shutdown', () => {
+    it('rejects pending acquisitions, releases held locks and aborts their signals, refuses new calls', async () => {
+      const app = await startLockModule({ connection: server.url });
+      const key = uniqueKey();
+      const heldKey = uniqueKey('held');
+      let workSignal: AbortSignal | undefined;
+      let finishWork!: () => void;
+      const work = app.locks.using(heldKey, (lock) => {
+        workSignal = lock.signal;
+        return new Promise<void>((resolve) => (finishWork = resolve));
+      });
+      const blocker = await app.locks.acquire(key, { ttl: 30_000 });
+      const pending = app.locks.acquire(key, { acquireTimeout: 20_000 }).catch((e: unknown) => e);
+      await sleep(100);
+
+      const closing = app.close();
+      const rejected = await pending;
+      assert.ok(rejected instanceof RedisLockShutdownError);
+      assert.equal(rejected.key, key);
+      await closing;
+
+      assert.equal(await redis.exists(`lock:{${key}}`), 0, 'held lock released');
+      assert.equal(await redis.exists(`lock:{${heldKey}}`), 0, 'lock of running work released');
+      assert.ok(workSignal?.aborted);
+      assert.equal((workSignal.reason as LockLostError).reason, 'shutdown');
+      assert.equal(await blocker.release(), false);
+      finishWork();
+      await work;
+      await assert.rejects(app.locks.acquire(uniqueKey()), RedisLockShutdownError);
+    });
+  });
+
+  async function clientCount(name: string): Promise<number> {
+    const list = String(await redis.client('LIST'));
+    return list.split('\n').filter((line) => line.includes(` name=${name} `)).length;
+  }
+});

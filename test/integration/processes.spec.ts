@@ -1,0 +1,92 @@
+import assert from 'node:assert/strict';
+import { spawn, type ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
+import { after, before, describe, it } from 'node:test';
+import { fileURLToPath } from 'node:url';
+import { Redis } from 'ioredis';
+import type { LockService } from '../../lib/index.js';
+import { startLockModule, uniqueKey, type LockModuleFixture } from '../support/lock-module.js';
+import { startRedis, type RedisServer } from '../support/redis-server.js';
+
+const worker = fileURLToPath(new URL('../fixtures/lock-worker.js', import.meta.url));
+
+describe('locks across processes', () => {
+  let server: RedisServer;
+  let redis: Redis;
+  let fixture: LockModuleFixture;
+  let locks: LockService;
+  const children = new Set<ChildProcess>();
+
+  before(async () => {
+    server = await startRedis();
+    redis = new Redis(server.port, '127.0.0.1');
+    fixture = await startLockModule({ connection: server.url });
+    locks = fixture.locks;
+  });
+  after(async () => {
+    for (const child of children) child.kill('SIGKILL');
+    await fixture?.close();
+    redis?.disconnect();
+    await server?.stop();
+  });
+
+  function run(...args: string[]): ChildProcess {
+    const child = spawn(process.execPath, [worker, ...args], {
+      stdio: ['ignore', 'pipe', 'inherit'],
+    });
+    children.add(child);
+    child.once('exit', () => children.delete(child));
+    return child;
+  }
+
+  async function incrementFrom(
+    processes: number,
+    iterations: number,
+    locking: 'lock' | 'nolock',
+  ): Promise<number> {
+    const key = uniqueKey();
+    const counter = uniqueKey('counter');
+    const workers = Array.from({ length: processes }, () =>
+      run('increment', String(server.port), key, counter, String(iterations), locking),
+    );
+    const codes = await Promise.all(
+      workers.map(async (child) => (await once(child, 'exit'))[0] as number),
+    );
+    assert.deepEqual(
+      codes,
+      workers.map(() => 0),
+    );
+    return Number(await redis.get(counter));
+  }
+
+  it('control: 4 processes incrementing without the lock lose updates', async () => {
+    const total = await incrementFrom(4, 40, 'nolock');
+    assert.ok(total < 160, `expected lost updates, got ${total}`);
+  });
+
+  it('4 processes incrementing under the lock end with the exact count', async () => {
+    assert.equal(await incrementFrom(4, 40, 'lock'), 160);
+  });
+
+  it('the lock of a SIGKILLed holder becomes free after its TTL, not before', async () => {
+    const key = uniqueKey();
+    const ttl = 1_500;
+    const holder = run('hold', String(server.port), key, String(ttl));
+    const [line] = (await once(holder.stdout!, 'data')) as [Buffer];
+    const holderFence = Number(/HELD (\d+)/.exec(line.toString())![1]);
+    await new Promise((resolve) => setTimeout(resolve, ttl)); // it keeps the lock alive past one TTL
+    assert.equal(await locks.tryAcquire(key), null, 'a live holder keeps its lock');
+
+    const killedAt = performance.now();
+    holder.kill('SIGKILL');
+    await once(holder, 'exit');
+    assert.equal(await locks.tryAcquire(key), null, 'the dead holder’s lock outlives it');
+    const lock = await locks.acquire(key, { acquireTimeout: ttl * 2 });
+    const freedAfter = performance.now() - killedAt;
+    // The holder extended every ttl/3, so between 2/3 and all of the TTL was left when it died.
+    assert.ok(freedAfter >= ttl * 0.6, `free after only ${freedAfter.toFixed(0)} ms`);
+    assert.ok(freedAfter <= ttl + 300, `free after ${freedAfter.toFixed(0)} ms, TTL ${ttl}`);
+    assert.ok(lock.fence > holderFence);
+    await lock.release();
+  });
+});

@@ -1,0 +1,169 @@
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+import { Redis } from 'ioredis';
+import {
+  LockAcquireAbortedError,
+  LockAcquireTimeoutError,
+  type LockService,
+} from '../../lib/index.js';
+import {
+  sleep,
+  startLockModule,
+  uniqueKey,
+  type LockModuleFixture,
+} from '../support/lock-module.js';
+import { startRedis, type RedisServer } from '../support/redis-server.js';
+
+describe('waiting for a held lock', () => {
+  let server: RedisServer;
+  let holderApp: LockModuleFixture;
+  let waiterApp: LockModuleFixture;
+  let holder: LockService;
+  let waiter: LockService;
+
+  before(async () => {
+    server = await startRedis();
+    // Two modules = two independent clients, as two app instances would have.
+    holderApp = await startLockModule({ connection: server.url });
+    waiterApp = await startLockModule({ connection: server.url });
+    holder = holderApp.locks;
+    waiter = waiterApp.locks;
+  });
+  after(async () => {
+    await holderApp?.close();
+    await waiterApp?.close();
+    await server?.stop();
+  });
+
+  it('hands the lock to a waiter within milliseconds of the release, not a poll interval later', async () => {
+    const key = uniqueKey();
+    const latencies: number[] = [];
+    for (let round = 0; round < 5; round++) {
+      const held = await holder.acquire(key, { ttl: 30_000 });
+      const waiting = waiter.acquire(key, { acquireTimeout: 10_000 });
+      await sleep(150); // the waiter has subscribed and gone to sleep by now
+      const releasedAt = performance.now();
+      await held.release();
+      const lock = await waiting;
+      latencies.push(performance.now() - releasedAt);
+      await lock.release();
+    }
+    latencies.sort((a, b) => a - b);
+    const median = latencies[2];
+    // retryInterval is 1000 ms and the TTL 30 s: only the release message can explain this.
+    assert.ok(
+      median < 50,
+      `median handoff ${median.toFixed(1)} ms (${latencies.map((l) => l.toFixed(1)).join(', ')})`,
+    );
+  });
+
+  it('an idle waiter sends a bounded number of commands while it waits', async () => {
+    const key = uniqueKey();
+    const held = await holder.acquire(key, { ttl: 20_000 });
+    const observer = new Redis(server.port, '127.0.0.1');
+    const monitor = await observer.monitor();
+    const seen: string[] = [];
+    monitor.on('monitor', (_time: string, args: string[]) => {
+      if (args.some((arg) => arg.includes(key))) seen.push(args[0].toLowerCase());
+    });
+    const waitMs = 2_500;
+    await assert.rejects(waiter.acquire(key, { acquireTimeout: waitMs }), LockAcquireTimeoutError);
+    await sleep(50);
+    monitor.disconnect();
+    observer.disconnect();
+    await held.release();
+    const attempts = seen.filter((cmd) => cmd === 'evalsha' || cmd === 'eval').length;
+    // One attempt, one after subscribing, then at most one per retryInterval (1 s).
+    assert.ok(attempts >= 2, `attempts seen: ${attempts}`);
+    assert.ok(
+      attempts <= 2 + Math.ceil(waitMs / 1_000),
+      `an idle waiter sent ${attempts} attempts in ${waitMs} ms`,
+    );
+    assert.ok(seen.includes('subscribe'), `commands: ${seen.join(' ')}`);
+  });
+
+  it('waits no longer than the holder TTL when the holder dies without releasing', async () => {
+    const key = uniqueKey();
+    await holder.acquire(key, { ttl: 400 }); // never released: the "crashed" holder
+    const started = performance.now();
+    const lock = await waiter.acquire(key, { acquireTimeout: 5_000 });
+    const waited = performance.now() - started;
+    assert.ok(waited >= 300 && waited < 1_000, `waited ${waited.toFixed(0)} ms`);
+    await lock.release();
+  });
+
+  it('wakes one waiter per release, in turn, until all are served', async () => {
+    const key = uniqueKey();
+    const held = await holder.acquire(key);
+    const order: number[] = [];
+    const waiters = Array.from({ length: 5 }, (_, i) =>
+      waiter.using(
+        key,
+        async () => {
+          order.push(i);
+          await sleep(5);
+        },
+        { acquireTimeout: 5_000 },
+      ),
+    );
+    await sleep(100);
+    const started = performance.now();
+    await held.release();
+    await Promise.all(waiters);
+    assert.equal(order.length, 5);
+    assert.ok(performance.now() - started < 500, 'each release hands over promptly');
+  });
+
+  it('an AbortSignal cancels the wait with LockAcquireAbortedError', async () => {
+    const key = uniqueKey();
+    const held = await holder.acquire(key);
+    const controller = new AbortController();
+    const pending = waiter.acquire(key, { acquireTimeout: 10_000, signal: controller.signal });
+    await sleep(100);
+    const abortedAt = performance.now();
+    controller.abort(new Error('client went away'));
+    const error = await pending.catch((e: unknown) => e);
+    assert.ok(error instanceof LockAcquireAbortedError);
+    assert.equal(error.key, key);
+    assert.ok(performance.now() - abortedAt < 50);
+    await assert.rejects(
+      waiter.acquire(key, { signal: AbortSignal.abort() }),
+      LockAcquireAbortedError,
+      'an already aborted signal fails at once',
+    );
+    await held.release();
+  });
+
+  it('an aborted waiter does not swallow the wake-up meant for the next one', async () => {
+    const key = uniqueKey();
+    const held = await holder.acquire(key, { ttl: 30_000 });
+    const controller = new AbortController();
+    const first = waiter.acquire(key, { acquireTimeout: 10_000, signal: controller.signal });
+    await sleep(50);
+    const second = waiter.acquire(key, { acquireTimeout: 10_000 });
+    await sleep(100);
+    controller.abort();
+    await assert.rejects(first, LockAcquireAbortedError);
+    const releasedAt = performance.now();
+    await held.release();
+    const lock = await second;
+    assert.ok(performance.now() - releasedAt < 200);
+    await lock.release();
+  });
+
+  it('after a wait, the lock is unsubscribed: no channel stays open', async () => {
+    const key = uniqueKey();
+    const held = await holder.acquire(key);
+    const pending = waiter.acquire(key, { acquireTimeout: 5_000 });
+    await sleep(100);
+    const probe = new Redis(server.port, '127.0.0.1');
+    const during = (await probe.pubsub('CHANNELS', `lock:{${key}}:released`)) as string[];
+    await held.release();
+    await (await pending).release();
+    await sleep(50);
+    const afterwards = (await probe.pubsub('CHANNELS', `lock:{${key}}:released`)) as string[];
+    probe.disconnect();
+    assert.deepEqual(during, [`lock:{${key}}:released`]);
+    assert.deepEqual(afterwards, []);
+  });
+});

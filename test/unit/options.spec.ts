@@ -1,0 +1,123 @@
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import { LockArgumentError } from '../../lib/index.js';
+import {
+  DEFAULT_LOCK_DEFAULTS,
+  MAX_DURATION,
+  resolveAcquireOptions,
+  type ResolvedDefaults,
+} from '../../lib/redis-lock.options.js';
+
+describe('per-call options (pure validation)', () => {
+  const defaults: ResolvedDefaults = { ...DEFAULT_LOCK_DEFAULTS };
+
+  function argumentError(fn: () => unknown): LockArgumentError {
+    try {
+      fn();
+    } catch (error) {
+      assert.ok(error instanceof LockArgumentError, String(error));
+      return error;
+    }
+    assert.fail('expected a LockArgumentError');
+  }
+
+  it('applies the defaults, with autoExtend depending on the method', () => {
+    assert.deepEqual(resolveAcquireOptions('k', undefined, defaults, 'acquire'), {
+      ttl: 10_000,
+      acquireTimeout: 5_000,
+      autoExtend: false,
+      signal: undefined,
+      token: undefined,
+    });
+    assert.equal(resolveAcquireOptions('k', {}, defaults, 'using').autoExtend, true);
+    assert.equal(resolveAcquireOptions('k', {}, defaults, 'tryAcquire').acquireTimeout, 0);
+    assert.equal(
+      resolveAcquireOptions('k', {}, { ...defaults, autoExtend: false }, 'using').autoExtend,
+      false,
+    );
+    assert.equal(
+      resolveAcquireOptions('k', {}, { ...defaults, autoExtend: true }, 'acquire').autoExtend,
+      true,
+    );
+    assert.equal(
+      resolveAcquireOptions('k', { autoExtend: false }, defaults, 'using').autoExtend,
+      false,
+    );
+  });
+
+  for (const key of ['', undefined, null, 42, {}]) {
+    it(`rejects the key ${JSON.stringify(key)}`, () => {
+      const error = argumentError(() => resolveAcquireOptions(key, {}, defaults, 'acquire'));
+      assert.equal(error.argument, 'key');
+      assert.equal(error.value, key);
+    });
+  }
+
+  const badDurations: unknown[] = [
+    Number.NaN,
+    Infinity,
+    -Infinity,
+    -1,
+    1.5,
+    '100',
+    null,
+    MAX_DURATION + 1,
+  ];
+  for (const value of badDurations) {
+    it(`rejects ttl ${String(value)} and acquireTimeout ${String(value)}, naming the option`, () => {
+      assert.equal(
+        argumentError(() =>
+          resolveAcquireOptions('k', { ttl: value as number }, defaults, 'acquire'),
+        ).argument,
+        'ttl',
+      );
+      assert.equal(
+        argumentError(() =>
+          resolveAcquireOptions('k', { acquireTimeout: value as number }, defaults, 'acquire'),
+        ).argument,
+        'acquireTimeout',
+      );
+    });
+  }
+
+  it('rejects a zero ttl but accepts a zero acquireTimeout', () => {
+    assert.equal(
+      argumentError(() => resolveAcquireOptions('k', { ttl: 0 }, defaults, 'acquire')).argument,
+      'ttl',
+    );
+    assert.equal(
+      resolveAcquireOptions('k', { acquireTimeout: 0 }, defaults, 'acquire').acquireTimeout,
+      0,
+    );
+  });
+
+  it('rejects a bad token, signal, autoExtend or an unknown option', () => {
+    assert.equal(
+      argumentError(() => resolveAcquireOptions('k', { token: '' }, defaults, 'acquire')).argument,
+      'token',
+    );
+    assert.equal(
+      argumentError(() =>
+        resolveAcquireOptions('k', { signal: {} as AbortSignal }, defaults, 'acquire'),
+      ).argument,
+      'signal',
+    );
+    assert.equal(
+      argumentError(() =>
+        resolveAcquireOptions('k', { autoExtend: 1 as never }, defaults, 'acquire'),
+      ).argument,
+      'autoExtend',
+    );
+    assert.equal(
+      argumentError(() => resolveAcquireOptions('k', { timeout: 5 } as never, defaults, 'acquire'))
+        .argument,
+      'timeout',
+    );
+  });
+
+  it('the error message names the option and the value', () => {
+    const error = argumentError(() => resolveAcquireOptions('k', { ttl: -5 }, defaults, 'acquire'));
+    assert.match(error.message, /ttl/);
+    assert.match(error.message, /-5/);
+  });
+});
