@@ -1,5 +1,5 @@
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -24,11 +24,61 @@ process.on('exit', () => {
 });
 
 /** Starts a private redis-server with no persistence on a free 127.0.0.1 port. */
-export async function startRedis(extraArgs: readonly string[] = []): Promise<RedisServer> {
+export function startRedis(extraArgs: readonly string[] = []): Promise<RedisServer> {
+  return onFreePort((port, dir) => [
+    [
+      '--port',
+      String(port),
+      '--bind',
+      '127.0.0.1',
+      '--protected-mode',
+      'no',
+      '--save',
+      '',
+      '--appendonly',
+      'no',
+      '--dir',
+      dir,
+      '--logfile',
+      '',
+      '--daemonize',
+      'no',
+      ...extraArgs,
+    ],
+    'Ready to accept connections',
+  ]);
+}
+
+/** Starts a Sentinel that monitors `master` under the name `masterName` (quorum 1). */
+export function startSentinel(master: RedisServer, masterName = 'mymaster'): Promise<RedisServer> {
+  return onFreePort((port, dir) => {
+    // Sentinel insists on a config file it can rewrite.
+    const config = join(dir, 'sentinel.conf');
+    writeFileSync(
+      config,
+      [
+        `port ${port}`,
+        'bind 127.0.0.1',
+        'protected-mode no',
+        `dir ${dir}`,
+        'logfile ""',
+        `sentinel monitor ${masterName} ${master.host} ${master.port} 1`,
+        `sentinel down-after-milliseconds ${masterName} 1000`,
+        `sentinel failover-timeout ${masterName} 5000`,
+        '',
+      ].join('\n'),
+    );
+    return [[config, '--sentinel'], '+monitor master'];
+  });
+}
+
+type LaunchPlan = (port: number, dir: string) => [args: string[], readyLine: string];
+
+async function onFreePort(plan: LaunchPlan): Promise<RedisServer> {
   let lastError: unknown;
   for (let tries = 0; tries < 5; tries++) {
     try {
-      return await launch(await freePort(), extraArgs);
+      return await launch(await freePort(), plan);
     } catch (error) {
       lastError = error; // most likely the port was taken between probe and bind: try another
     }
@@ -53,27 +103,9 @@ export function freePort(): Promise<number> {
   });
 }
 
-function launch(port: number, extraArgs: readonly string[]): Promise<RedisServer> {
+function launch(port: number, plan: LaunchPlan): Promise<RedisServer> {
   const dir = mkdtempSync(join(tmpdir(), 'nestjs-redis-lock-'));
-  const args = [
-    '--port',
-    String(port),
-    '--bind',
-    '127.0.0.1',
-    '--protected-mode',
-    'no',
-    '--save',
-    '',
-    '--appendonly',
-    'no',
-    '--dir',
-    dir,
-    '--logfile',
-    '',
-    '--daemonize',
-    'no',
-    ...extraArgs,
-  ];
+  const [args, readyLine] = plan(port, dir);
   const child = spawn(binary, args, { stdio: ['ignore', 'pipe', 'pipe'] });
   running.add(child);
   const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
@@ -100,7 +132,7 @@ function launch(port: number, extraArgs: readonly string[]): Promise<RedisServer
     child.stderr.on('data', (chunk: Buffer) => (output += chunk.toString()));
     child.stdout.on('data', (chunk: Buffer) => {
       output += chunk.toString();
-      if (!output.includes('Ready to accept connections')) return;
+      if (!output.includes(readyLine)) return;
       clearTimeout(timer);
       child.off('exit', onEarlyExit);
       child.stdout.removeAllListeners('data');

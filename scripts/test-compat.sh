@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Runs every suite again against the oldest majors in the peer ranges: NestJS 11 (CommonJS) and
+# ioredis 5, in a scratch copy of the project so the working tree's node_modules stay untouched.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+cd "$root"
+git ls-files --cached --others --exclude-standard -z | tar --null -cf - -T - | tar -xf - -C "$work"
+cp -a node_modules "$work/"
+cd "$work"
+npm install --no-save --no-audit --no-fund --loglevel=error \
+  @nestjs/common@^11 @nestjs/core@^11 @nestjs/testing@^11 @nestjs/platform-express@^11 \
+  @nestjs/platform-fastify@^11 @nestjs/microservices@^11 ioredis@^5
+node -e "console.log('compat: @nestjs/core', require('@nestjs/core/package.json').version, '/ ioredis', require('ioredis/package.json').version)"
+npm run build:test --silent
+npm run test:run --silent
