@@ -1,8 +1,11 @@
+export { WithLock } from './decorators/with-lock.decorator.js';
+export type { LockKeySource } from './decorators/lock-key.resolver.js';
 export {
   LockAcquireAbortedError,
   LockAcquireTimeoutError,
   LockArgumentError,
   LockBackendError,
+  LockKeyResolutionError,
   LockLostError,
   RedisLockConfigurationError,
   RedisLockError,
@@ -15,6 +18,12 @@ export type {
   LockDefaults,
   RedisLockModuleOptions,
 } from './interfaces/redis-lock-options.interface.js';
+export type {
+  LockTimeoutExceptionFactory,
+  LockTimeoutResponse,
+  WithLockOptions,
+} from './interfaces/with-lock-options.interface.js';
+export { WithLockInterceptor } from './interceptors/with-lock.interceptor.js';
 export { getCurrentLock } from './lock.context.js';
 export { LockService } from './lock.service.js';
 export { RedisLockModule } from './redis-lock.module.js';

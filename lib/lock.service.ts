@@ -15,6 +15,7 @@ import type {
 } from './interfaces/lock-backend.interface.js';
 import type { AcquireOptions, Lock } from './interfaces/lock.interface.js';
 import type { RedisLockModuleOptions } from './interfaces/redis-lock-options.interface.js';
+import type { LockTimeoutResponse } from './interfaces/with-lock-options.interface.js';
 import { findChainLock, runHoldingLock } from './lock.context.js';
 import { LockHandle, type LockOwnerHooks } from './lock.handle.js';
 import { MODULE_OPTIONS_TOKEN } from './redis-lock.module-definition.js';
@@ -44,12 +45,15 @@ export class LockService implements OnApplicationShutdown {
   private readonly held = new Set<LockHandle>();
   private readonly stopping = new AbortController();
   private readonly hooks: LockOwnerHooks;
+  /** @internal How `@WithLock` handlers answer a lock timeout, as set on the module. */
+  readonly timeoutResponse: LockTimeoutResponse;
 
   constructor(@Inject(MODULE_OPTIONS_TOKEN) options: RedisLockModuleOptions) {
     // Every waiter listens on this one signal (and removes its listener when done).
     setMaxListeners(0, this.stopping.signal);
     const resolved = resolveModuleOptions(options);
     this.defaults = resolved.defaults;
+    this.timeoutResponse = resolved.timeoutResponse;
     this.backend = RedisLockBackend.create(resolved.source, resolved.keyPrefix, this.logger);
     this.hooks = {
       backend: this.backend,

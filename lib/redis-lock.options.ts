@@ -2,6 +2,10 @@ import type { Cluster, Redis, RedisOptions } from 'ioredis';
 import { LockArgumentError, RedisLockConfigurationError } from './errors/redis-lock.errors.js';
 import type { AcquireOptions } from './interfaces/lock.interface.js';
 import type {
+  LockTimeoutResponse,
+  WithLockOptions,
+} from './interfaces/with-lock-options.interface.js';
+import type {
   LockDefaults,
   RedisLockModuleOptions,
 } from './interfaces/redis-lock-options.interface.js';
@@ -32,6 +36,7 @@ export interface ResolvedModuleOptions {
   source: RedisSource;
   keyPrefix: string;
   defaults: ResolvedDefaults;
+  timeoutResponse: LockTimeoutResponse;
 }
 
 /** What a lock call runs with, once defaults are applied and everything is checked. */
@@ -46,7 +51,9 @@ export interface ResolvedAcquireOptions {
 /** Which public method is asking: decides the `autoExtend` default and whether waiting is allowed. */
 export type AcquireMode = 'acquire' | 'tryAcquire' | 'using';
 
-const MODULE_KEYS = ['client', 'connection', 'keyPrefix', 'defaults'];
+const TIMEOUT_RESPONSE_KEYS = ['timeoutStatus', 'timeoutException'];
+const MODULE_KEYS = ['client', 'connection', 'keyPrefix', 'defaults', ...TIMEOUT_RESPONSE_KEYS];
+const WITH_LOCK_KEYS = ['key', 'ttl', 'acquireTimeout', 'autoExtend', ...TIMEOUT_RESPONSE_KEYS];
 const DEFAULTS_KEYS = Object.keys(DEFAULT_LOCK_DEFAULTS);
 const ACQUIRE_KEYS = ['ttl', 'acquireTimeout', 'autoExtend', 'signal', 'token'];
 
@@ -130,7 +137,66 @@ export function resolveModuleOptions(raw: RedisLockModuleOptions): ResolvedModul
     }
     defaults.autoExtend = given.autoExtend;
   }
-  return { source, keyPrefix, defaults };
+  const timeoutResponse = checkTimeoutResponse(raw, '', fail);
+  return { source, keyPrefix, defaults, timeoutResponse };
+}
+
+/**
+ * Validates `@WithLock` options when the decorator is applied. Throws
+ * `RedisLockConfigurationError` naming `@WithLock(Class.method).option`. The key is checked by
+ * the key compiler.
+ */
+export function validateWithLockOptions(options: WithLockOptions, method: string): void {
+  const path = `@WithLock(${method}).`;
+  const fail = (option: string, value: unknown, problem: string): never => {
+    throw new RedisLockConfigurationError(option, value, problem);
+  };
+  if (options === null || typeof options !== 'object') {
+    fail(`@WithLock(${method})`, options, "pass an object such as { key: 'order:{0}' }");
+  }
+  rejectUnknownKeys(options, WITH_LOCK_KEYS, path, fail);
+  for (const name of ['ttl', 'acquireTimeout'] as const) {
+    const value = options[name];
+    const problem =
+      value === undefined ? undefined : durationProblem(value, name === 'acquireTimeout');
+    if (problem) fail(`${path}${name}`, value, problem);
+  }
+  if (options.autoExtend !== undefined && typeof options.autoExtend !== 'boolean') {
+    fail(`${path}autoExtend`, options.autoExtend, 'must be true or false');
+  }
+  checkTimeoutResponse(options, path, fail);
+}
+
+function checkTimeoutResponse(
+  given: LockTimeoutResponse,
+  path: string,
+  fail: (option: string, value: unknown, problem: string) => never,
+): LockTimeoutResponse {
+  const { timeoutStatus, timeoutException } = given;
+  if (timeoutStatus !== undefined && timeoutException !== undefined) {
+    fail(`${path}timeoutStatus + ${path}timeoutException`, undefined, 'give one of them, not both');
+  }
+  if (
+    timeoutStatus !== undefined &&
+    (typeof timeoutStatus !== 'number' ||
+      !Number.isInteger(timeoutStatus) ||
+      timeoutStatus < 400 ||
+      timeoutStatus > 599)
+  ) {
+    fail(
+      `${path}timeoutStatus`,
+      timeoutStatus,
+      'must be an HTTP error status from 400 to 599, such as 409, 423 or 503',
+    );
+  }
+  if (timeoutException !== undefined && typeof timeoutException !== 'function') {
+    fail(
+      `${path}timeoutException`,
+      timeoutException,
+      'must be a function (error, context) => the error to throw',
+    );
+  }
+  return { timeoutStatus, timeoutException };
 }
 
 /** Validates one call's key and options and fills in the defaults. Throws `LockArgumentError`. */

@@ -11,19 +11,20 @@ export class RedisLockError extends Error {
 }
 
 /**
- * The module options are invalid or contradict each other. Thrown while the application
- * boots (`forRoot()` / `forRootAsync()`), never later.
+ * The configuration is invalid: module options (thrown while the app boots), `@WithLock` options
+ * (thrown when the decorator is applied, i.e. when the class is defined), or a `@WithLock` method
+ * that is used in a way the decorator cannot support.
  */
 export class RedisLockConfigurationError extends RedisLockError {
   constructor(
-    /** The option at fault, as a path (`defaults.ttl`, `client`, ...). */
+    /** The option at fault, as a path (`defaults.ttl`, `client`, `@WithLock(OrdersController.pay).key`, ...). */
     readonly option: string,
     /** The value that was given (`undefined` when the problem is a missing option). */
     readonly value: unknown,
     /** What is wrong and how to fix it. */
     readonly problem: string,
   ) {
-    super(`Invalid RedisLockModule option "${option}" (${describe(value)}): ${problem}`);
+    super(`Invalid option "${option}" (${describe(value)}): ${problem}`);
   }
 }
 
@@ -41,6 +42,29 @@ export class LockArgumentError extends RedisLockError {
     readonly problem: string,
   ) {
     super(`Invalid lock argument "${argument}" (${describe(value)}): ${problem}`);
+  }
+}
+
+/**
+ * `@WithLock` could not build a lock key from the method's arguments: a placeholder resolved to
+ * `undefined`, `null`, an object, an empty string or another non-key value, or the key function
+ * did not return a non-empty string. No lock was taken and the method did not run.
+ */
+export class LockKeyResolutionError extends RedisLockError {
+  constructor(
+    /** Where the decorator sits, as `Class.method`. */
+    readonly method: string,
+    /** The key template, or `'(key function)'`. */
+    readonly template: string,
+    /** The placeholder that failed (`{0.id}`), or `'(key function)'`. */
+    readonly placeholder: string,
+    /** What it resolved to. */
+    readonly value: unknown,
+  ) {
+    super(
+      `Cannot build the lock key of ${method} from "${template}": ${placeholder} resolved to ${describe(value)}. ` +
+        `A key part must be a non-empty string or a finite number; check the argument the placeholder points at.`,
+    );
   }
 }
 

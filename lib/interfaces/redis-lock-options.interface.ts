@@ -1,4 +1,5 @@
 import type { Cluster, Redis, RedisOptions } from 'ioredis';
+import type { LockTimeoutResponse } from './with-lock-options.interface.js';
 
 /** Defaults applied to every lock taken through the module, overridable per call. */
 export interface LockDefaults {
@@ -34,8 +35,12 @@ export interface LockDefaults {
   retryJitter?: number;
 }
 
-/** Options of `RedisLockModule.forRoot()` and the factory of `forRootAsync()`. Give exactly one of `client` or `connection`. */
-export interface RedisLockModuleOptions {
+/**
+ * Options of `RedisLockModule.forRoot()` and the factory of `forRootAsync()`. Give exactly one of
+ * `client` or `connection`. `timeoutStatus` / `timeoutException` set how `@WithLock` handlers answer
+ * a lock timeout (default: HTTP 409 with `Retry-After`).
+ */
+export interface RedisLockModuleOptions extends LockTimeoutResponse {
   /**
    * Your own ioredis client. The module uses it (and a `duplicate()` of it for pub/sub,
    * which it owns) and never closes it.

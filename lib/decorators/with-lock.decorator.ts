@@ -1,0 +1,186 @@
+import { Inject, UseInterceptors } from '@nestjs/common';
+import { from, isObservable, Observable, type Subscription } from 'rxjs';
+import { RedisLockConfigurationError } from '../errors/redis-lock.errors.js';
+import type { AcquireOptions } from '../interfaces/lock.interface.js';
+import type { WithLockOptions } from '../interfaces/with-lock-options.interface.js';
+import { WithLockInterceptor } from '../interceptors/with-lock.interceptor.js';
+import { LockService } from '../lock.service.js';
+import { WITH_LOCK_METADATA } from '../redis-lock.constants.js';
+import { validateWithLockOptions } from '../redis-lock.options.js';
+import { compileLockKey, type LockKeyResolver } from './lock-key.resolver.js';
+
+/** Nest's `@Sse()` marker (the same in NestJS 11 and 12): SSE handlers return an Observable. */
+const NEST_SSE_METADATA = '__sse__';
+
+/** Where Nest injects the app's own LockService into every instance of a class using @WithLock. */
+const LOCK_SERVICE = Symbol('nestjs-redis-lock:LockService');
+
+/**
+ * Runs the method while holding a distributed lock whose key comes from the method's arguments,
+ * on controller handlers (HTTP on Express and Fastify, microservice, WebSocket) and on provider
+ * methods called from code alike. The lock is auto-extended while the method runs and released
+ * when its promise settles, or, for a method declared to return an `Observable`, taken when the
+ * Observable is subscribed and released when it completes, errors or is unsubscribed.
+ *
+ * The method must belong to a class Nest instantiates in a module where `LockService` is
+ * available (`RedisLockModule` imported there or registered with `isGlobal`). Decorated methods
+ * return a Promise (or the declared Observable). Options are checked here, when the class is
+ * defined: a bad duration or template throws `RedisLockConfigurationError` at once.
+ *
+ * On handlers, a lock not acquired within `acquireTimeout` answers HTTP 409 with `Retry-After`
+ * (see `timeoutStatus` / `timeoutException`), an `RpcException` or a `WsException`; called from
+ * code, it throws `LockAcquireTimeoutError`. Other errors pass through unchanged.
+ * @example
+ * \@Post(':id/pay')
+ * \@WithLock({ key: 'order:{0}', ttl: 10_000, acquireTimeout: 2_000 })
+ * pay(@Param('id') id: string, @Body() dto: PayDto) { ... }
+ */
+export function WithLock(options: WithLockOptions): MethodDecorator {
+  return (target, propertyKey, descriptor) => {
+    const method = `${target.constructor.name}.${String(propertyKey)}`;
+    validateWithLockOptions(options, method);
+    const resolveKey = compileLockKey(options.key, method);
+    const original: unknown = descriptor.value;
+    if (typeof original !== 'function') {
+      throw new RedisLockConfigurationError(
+        `@WithLock(${method})`,
+        original,
+        'can only decorate a method',
+      );
+    }
+    const acquireOptions: AcquireOptions = {
+      ttl: options.ttl,
+      acquireTimeout: options.acquireTimeout,
+      autoExtend: options.autoExtend,
+    };
+    const call = original as (...args: unknown[]) => unknown;
+    const declared = declaredReturnType(target, propertyKey, method);
+    const onCall = lockOnCall(call, method, resolveKey, acquireOptions);
+    const onSubscribe = lockOnSubscribe(call, method, resolveKey, acquireOptions);
+    // Decided at the first call, when every decorator (whatever its order) has left its metadata.
+    let observable: boolean | undefined;
+    const wrapper = function (this: object, ...args: unknown[]): unknown {
+      observable ??=
+        declared === 'observable' || Reflect.getMetadata(NEST_SSE_METADATA, wrapper) === true;
+      return observable ? onSubscribe.apply(this, args) : onCall.apply(this, args);
+    };
+
+    // Decorators listed below this one have put their metadata on the original function.
+    for (const metadataKey of Reflect.getOwnMetadataKeys(original)) {
+      Reflect.defineMetadata(metadataKey, Reflect.getOwnMetadata(metadataKey, original), wrapper);
+    }
+    Object.defineProperty(wrapper, 'name', { value: call.name });
+    descriptor.value = wrapper as never;
+    Reflect.defineMetadata(WITH_LOCK_METADATA, options, wrapper);
+    UseInterceptors(WithLockInterceptor)(target, propertyKey, descriptor);
+    Inject(LockService)(target, LOCK_SERVICE);
+    return descriptor;
+  };
+}
+
+/** Promise methods: the lock is taken when the method is called, through `LockService.using()`. */
+function lockOnCall(
+  call: (...args: unknown[]) => unknown,
+  method: string,
+  resolveKey: LockKeyResolver,
+  acquireOptions: AcquireOptions,
+) {
+  return async function (this: object, ...args: unknown[]): Promise<unknown> {
+    return lockServiceOf(this, method).using(
+      resolveKey(args),
+      () => {
+        const result = call.apply(this, args);
+        if (isObservable(result)) {
+          throw new RedisLockConfigurationError(
+            `@WithLock(${method})`,
+            result,
+            'returned an Observable without declaring it: annotate the return type as Observable<T>, with Observable imported as a value (not `import type`), so that the lock is taken when it is subscribed and held until it completes',
+          );
+        }
+        return result;
+      },
+      acquireOptions,
+    );
+  };
+}
+
+/**
+ * Observable methods: nothing happens until subscription. Then the lock is taken (through the same
+ * `using()`), the method is called and its Observable relayed; completion, error or unsubscription
+ * ends the hold. An Observable nobody subscribes to never takes a lock.
+ */
+function lockOnSubscribe(
+  call: (...args: unknown[]) => unknown,
+  method: string,
+  resolveKey: LockKeyResolver,
+  acquireOptions: AcquireOptions,
+) {
+  return function (this: object, ...args: unknown[]): Observable<unknown> {
+    return new Observable<unknown>((subscriber) => {
+      const unsubscribed = new AbortController();
+      let inner: Subscription | undefined;
+      let endHold: (() => void) | undefined;
+      const hold = (): Promise<void> =>
+        new Promise<void>((resolve, reject) => {
+          endHold = resolve;
+          if (unsubscribed.signal.aborted) return resolve();
+          inner = from(call.apply(this, args) as Observable<unknown>).subscribe({
+            next: (value) => subscriber.next(value),
+            error: reject,
+            complete: resolve,
+          });
+        });
+      Promise.resolve()
+        .then(() =>
+          lockServiceOf(this, method).using(resolveKey(args), hold, {
+            ...acquireOptions,
+            signal: unsubscribed.signal,
+          }),
+        )
+        .then(
+          () => subscriber.complete(),
+          (error: unknown) => subscriber.error(error),
+        );
+      return () => {
+        unsubscribed.abort();
+        inner?.unsubscribe();
+        endHold?.();
+      };
+    });
+  };
+}
+
+function lockServiceOf(instance: object, method: string): LockService {
+  const locks = (instance as { [LOCK_SERVICE]?: LockService } | undefined)?.[LOCK_SERVICE];
+  if (!(locks instanceof LockService)) {
+    throw new RedisLockConfigurationError(
+      `@WithLock(${method})`,
+      instance,
+      'the instance has no LockService: it must be created by Nest (not with `new`) in a module where RedisLockModule is imported or registered with isGlobal',
+    );
+  }
+  return locks;
+}
+
+/**
+ * What the method declares it returns. Observable (imported as a value) means lock on subscribe;
+ * Promise, nothing, or a type TypeScript cannot emit (`Function` for a type-only import) mean lock
+ * on call; anything else is a synchronous method, which a lock would silently make asynchronous.
+ */
+function declaredReturnType(
+  target: object,
+  propertyKey: string | symbol,
+  method: string,
+): 'observable' | 'other' {
+  const type: unknown = Reflect.getMetadata('design:returntype', target, propertyKey);
+  if (type === Observable || (typeof type === 'function' && type.prototype instanceof Observable)) {
+    return 'observable';
+  }
+  if (type === undefined || type === Object || type === Function || type === Promise)
+    return 'other';
+  throw new RedisLockConfigurationError(
+    `@WithLock(${method})`,
+    type,
+    'a locked method runs asynchronously: declare it async (returning a Promise) or returning an Observable',
+  );
+}

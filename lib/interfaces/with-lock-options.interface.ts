@@ -1,0 +1,40 @@
+import type { ExecutionContext } from '@nestjs/common';
+import type { LockKeySource } from '../decorators/lock-key.resolver.js';
+import type { LockAcquireTimeoutError } from '../errors/redis-lock.errors.js';
+import type { AcquireOptions } from './lock.interface.js';
+
+/** Builds the error a `@WithLock` handler throws when its lock was not acquired in time. */
+export type LockTimeoutExceptionFactory = (
+  error: LockAcquireTimeoutError,
+  context: ExecutionContext,
+) => unknown;
+
+/**
+ * How `@WithLock` handlers (controllers, microservice and WebSocket handlers) answer when the lock
+ * was not acquired within `acquireTimeout`. Settable on the module and on each decorator; the
+ * decorator's wins. Give at most one of the two at each level.
+ */
+export interface LockTimeoutResponse {
+  /**
+   * HTTP status of the answer, with a `Retry-After` header. Microservice handlers get an
+   * `RpcException` and WebSocket handlers a `WsException` instead.
+   * @default 409
+   */
+  timeoutStatus?: number;
+  /** Builds the error to throw instead, for every transport (no `Retry-After` header is added). */
+  timeoutException?: LockTimeoutExceptionFactory;
+}
+
+/** Options of `@WithLock`. Unset durations take the module's `defaults`. */
+export interface WithLockOptions
+  extends Pick<AcquireOptions, 'ttl' | 'acquireTimeout' | 'autoExtend'>, LockTimeoutResponse {
+  /**
+   * The lock key, built from the method's own arguments (after pipes, on controllers):
+   * a template where `{N}` is the N-th argument and `{N.a.b}` a property path in it, or a
+   * function of the arguments.
+   * @example 'order:{0}'
+   * @example '{1.tenant}:invoice:{0}'
+   * @example (sku: string) => `sku:${sku}`
+   */
+  key: LockKeySource;
+}

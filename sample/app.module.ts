@@ -1,0 +1,31 @@
+import { Global, Module } from '@nestjs/common';
+import { RedisLockModule } from '../lib/index.js';
+import { InventoryModule } from './inventory/inventory.module.js';
+import { RedisConnection } from './redis.provider.js';
+import { SampleConfig } from './sample.config.js';
+
+@Global()
+@Module({
+  providers: [{ provide: SampleConfig, useFactory: () => new SampleConfig() }, RedisConnection],
+  exports: [SampleConfig, RedisConnection],
+})
+export class SampleCoreModule {}
+
+@Module({
+  imports: [
+    SampleCoreModule,
+    // The lock module borrows the app's connection (and never closes it); isGlobal lets every
+    // feature module use LockService and @WithLock without importing it again.
+    RedisLockModule.forRootAsync({
+      isGlobal: true,
+      inject: [RedisConnection],
+      useFactory: (redis: RedisConnection) => ({
+        client: redis.client,
+        keyPrefix: 'sample:lock:',
+        defaults: { ttl: 10_000, acquireTimeout: 5_000 },
+      }),
+    }),
+    InventoryModule,
+  ],
+})
+export class AppModule {}

@@ -1,0 +1,18 @@
+import { Inject, Injectable, type OnApplicationShutdown } from '@nestjs/common';
+import { Redis } from 'ioredis';
+import { SampleConfig } from './sample.config.js';
+
+/** The app's own Redis connection: stock lives here, and RedisLockModule borrows it. */
+@Injectable()
+export class RedisConnection implements OnApplicationShutdown {
+  readonly client: Redis;
+
+  constructor(@Inject(SampleConfig) config: SampleConfig) {
+    this.client = new Redis(config.redisUrl, { lazyConnect: true });
+  }
+
+  // The lock module never closes a client it was given: the app does, after the module is done.
+  async onApplicationShutdown(): Promise<void> {
+    await this.client.quit().catch(() => this.client.disconnect());
+  }
+}

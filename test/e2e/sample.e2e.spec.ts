@@ -1,0 +1,272 @@
+import assert from 'node:assert/strict';
+import { createHash } from 'node:crypto';
+import { after, before, describe, it } from 'node:test';
+import type { INestApplication } from '@nestjs/common';
+import { FastifyAdapter } from '@nestjs/platform-fastify';
+import { ClientProxyFactory, Transport, type ClientProxy } from '@nestjs/microservices';
+import { Test } from '@nestjs/testing';
+import { Redis } from 'ioredis';
+import { firstValueFrom } from 'rxjs';
+import { LockAcquireTimeoutError, LockService } from '../../lib/index.js';
+import { ACQUIRE_SCRIPT } from '../../lib/redis/lock.scripts.js';
+import { AppModule } from '../../sample/app.module.js';
+import { InventoryService } from '../../sample/inventory/inventory.service.js';
+import { SampleConfig } from '../../sample/sample.config.js';
+import { eventually, sleep, uniqueKey } from '../support/lock-module.js';
+import { freePort, startRedis, type RedisServer } from '../support/redis-server.js';
+
+const PAYMENT_DELAY = 150;
+const adapters = [
+  ['Express', () => undefined],
+  ['Fastify', () => new FastifyAdapter()],
+] as const;
+
+for (const [adapterName, createAdapter] of adapters) {
+  describe(`sample app on ${adapterName}`, () => {
+    let server: RedisServer;
+    let redis: Redis;
+    let app: INestApplication;
+    let url: string;
+    let locks: LockService;
+    let inventory: InventoryService;
+    let rpc: ClientProxy;
+
+    before(async () => {
+      server = await startRedis();
+      redis = new Redis(server.port, server.host);
+      const microservicePort = await freePort();
+      const module = await Test.createTestingModule({ imports: [AppModule] })
+        .overrideProvider(SampleConfig)
+        .useValue(
+          new SampleConfig({
+            redisUrl: server.url,
+            reportInterval: 0,
+            paymentDelay: PAYMENT_DELAY,
+            microservicePort,
+          }),
+        )
+        .compile();
+      const adapter = createAdapter();
+      app = adapter ? module.createNestApplication(adapter) : module.createNestApplication();
+      app.connectMicroservice({
+        transport: Transport.TCP,
+        options: { host: '127.0.0.1', port: microservicePort },
+      });
+      await app.startAllMicroservices();
+      await app.listen(0, '127.0.0.1');
+      url = (await app.getUrl()).replace('[::1]', '127.0.0.1');
+      locks = app.get(LockService);
+      inventory = app.get(InventoryService);
+      rpc = ClientProxyFactory.create({
+        transport: Transport.TCP,
+        options: { host: '127.0.0.1', port: microservicePort },
+      });
+    });
+    after(async () => {
+      await rpc?.close();
+      await app?.close();
+      redis?.disconnect();
+      await server?.stop();
+    });
+
+    const post = (path: string, body: unknown = { quantity: 1 }): Promise<Response> =>
+      fetch(`${url}${path}`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify(body),
+      });
+
+    async function stockOf(sku: string): Promise<number> {
+      return Number(await redis.get(`sample:stock:${sku}`));
+    }
+
+    async function buyConcurrently(sku: string, route: string, buyers: number): Promise<number[]> {
+      return Promise.all(
+        Array.from(
+          { length: buyers },
+          async () => (await post(`/products/${sku}/${route}`)).status,
+        ),
+      );
+    }
+
+    it('N parallel purchases of stock S sell exactly S and never go negative', async () => {
+      const sku = uniqueKey('last-items');
+      await inventory.setStock(sku, 5);
+      const statuses = await buyConcurrently(sku, 'purchase', 20);
+      assert.equal(statuses.filter((s) => s === 201).length, 5, `statuses: ${statuses.join(' ')}`);
+      assert.ok(
+        statuses.every((s) => s === 201 || s === 422),
+        `statuses: ${statuses.join(' ')}`,
+      );
+      assert.equal(await stockOf(sku), 0);
+    });
+
+    it('control: the same load on the unlocked route oversells', async () => {
+      const sku = uniqueKey('last-items');
+      await inventory.setStock(sku, 5);
+      const statuses = await buyConcurrently(sku, 'purchase-unlocked', 20);
+      assert.ok(
+        statuses.filter((s) => s === 201).length > 5,
+        `the race must show: ${statuses.join(' ')}`,
+      );
+    });
+
+    it('purchases of different SKUs run in parallel, those of one SKU one after another', async () => {
+      const timed = async (skus: string[]): Promise<number> => {
+        for (const sku of skus) await inventory.setStock(sku, 10);
+        const started = performance.now();
+        const statuses = await Promise.all(
+          skus.map(async (sku) => (await post(`/products/${sku}/purchase`)).status),
+        );
+        assert.deepEqual(
+          statuses,
+          skus.map(() => 201),
+        );
+        return performance.now() - started;
+      };
+      const different = await timed([
+        uniqueKey('a'),
+        uniqueKey('b'),
+        uniqueKey('c'),
+        uniqueKey('d'),
+      ]);
+      const same = uniqueKey('same');
+      const oneKey = await timed([same, same, same, same]);
+      assert.ok(
+        oneKey >= 4 * PAYMENT_DELAY,
+        `one SKU took ${oneKey.toFixed(0)} ms: purchases overlapped`,
+      );
+      assert.ok(
+        different < 2.5 * PAYMENT_DELAY,
+        `four SKUs took ${different.toFixed(0)} ms: they did not overlap`,
+      );
+    });
+
+    it('answers 409 with Retry-After when the lock is not acquired within acquireTimeout', async () => {
+      const sku = uniqueKey('busy');
+      await inventory.setStock(sku, 10);
+      const held = await locks.acquire(`sku:${sku}`, { ttl: 10_000 });
+      try {
+        const started = performance.now();
+        const response = await post(`/products/${sku}/purchase`);
+        assert.equal(response.status, 409);
+        const retryAfter = Number(response.headers.get('retry-after'));
+        assert.ok(retryAfter >= 1 && retryAfter <= 10, `Retry-After: ${retryAfter}`);
+        assert.equal(((await response.json()) as { statusCode: number }).statusCode, 409);
+        assert.ok(performance.now() - started >= 2_000, 'waited the route acquireTimeout');
+        assert.equal(await stockOf(sku), 10);
+      } finally {
+        await held.release();
+      }
+    });
+
+    it('other exceptions pass through unchanged: 404, 400, 422', async () => {
+      assert.equal((await post(`/products/${uniqueKey('unknown')}/purchase`)).status, 404);
+      const sku = uniqueKey('bad-input');
+      await inventory.setStock(sku, 1);
+      assert.equal((await post(`/products/${sku}/purchase`, { quantity: 0 })).status, 400);
+      assert.equal((await post(`/products/${sku}/purchase`, { quantity: 2 })).status, 422);
+      assert.equal(await locks.isLocked(`sku:${sku}`), false);
+    });
+
+    it('a purchase takes the lock exactly once (the nested locked provider re-enters it)', async () => {
+      const sku = uniqueKey('once');
+      await inventory.setStock(sku, 3);
+      const acquireSha = createHash('sha1').update(ACQUIRE_SCRIPT).digest('hex');
+      const observer = new Redis(server.port, server.host);
+      const monitor = await observer.monitor();
+      const acquires: string[][] = [];
+      monitor.on('monitor', (_time: string, args: string[]) => {
+        const isAcquire = args[1] === acquireSha || args[1] === ACQUIRE_SCRIPT;
+        if (isAcquire && args.includes(`sample:lock:{sku:${sku}}`)) acquires.push(args);
+      });
+      try {
+        await sleep(50);
+        const response = await post(`/products/${sku}/purchase`);
+        assert.equal(response.status, 201);
+        const body = (await response.json()) as { fence: number };
+        assert.ok(
+          body.fence > 0,
+          'the handler reached its fencing token through the async context',
+        );
+        await sleep(50);
+        assert.equal(acquires.length, 1);
+      } finally {
+        monitor.disconnect();
+        observer.disconnect();
+      }
+    });
+
+    it('the locked provider method excludes callers from code too', async () => {
+      const sku = uniqueKey('from-code');
+      await inventory.setStock(sku, 3);
+      const results = await Promise.allSettled(
+        Array.from({ length: 8 }, () => inventory.purchase(sku, 1)),
+      );
+      assert.equal(results.filter((r) => r.status === 'fulfilled').length, 3);
+      assert.equal(await stockOf(sku), 0);
+    });
+
+    it('from code, a provider method whose lock stays taken throws LockAcquireTimeoutError', async () => {
+      const sku = uniqueKey('held');
+      await inventory.setStock(sku, 3);
+      const held = await locks.acquire(`sku:${sku}`, { ttl: 10_000 });
+      try {
+        await assert.rejects(inventory.purchase(sku, 1), LockAcquireTimeoutError);
+      } finally {
+        await held.release();
+      }
+    });
+
+    it('the SSE stocktake holds the lock until the stream completes', async () => {
+      const sku = uniqueKey('stocktake');
+      await inventory.setStock(sku, 4);
+      const response = await fetch(`${url}/products/${sku}/stocktake`);
+      assert.equal(response.status, 200);
+      const reader = response.body!.getReader();
+      await reader.read();
+      assert.equal(await locks.isLocked(`sku:${sku}`), true, 'locked while streaming');
+      const purchase = post(`/products/${sku}/purchase`); // waits for the stocktake to finish
+      let text = '';
+      for (let chunk = await reader.read(); !chunk.done; chunk = await reader.read()) {
+        text += new TextDecoder().decode(chunk.value);
+      }
+      assert.equal((text.match(/data:/g) ?? []).length >= 4, true);
+      assert.equal((await purchase).status, 201);
+      assert.ok(await eventually(async () => !(await locks.isLocked(`sku:${sku}`)), 1_000));
+    });
+
+    it('the SSE stocktake releases the lock when the client disconnects', async () => {
+      const sku = uniqueKey('gone');
+      await inventory.setStock(sku, 4);
+      const controller = new AbortController();
+      const response = await fetch(`${url}/products/${sku}/stocktake`, {
+        signal: controller.signal,
+      });
+      await response.body!.getReader().read();
+      assert.equal(await locks.isLocked(`sku:${sku}`), true);
+      controller.abort();
+      assert.ok(
+        await eventually(async () => !(await locks.isLocked(`sku:${sku}`)), 1_000),
+        'released on disconnect',
+      );
+    });
+
+    it('the TCP microservice handler locks too, and answers a timeout with an RpcException', async () => {
+      const sku = uniqueKey('rpc');
+      await inventory.setStock(sku, 2);
+      const result = await firstValueFrom(rpc.send('inventory.purchase', { sku, quantity: 1 }));
+      assert.equal(result.remaining, 1);
+      const held = await locks.acquire(`sku:${sku}`, { ttl: 10_000 });
+      try {
+        const error = await firstValueFrom(
+          rpc.send('inventory.purchase', { sku, quantity: 1 }),
+        ).catch((e: unknown) => e);
+        assert.equal((error as { code?: string }).code, 'LOCK_TIMEOUT', JSON.stringify(error));
+      } finally {
+        await held.release();
+      }
+      assert.equal(await stockOf(sku), 1);
+    });
+  });
+}
