@@ -33,6 +33,13 @@ import { RedisLockBackend } from './redis/redis-lock.backend.js';
 const DEADLINE = new Error('deadline');
 
 /**
+ * How long an attempt sent before the deadline may take past it. Its answer still counts (a lock
+ * it got is returned, a refusal ends in LockAcquireTimeoutError); only a Redis that says nothing
+ * for this long is reported as LockBackendError.
+ */
+export const ATTEMPT_GRACE_MS = 1_000;
+
+/**
  * Takes, watches and releases distributed locks. Every public method, `@WithLock` included,
  * goes through the same acquire loop (`obtain`) and the same lease (`LockHandle`).
  */
@@ -221,7 +228,10 @@ export class LockService implements OnApplicationShutdown {
     signals: readonly (AbortSignal | undefined)[],
   ): Promise<AcquireAttempt> {
     const pending = this.backend.tryAcquire(key, token, opts.ttl);
-    const limit = opts.acquireTimeout > 0 ? Math.max(deadline - performance.now(), 1) : undefined;
+    const limit =
+      opts.acquireTimeout > 0
+        ? Math.max(deadline - performance.now(), 0) + ATTEMPT_GRACE_MS
+        : undefined;
     try {
       return await within(pending, limit, signals);
     } catch (error) {

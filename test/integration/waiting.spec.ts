@@ -4,8 +4,10 @@ import { Redis } from 'ioredis';
 import {
   LockAcquireAbortedError,
   LockAcquireTimeoutError,
+  LockBackendError,
   type LockService,
 } from '../../lib/index.js';
+import { ATTEMPT_GRACE_MS } from '../../lib/lock.service.js';
 import {
   sleep,
   startLockModule,
@@ -149,6 +151,30 @@ describe('waiting for a held lock', () => {
     const lock = await second;
     assert.ok(performance.now() - releasedAt < 200);
     await lock.release();
+  });
+
+  it('a frozen Redis fails an acquisition with LockBackendError after acquireTimeout + grace, never hangs', async () => {
+    const frozen = await startRedis();
+    const app = await startLockModule({ connection: frozen.url });
+    try {
+      await (await app.locks.acquire(uniqueKey())).release(); // connected
+      frozen.signal('SIGSTOP');
+      const started = performance.now();
+      const error = await app.locks
+        .acquire(uniqueKey(), { acquireTimeout: 200 })
+        .catch((e: unknown) => e);
+      const elapsed = performance.now() - started;
+      assert.ok(error instanceof LockBackendError, String(error));
+      assert.equal(error.operation, 'acquire');
+      assert.ok(
+        elapsed >= 200 + ATTEMPT_GRACE_MS - 50 && elapsed < 200 + ATTEMPT_GRACE_MS + 500,
+        `${elapsed} ms`,
+      );
+    } finally {
+      frozen.signal('SIGCONT');
+      await app.close();
+      await frozen.stop();
+    }
   });
 
   it('after a wait, the lock is unsubscribed: no channel stays open', async () => {

@@ -1,0 +1,444 @@
+import assert from 'node:assert/strict';
+import { createHash } from 'node:crypto';
+import { after, before, describe, it } from 'node:test';
+import {
+  Controller,
+  Get,
+  HttpException,
+  Injectable,
+  Module,
+  Param,
+  ParseIntPipe,
+  SetMetadata,
+  UseGuards,
+  type CanActivate,
+  type INestApplication,
+} from '@nestjs/common';
+import { Reflector } from '@nestjs/core';
+import { FastifyAdapter } from '@nestjs/platform-fastify';
+import { Test } from '@nestjs/testing';
+import { Redis } from 'ioredis';
+import { defer, Observable, of, delay } from 'rxjs';
+import {
+  getCurrentLock,
+  LockAcquireTimeoutError,
+  LockKeyResolutionError,
+  LockService,
+  RedisLockConfigurationError,
+  RedisLockModule,
+  WithLock,
+  type RedisLockModuleOptions,
+  type WithLockOptions,
+} from '../../lib/index.js';
+import { ACQUIRE_SCRIPT } from '../../lib/redis/lock.scripts.js';
+import { eventually, sleep, uniqueKey } from '../support/lock-module.js';
+import { startRedis, type RedisServer } from '../support/redis-server.js';
+
+const CUSTOM = 'test:custom-metadata';
+let guardCalls = 0;
+class CountingGuard implements CanActivate {
+  canActivate(): boolean {
+    guardCalls++;
+    return true;
+  }
+}
+
+@Injectable()
+class AccountsService {
+  @WithLock({ key: 'acct:{0.id}', acquireTimeout: 200 })
+  async debit(
+    _account: { id?: unknown },
+    amount: number,
+  ): Promise<{ fence: number | undefined; amount: number }> {
+    await sleep(20);
+    return { fence: getCurrentLock()?.fence, amount };
+  }
+
+  @WithLock({ key: (tenant: string, id: number) => `${tenant}/invoice/${id}`, acquireTimeout: 200 })
+  async invoice(tenant: string, id: number): Promise<string> {
+    return getCurrentLock()!.key + '|' + `${tenant}/${id}`;
+  }
+
+  @WithLock({ key: 'feed:{0}', acquireTimeout: 200 })
+  feed(_name: string): Observable<number> {
+    return defer(() => of(1, 2, 3).pipe(delay(100)));
+  }
+
+  @WithLock({ key: 'bad:{0}', acquireTimeout: 200 })
+  async failing(_name: string): Promise<never> {
+    throw new TypeError('domain failure');
+  }
+}
+
+@Controller('orders')
+class OrdersController {
+  constructor(private readonly accounts: AccountsService) {}
+
+  @WithLock({ key: 'order:{0}', acquireTimeout: 200 })
+  @Get('above/:id')
+  @UseGuards(CountingGuard)
+  @SetMetadata(CUSTOM, 'above')
+  async above(
+    @Param('id', ParseIntPipe) id: number,
+  ): Promise<{ id: number; type: string; fence?: number }> {
+    return { id, type: typeof id, fence: getCurrentLock()?.fence };
+  }
+
+  @SetMetadata(CUSTOM, 'below')
+  @UseGuards(CountingGuard)
+  @Get('below/:id')
+  @WithLock({ key: 'order:{0}', acquireTimeout: 200 })
+  async below(@Param('id', ParseIntPipe) id: number): Promise<{ id: number; type: string }> {
+    return { id, type: typeof id };
+  }
+
+  @Get('locked/:id')
+  @WithLock({ key: 'order:{0}', acquireTimeout: 200, timeoutStatus: 423 })
+  async locked423(@Param('id') id: string): Promise<string> {
+    return id;
+  }
+
+  @Get('custom/:id')
+  @WithLock({
+    key: 'order:{0}',
+    acquireTimeout: 200,
+    timeoutException: () => new HttpException({ reason: 'custom' }, 418),
+  })
+  async custom(@Param('id') id: string): Promise<string> {
+    return id;
+  }
+
+  @Get('missing')
+  @WithLock({ key: 'order:{0.nope}', acquireTimeout: 200 })
+  async missing(): Promise<string> {
+    return 'never';
+  }
+
+  @Get('same-key/:id')
+  @WithLock({ key: 'acct:{0}', acquireTimeout: 200 })
+  async sameKey(@Param('id') id: string): Promise<unknown> {
+    return this.accounts.debit({ id }, 5);
+  }
+}
+
+@Module({ controllers: [OrdersController], providers: [AccountsService] })
+class OrdersModule {}
+
+async function bootApp(
+  server: RedisServer,
+  options: Partial<RedisLockModuleOptions> = {},
+  adapter?: FastifyAdapter,
+): Promise<INestApplication> {
+  const module = await Test.createTestingModule({
+    imports: [
+      RedisLockModule.forRoot({ connection: server.url, isGlobal: true, ...options }),
+      OrdersModule,
+    ],
+  }).compile();
+  const app = adapter ? module.createNestApplication(adapter) : module.createNestApplication();
+  await app.listen(0, '127.0.0.1');
+  return app;
+}
+
+const appUrl = async (app: INestApplication): Promise<string> =>
+  (await app.getUrl()).replace('[::1]', '127.0.0.1');
+
+describe('@WithLock', () => {
+  let server: RedisServer;
+  let redis: Redis;
+
+  before(async () => {
+    server = await startRedis();
+    redis = new Redis(server.port, server.host);
+  });
+  after(async () => {
+    redis?.disconnect();
+    await server?.stop();
+  });
+
+  for (const [adapterName, createAdapter] of [
+    ['Express', () => undefined],
+    ['Fastify', () => new FastifyAdapter()],
+  ] as const) {
+    describe(`on controller handlers (${adapterName})`, () => {
+      let app: INestApplication;
+      let url: string;
+      let locks: LockService;
+
+      before(async () => {
+        app = await bootApp(server, {}, createAdapter());
+        url = await appUrl(app);
+        locks = app.get(LockService);
+      });
+      after(async () => {
+        await app?.close();
+      });
+
+      for (const order of ['above', 'below'] as const) {
+        it(`works with @WithLock ${order} @Get, guards and metadata, after pipes`, async () => {
+          const calls = guardCalls;
+          const id = Math.floor(Math.random() * 1e9);
+          const response = await fetch(`${url}/orders/${order}/${id}`);
+          assert.equal(response.status, 200);
+          const body = (await response.json()) as { id: number; type: string };
+          assert.deepEqual(
+            [body.id, body.type],
+            [id, 'number'],
+            'the key and the handler see piped arguments',
+          );
+          assert.equal(guardCalls, calls + 1, 'the guard still runs');
+          const handler = OrdersController.prototype[order];
+          assert.equal(app.get(Reflector).get(CUSTOM, handler), order, 'other metadata survives');
+
+          const held = await locks.acquire(`order:${id}`);
+          try {
+            assert.equal(
+              (await fetch(`${url}/orders/${order}/${id}`)).status,
+              409,
+              'the route is locked',
+            );
+          } finally {
+            await held.release();
+          }
+        });
+      }
+
+      it('takes the lock exactly once per call', async () => {
+        const id = String(Math.floor(Math.random() * 1e9));
+        const sha = createHash('sha1').update(ACQUIRE_SCRIPT).digest('hex');
+        const observer = new Redis(server.port, server.host);
+        const monitor = await observer.monitor();
+        let acquires = 0;
+        monitor.on('monitor', (_t: string, args: string[]) => {
+          if (
+            (args[1] === sha || args[1] === ACQUIRE_SCRIPT) &&
+            args.includes(`lock:{order:${id}}`)
+          )
+            acquires++;
+        });
+        try {
+          await sleep(50);
+          assert.equal((await fetch(`${url}/orders/above/${id}`)).status, 200);
+          await sleep(50);
+          assert.equal(acquires, 1);
+        } finally {
+          monitor.disconnect();
+          observer.disconnect();
+        }
+      });
+
+      it('decorator-level timeoutStatus and timeoutException change the answer', async () => {
+        const id = uniqueKey();
+        const held = await locks.acquire(`order:${id}`, { ttl: 5_000 });
+        try {
+          const locked = await fetch(`${url}/orders/locked/${id}`);
+          assert.equal(locked.status, 423);
+          assert.ok(locked.headers.get('retry-after'));
+          const custom = await fetch(`${url}/orders/custom/${id}`);
+          assert.equal(custom.status, 418);
+          assert.deepEqual(await custom.json(), { reason: 'custom' });
+        } finally {
+          await held.release();
+        }
+      });
+
+      it('a placeholder resolving to undefined fails the call without locking order:undefined', async () => {
+        const response = await fetch(`${url}/orders/missing`);
+        assert.equal(response.status, 500);
+        assert.equal(await redis.exists('lock:{order:undefined}'), 0);
+      });
+
+      it('a locked handler calling a locked provider method with the same key completes', async () => {
+        const response = await fetch(`${url}/orders/same-key/${uniqueKey()}`);
+        assert.equal(response.status, 200);
+        assert.equal(((await response.json()) as { amount: number }).amount, 5);
+      });
+    });
+  }
+
+  describe('module-level timeoutStatus', () => {
+    it('applies to every @WithLock handler that sets none of its own', async () => {
+      const app = await bootApp(server, { timeoutStatus: 503 });
+      try {
+        const id = uniqueKey();
+        const held = await app.get(LockService).acquire(`order:${id}`);
+        const url = await appUrl(app);
+        assert.equal(
+          (await fetch(`${url}/orders/below/${id}`)).status,
+          400,
+          'pipes still run first',
+        );
+        const numeric = String(Math.floor(Math.random() * 1e9));
+        const numericHeld = await app.get(LockService).acquire(`order:${numeric}`);
+        assert.equal((await fetch(`${url}/orders/below/${numeric}`)).status, 503);
+        assert.equal((await fetch(`${url}/orders/locked/${id}`)).status, 423, 'the decorator wins');
+        await held.release();
+        await numericHeld.release();
+      } finally {
+        await app.close();
+      }
+    });
+  });
+
+  describe('on provider methods called from code', () => {
+    let app: INestApplication;
+    let accounts: AccountsService;
+    let locks: LockService;
+
+    before(async () => {
+      app = await bootApp(server);
+      accounts = app.get(AccountsService);
+      locks = app.get(LockService);
+    });
+    after(async () => {
+      await app?.close();
+    });
+
+    it('locks on the key built from the arguments, and exposes the lock to the method', async () => {
+      const id = uniqueKey();
+      const pending = accounts.debit({ id }, 10);
+      await sleep(5);
+      assert.equal(await locks.isLocked(`acct:${id}`), true);
+      const result = await pending;
+      assert.ok(result.fence! > 0);
+      assert.equal(await locks.isLocked(`acct:${id}`), false);
+      assert.equal(await accounts.invoice('acme', 7), 'acme/invoice/7|acme/7');
+    });
+
+    it('concurrent calls on one key run one at a time; a timeout throws LockAcquireTimeoutError', async () => {
+      const id = uniqueKey();
+      const results = await Promise.allSettled([
+        accounts.debit({ id }, 1),
+        accounts.debit({ id }, 2),
+      ]);
+      assert.equal(results.filter((r) => r.status === 'fulfilled').length, 2);
+      const held = await locks.acquire(`acct:${id}`);
+      await assert.rejects(accounts.debit({ id }, 3), LockAcquireTimeoutError);
+      await held.release();
+    });
+
+    for (const [label, account] of [
+      ['undefined', {}],
+      ['null', { id: null }],
+      ['an object', { id: { nested: true } }],
+      ['an empty string', { id: '' }],
+    ] as const) {
+      it(`a placeholder resolving to ${label} throws LockKeyResolutionError naming it`, async () => {
+        const error = await accounts.debit(account, 1).catch((e: unknown) => e);
+        assert.ok(error instanceof LockKeyResolutionError, String(error));
+        assert.equal(error.placeholder, '{0.id}');
+        assert.equal(error.template, 'acct:{0.id}');
+      });
+    }
+
+    it('the method error passes through unchanged and the lock is released', async () => {
+      const name = uniqueKey();
+      const error = await accounts.failing(name).catch((e: unknown) => e);
+      assert.ok(error instanceof TypeError);
+      assert.equal(error.message, 'domain failure');
+      assert.equal(await locks.isLocked(`bad:${name}`), false);
+    });
+
+    it('an Observable method takes the lock on subscribe, holds it until complete, not before', async () => {
+      const name = uniqueKey();
+      const feed = accounts.feed(name);
+      await sleep(50);
+      assert.equal(await locks.isLocked(`feed:${name}`), false, 'not subscribed: no lock');
+      const values: number[] = [];
+      const done = new Promise<void>((resolve, reject) =>
+        feed.subscribe({ next: (v) => values.push(v), error: reject, complete: resolve }),
+      );
+      assert.ok(await eventually(() => locks.isLocked(`feed:${name}`), 500));
+      await done;
+      assert.deepEqual(values, [1, 2, 3]);
+      assert.ok(await eventually(async () => !(await locks.isLocked(`feed:${name}`)), 500));
+    });
+
+    it('unsubscribing from an Observable method releases its lock', async () => {
+      const name = uniqueKey();
+      const subscription = accounts.feed(name).subscribe();
+      assert.ok(await eventually(() => locks.isLocked(`feed:${name}`), 500));
+      subscription.unsubscribe();
+      assert.ok(await eventually(async () => !(await locks.isLocked(`feed:${name}`)), 500));
+    });
+
+    it('an instance not created by Nest fails with a clear error', async () => {
+      const stray = new AccountsService();
+      await assert.rejects(stray.debit({ id: 'x' }, 1), RedisLockConfigurationError);
+    });
+  });
+
+  it('two apps in one process each use their own LockService and Redis', async () => {
+    const otherServer = await startRedis();
+    const first = await bootApp(server);
+    const second = await bootApp(otherServer);
+    const otherRedis = new Redis(otherServer.port, otherServer.host);
+    try {
+      const id = uniqueKey();
+      await Promise.all([
+        first.get(AccountsService).debit({ id: `${id}-first` }, 1),
+        second.get(AccountsService).debit({ id: `${id}-second` }, 1),
+      ]);
+      // Each acquisition leaves its fence counter behind in the Redis it locked on.
+      assert.equal(await redis.exists(`lock:{acct:${id}-first}:fence`), 1);
+      assert.equal(await otherRedis.exists(`lock:{acct:${id}-second}:fence`), 1);
+      assert.equal(await redis.exists(`lock:{acct:${id}-second}:fence`), 0);
+      assert.equal(await otherRedis.exists(`lock:{acct:${id}-first}:fence`), 0);
+    } finally {
+      otherRedis.disconnect();
+      await first.close();
+      await second.close();
+      await otherServer.stop();
+    }
+  });
+
+  it('without LockService in the module, the app fails to boot', async () => {
+    await assert.rejects(Test.createTestingModule({ imports: [OrdersModule] }).compile());
+  });
+
+  describe('bad options fail when the decorator is applied', () => {
+    const cases: [string, WithLockOptions, string][] = [
+      ['an empty key', { key: '' }, 'key'],
+      ['a key that is not a string or function', { key: 42 as never }, 'key'],
+      ['an unclosed brace', { key: 'order:{0' }, 'key'],
+      ['a stray closing brace', { key: 'order:0}' }, 'key'],
+      ['a placeholder that is not a position', { key: 'order:{id}' }, 'key'],
+      ['an empty placeholder', { key: 'order:{}' }, 'key'],
+      ['a negative ttl', { key: 'k', ttl: -1 }, 'ttl'],
+      ['a NaN acquireTimeout', { key: 'k', acquireTimeout: Number.NaN }, 'acquireTimeout'],
+      ['a string autoExtend', { key: 'k', autoExtend: 'yes' as never }, 'autoExtend'],
+      ['a status outside 400-599', { key: 'k', timeoutStatus: 200 }, 'timeoutStatus'],
+      [
+        'both timeoutStatus and timeoutException',
+        { key: 'k', timeoutStatus: 423, timeoutException: () => new Error() },
+        'timeoutStatus + ',
+      ],
+      ['an unknown option', { key: 'k', timeout: 5 } as never, 'timeout'],
+    ];
+    for (const [name, options, option] of cases) {
+      it(`${name} → RedisLockConfigurationError naming ${option}`, () => {
+        const descriptor: PropertyDescriptor = { value: async () => 1 };
+        let thrown: unknown;
+        try {
+          WithLock(options)(class Billing {}.prototype, 'charge', descriptor);
+        } catch (error) {
+          thrown = error;
+        }
+        assert.ok(thrown instanceof RedisLockConfigurationError, String(thrown));
+        assert.ok(thrown.option.startsWith(`@WithLock(Billing.charge).${option}`), thrown.option);
+      });
+    }
+
+    it('a synchronous method is refused (a lock would make it asynchronous behind its back)', () => {
+      assert.throws(() => {
+        class Ledger {
+          @WithLock({ key: 'k' })
+          total(): number {
+            return 1;
+          }
+        }
+        return Ledger;
+      }, RedisLockConfigurationError);
+    });
+  });
+});
