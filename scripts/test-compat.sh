@@ -12,7 +12,8 @@ cp -a node_modules "$work/"
 cd "$work"
 npm install --no-save --no-audit --no-fund --loglevel=error \
   @nestjs/common@^11 @nestjs/core@^11 @nestjs/testing@^11 @nestjs/platform-express@^11 \
-  @nestjs/platform-fastify@^11 @nestjs/microservices@^11 ioredis@^5
+  @nestjs/platform-fastify@^11 @nestjs/microservices@^11 @nestjs/websockets@^11 @nestjs/platform-ws@^11 \
+  ioredis@^5
 node -e "console.log('compat: @nestjs/core', require('@nestjs/core/package.json').version, '/ ioredis', require('ioredis/package.json').version)"
 npm run build:test --silent
 npm run test:run --silent

@@ -88,8 +88,9 @@ function lockOnCall(
   return async function (this: object, ...args: unknown[]): Promise<unknown> {
     return lockServiceOf(this, method).using(
       resolveKey(args),
-      () => {
-        const result = call.apply(this, args);
+      async () => {
+        // Awaited here so that a Promise of an Observable is caught as well.
+        const result: unknown = await call.apply(this, args);
         if (isObservable(result)) {
           throw new RedisLockConfigurationError(
             `@WithLock(${method})`,

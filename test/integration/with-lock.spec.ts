@@ -11,11 +11,24 @@ import {
   ParseIntPipe,
   SetMetadata,
   UseGuards,
+  UseFilters,
+  Catch,
+  type ArgumentsHost,
+  type ExceptionFilter,
   type CanActivate,
   type INestApplication,
 } from '@nestjs/common';
 import { Reflector } from '@nestjs/core';
 import { FastifyAdapter } from '@nestjs/platform-fastify';
+import { WsAdapter } from '@nestjs/platform-ws';
+import {
+  WsException,
+  MessageBody,
+  SubscribeMessage,
+  WebSocketGateway,
+  type WsResponse,
+} from '@nestjs/websockets';
+import { WebSocket } from 'ws';
 import { Test } from '@nestjs/testing';
 import { Redis } from 'ioredis';
 import { defer, Observable, of, delay } from 'rxjs';
@@ -70,6 +83,44 @@ class AccountsService {
   }
 }
 
+/** Records what reaches the gateway's filter and sends it to native ws clients (NestJS 11's default filter does not). */
+const wsExceptions: unknown[] = [];
+@Catch()
+class RecordingWsFilter implements ExceptionFilter {
+  catch(exception: unknown, host: ArgumentsHost): void {
+    wsExceptions.push(exception);
+    const data = exception instanceof WsException ? exception.getError() : { status: 'error' };
+    host
+      .switchToWs()
+      .getClient<WebSocket>()
+      .send(JSON.stringify({ event: 'exception', data }));
+  }
+}
+
+@WebSocketGateway()
+@UseFilters(RecordingWsFilter)
+class StockGateway {
+  @SubscribeMessage('reserve')
+  @WithLock({ key: 'ws:{0.sku}', acquireTimeout: 200 })
+  async reserve(@MessageBody() body: { sku: string }): Promise<WsResponse<string>> {
+    return { event: 'reserved', data: body.sku };
+  }
+}
+
+@Injectable()
+class UndeclaredStreams {
+  // No return type annotation: TypeScript records none, so the lock cannot be taken on subscribe.
+  @WithLock({ key: 'undeclared:{0}' })
+  stream(_name: string) {
+    return of(1);
+  }
+
+  @WithLock({ key: 'undeclared:{0}' })
+  async later(_name: string): Promise<Observable<number>> {
+    return of(1);
+  }
+}
+
 @Controller('orders')
 class OrdersController {
   constructor(private readonly accounts: AccountsService) {}
@@ -121,8 +172,11 @@ class OrdersController {
   }
 }
 
-@Module({ controllers: [OrdersController], providers: [AccountsService] })
+@Module({ controllers: [OrdersController], providers: [AccountsService, UndeclaredStreams] })
 class OrdersModule {}
+
+@Module({ providers: [StockGateway] })
+class GatewayModule {}
 
 async function bootApp(
   server: RedisServer,
@@ -256,6 +310,41 @@ describe('@WithLock', () => {
     });
   }
 
+  describe('on WebSocket handlers', () => {
+    it('locks the handler and answers a timeout with a WsException', async () => {
+      const module = await Test.createTestingModule({
+        imports: [
+          RedisLockModule.forRoot({ connection: server.url, isGlobal: true }),
+          GatewayModule,
+        ],
+      }).compile();
+      const app = module.createNestApplication();
+      app.useWebSocketAdapter(new WsAdapter(app));
+      await app.listen(0, '127.0.0.1');
+      const socket = new WebSocket((await appUrl(app)).replace('http', 'ws'));
+      const replies: { event: string; data: unknown }[] = [];
+      socket.on('message', (data: Buffer) => replies.push(JSON.parse(data.toString())));
+      try {
+        await new Promise((resolve, reject) => socket.once('open', resolve).once('error', reject));
+        const sku = uniqueKey();
+        socket.send(JSON.stringify({ event: 'reserve', data: { sku } }));
+        assert.ok(await eventually(() => replies.length === 1, 2_000));
+        assert.deepEqual(replies[0], { event: 'reserved', data: sku });
+
+        const held = await app.get(LockService).acquire(`ws:${sku}`);
+        socket.send(JSON.stringify({ event: 'reserve', data: { sku } }));
+        assert.ok(await eventually(() => replies.length === 2, 2_000));
+        await held.release();
+        assert.ok(wsExceptions.at(-1) instanceof WsException);
+        assert.equal(replies[1].event, 'exception');
+        assert.equal((replies[1].data as { code: string }).code, 'LOCK_TIMEOUT');
+      } finally {
+        socket.close();
+        await app.close();
+      }
+    });
+  });
+
   describe('module-level timeoutStatus', () => {
     it('applies to every @WithLock handler that sets none of its own', async () => {
       const app = await bootApp(server, { timeoutStatus: 503 });
@@ -274,6 +363,18 @@ describe('@WithLock', () => {
         assert.equal((await fetch(`${url}/orders/locked/${id}`)).status, 423, 'the decorator wins');
         await held.release();
         await numericHeld.release();
+      } finally {
+        await app.close();
+      }
+    });
+
+    it('module-level timeoutException builds the error instead', async () => {
+      const app = await bootApp(server, { timeoutException: () => new HttpException('busy', 429) });
+      try {
+        const numeric = String(Math.floor(Math.random() * 1e9));
+        const held = await app.get(LockService).acquire(`order:${numeric}`);
+        assert.equal((await fetch(`${await appUrl(app)}/orders/below/${numeric}`)).status, 429);
+        await held.release();
       } finally {
         await app.close();
       }
@@ -360,6 +461,14 @@ describe('@WithLock', () => {
       assert.ok(await eventually(() => locks.isLocked(`feed:${name}`), 500));
       subscription.unsubscribe();
       assert.ok(await eventually(async () => !(await locks.isLocked(`feed:${name}`)), 500));
+    });
+
+    it('an Observable returned without being declared is refused on the first call, lock released', async () => {
+      const streams = app.get(UndeclaredStreams);
+      const name = uniqueKey();
+      await assert.rejects(Promise.resolve(streams.stream(name)), RedisLockConfigurationError);
+      await assert.rejects(streams.later(name), RedisLockConfigurationError);
+      assert.equal(await locks.isLocked(`undeclared:${name}`), false);
     });
 
     it('an instance not created by Nest fails with a clear error', async () => {
