@@ -11,6 +11,7 @@ import { LockAcquireTimeoutError, LockService } from '../../lib/index.js';
 import { ACQUIRE_SCRIPT } from '../../lib/redis/lock.scripts.js';
 import { AppModule } from '../../sample/app.module.js';
 import { InventoryService } from '../../sample/inventory/inventory.service.js';
+import { StockReportJob } from '../../sample/inventory/stock-report.job.js';
 import { SampleConfig } from '../../sample/sample.config.js';
 import { eventually, sleep, uniqueKey } from '../support/lock-module.js';
 import { freePort, startRedis, type RedisServer } from '../support/redis-server.js';
@@ -250,6 +251,22 @@ for (const [adapterName, createAdapter] of adapters) {
         await eventually(async () => !(await locks.isLocked(`sku:${sku}`)), 1_000),
         'released on disconnect',
       );
+    });
+
+    it('the stock report job runs on one instance at a time (LockService.using)', async () => {
+      const job = app.get(StockReportJob);
+      const ran = await Promise.all([job.run(), job.run(), job.run()]);
+      assert.deepEqual(
+        ran.filter((r) => r),
+        [true],
+        `runs: ${ran.join(' ')}`,
+      );
+      const report = JSON.parse((await redis.get('sample:report:stock'))!) as {
+        fence: number;
+        report: object;
+      };
+      assert.ok(report.fence > 0);
+      assert.ok(Object.keys(report.report).length > 0);
     });
 
     it('the TCP microservice handler locks too, and answers a timeout with an RpcException', async () => {

@@ -31,7 +31,7 @@ import {
 import { WebSocket } from 'ws';
 import { Test } from '@nestjs/testing';
 import { Redis } from 'ioredis';
-import { defer, Observable, of, delay } from 'rxjs';
+import { defer, delay, Observable, of, throwError } from 'rxjs';
 import {
   getCurrentLock,
   LockAcquireTimeoutError,
@@ -75,6 +75,17 @@ class AccountsService {
   @WithLock({ key: 'feed:{0}', acquireTimeout: 200 })
   feed(_name: string): Observable<number> {
     return defer(() => of(1, 2, 3).pipe(delay(100)));
+  }
+
+  @WithLock({ key: 'broken-feed:{0}', acquireTimeout: 200 })
+  brokenFeed(_name: string): Observable<number> {
+    return defer(() => throwError(() => new RangeError('feed broke')).pipe(delay(50)));
+  }
+
+  @WithLock({ key: 'slow:{0}', ttl: 300 })
+  async slow(_name: string): Promise<boolean> {
+    await sleep(900); // three TTLs
+    return getCurrentLock()!.signal.aborted;
   }
 
   @WithLock({ key: 'bad:{0}', acquireTimeout: 200 })
@@ -453,6 +464,24 @@ describe('@WithLock', () => {
       await done;
       assert.deepEqual(values, [1, 2, 3]);
       assert.ok(await eventually(async () => !(await locks.isLocked(`feed:${name}`)), 500));
+    });
+
+    it('an Observable method that errors passes the error on and releases its lock', async () => {
+      const name = uniqueKey();
+      const error = await new Promise((resolve) =>
+        accounts.brokenFeed(name).subscribe({ error: resolve }),
+      );
+      assert.ok(error instanceof RangeError);
+      assert.ok(await eventually(async () => !(await locks.isLocked(`broken-feed:${name}`)), 500));
+    });
+
+    it('auto-extends by default: a method running for three TTLs keeps its lock', async () => {
+      const name = uniqueKey();
+      const running = accounts.slow(name);
+      await sleep(700);
+      assert.equal(await locks.isLocked(`slow:${name}`), true, 'still held after two TTLs');
+      assert.equal(await running, false, 'its signal never aborted');
+      assert.equal(await locks.isLocked(`slow:${name}`), false);
     });
 
     it('unsubscribing from an Observable method releases its lock', async () => {
