@@ -28,9 +28,7 @@ import {
   type ResolvedDefaults,
 } from './redis-lock.options.js';
 import { RedisLockBackend } from './redis/redis-lock.backend.js';
-
-/** Rejection reason of a wait that outlived its deadline (internal, never escapes). */
-const DEADLINE = new Error('deadline');
+import { DEADLINE, ignoreDeadline, within } from './utils/within.js';
 
 /**
  * How long an attempt sent before the deadline may take past it. Its answer still counts (a lock
@@ -180,6 +178,11 @@ export class LockService implements OnApplicationShutdown {
         const attempt = await this.attempt(key, token, opts, deadline, signals);
         if (attempt.acquired) {
           handle = this.hold(key, token, attempt, sentAt, opts);
+          if (this.stopping.signal.aborted) {
+            // Granted while shutdown began: shutdown has already swept the held locks.
+            await handle.abandon().catch(() => false);
+            throw new RedisLockShutdownError(key);
+          }
           return handle;
         }
         const remaining = deadline - performance.now();
@@ -248,7 +251,7 @@ export class LockService implements OnApplicationShutdown {
         throw new LockBackendError(
           key,
           'acquire',
-          new Error('Redis did not answer within acquireTimeout'),
+          new Error(`Redis did not answer within acquireTimeout + ${ATTEMPT_GRACE_MS} ms`),
         );
       }
       throw error;
@@ -303,38 +306,4 @@ export class LockService implements OnApplicationShutdown {
     }
     return lock;
   }
-}
-
-/**
- * Settles like `promise`, unless `ms` pass first (rejects with DEADLINE) or a signal aborts
- * (rejects with its reason). Leaves no timer or listener behind.
- */
-function within<T>(
-  promise: Promise<T>,
-  ms: number | undefined,
-  signals: readonly (AbortSignal | undefined)[],
-): Promise<T> {
-  const aborted = signals.find((signal) => signal?.aborted);
-  if (aborted) return Promise.reject(aborted.reason as Error);
-  return new Promise<T>((resolve, reject) => {
-    const onAbort = function (this: AbortSignal): void {
-      cleanup();
-      reject(this.reason as Error);
-    };
-    const timer =
-      ms === undefined ? undefined : setTimeout(() => (cleanup(), reject(DEADLINE)), ms);
-    const cleanup = (): void => {
-      clearTimeout(timer);
-      for (const signal of signals) signal?.removeEventListener('abort', onAbort);
-    };
-    for (const signal of signals) signal?.addEventListener('abort', onAbort, { once: true });
-    promise.then(
-      (value) => (cleanup(), resolve(value)),
-      (error: unknown) => (cleanup(), reject(error as Error)),
-    );
-  });
-}
-
-function ignoreDeadline(error: unknown): void {
-  if (error !== DEADLINE) throw error;
 }

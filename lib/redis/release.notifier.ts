@@ -1,6 +1,7 @@
 import { Logger } from '@nestjs/common';
 import type { Cluster, Redis } from 'ioredis';
 import type { ReleaseSubscription } from '../interfaces/lock-backend.interface.js';
+import { ignoreDeadline, within } from '../utils/within.js';
 
 interface Waiter {
   wake(): void;
@@ -107,34 +108,23 @@ class ChannelSubscription implements ReleaseSubscription {
   wait(seen: number, ms: number, signals: readonly (AbortSignal | undefined)[]): Promise<void> {
     this.woken = false;
     if (this.state.seen !== seen) return Promise.resolve();
-    const aborted = signals.find((signal) => signal?.aborted);
-    if (aborted) return Promise.reject(aborted.reason as Error);
-    return new Promise<void>((resolve, reject) => {
-      const waiters = this.state.waiters;
-      const settle = (): void => {
-        clearTimeout(timer);
-        for (const signal of signals) signal?.removeEventListener('abort', onAbort);
-        const index = waiters.indexOf(waiter);
-        if (index >= 0) waiters.splice(index, 1);
-      };
-      const waiter: Waiter = {
+    const waiters = this.state.waiters;
+    let waiter!: Waiter;
+    const woken = new Promise<void>((resolve) => {
+      waiter = {
         wake: () => {
           this.woken = true;
-          settle();
           resolve();
         },
       };
-      const onAbort = function (this: AbortSignal): void {
-        settle();
-        reject(this.reason as Error);
-      };
-      const timer = setTimeout(() => {
-        settle();
-        resolve();
-      }, ms);
-      for (const signal of signals) signal?.addEventListener('abort', onAbort, { once: true });
-      waiters.push(waiter);
     });
+    waiters.push(waiter);
+    return within(woken, ms, signals)
+      .catch(ignoreDeadline)
+      .finally(() => {
+        const index = waiters.indexOf(waiter);
+        if (index >= 0) waiters.splice(index, 1);
+      });
   }
 
   dispose(acquired: boolean): void {

@@ -14,6 +14,14 @@ import {
 import { eventually, sleep, startLockModule, uniqueKey } from '../support/lock-module.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
 
+/** A module that does not import RedisLockModule: it sees LockService only if that is global. */
+@Injectable()
+class Consumer {
+  constructor(readonly locks: LockService) {}
+}
+@Module({ providers: [Consumer] })
+class FeatureModule {}
+
 describe('RedisLockModule', () => {
   let server: RedisServer;
   let redis: Redis;
@@ -85,12 +93,6 @@ describe('RedisLockModule', () => {
     });
 
     it('isGlobal makes LockService injectable in modules that do not import it', async () => {
-      @Injectable()
-      class Consumer {
-        constructor(readonly locks: LockService) {}
-      }
-      @Module({ providers: [Consumer] })
-      class FeatureModule {}
       const module = await Test.createTestingModule({
         imports: [
           RedisLockModule.forRoot({ connection: server.url, isGlobal: true }),
@@ -173,12 +175,6 @@ describe('RedisLockModule', () => {
     });
 
     it('isGlobal', async () => {
-      @Injectable()
-      class Consumer {
-        constructor(readonly locks: LockService) {}
-      }
-      @Module({ providers: [Consumer] })
-      class FeatureModule {}
       const module = await Test.createTestingModule({
         imports: [
           RedisLockModule.forRootAsync({

@@ -1,0 +1,37 @@
+/** Rejection reason of `within()` when the time ran out (internal, never escapes the library). */
+export const DEADLINE = new Error('deadline');
+
+/**
+ * Settles like `promise`, unless `ms` pass first (rejects with `DEADLINE`) or one of `signals`
+ * aborts (rejects with its reason). Leaves no timer or listener behind either way.
+ */
+export function within<T>(
+  promise: Promise<T>,
+  ms: number | undefined,
+  signals: readonly (AbortSignal | undefined)[],
+): Promise<T> {
+  const aborted = signals.find((signal) => signal?.aborted);
+  if (aborted) return Promise.reject(aborted.reason as Error);
+  return new Promise<T>((resolve, reject) => {
+    const onAbort = function (this: AbortSignal): void {
+      cleanup();
+      reject(this.reason as Error);
+    };
+    const timer =
+      ms === undefined ? undefined : setTimeout(() => (cleanup(), reject(DEADLINE)), ms);
+    const cleanup = (): void => {
+      clearTimeout(timer);
+      for (const signal of signals) signal?.removeEventListener('abort', onAbort);
+    };
+    for (const signal of signals) signal?.addEventListener('abort', onAbort, { once: true });
+    promise.then(
+      (value) => (cleanup(), resolve(value)),
+      (error: unknown) => (cleanup(), reject(error as Error)),
+    );
+  });
+}
+
+/** For `.catch()` after `within()` when running out of time is an acceptable outcome. */
+export function ignoreDeadline(error: unknown): void {
+  if (error !== DEADLINE) throw error;
+}
