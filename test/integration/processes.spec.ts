@@ -85,7 +85,7 @@ describe('locks across processes', () => {
     const freedAfter = performance.now() - killedAt;
     // The holder extended every ttl/3, so between 2/3 and all of the TTL was left when it died.
     assert.ok(freedAfter >= ttl * 0.6, `free after only ${freedAfter.toFixed(0)} ms`);
-    assert.ok(freedAfter <= ttl + 300, `free after ${freedAfter.toFixed(0)} ms, TTL ${ttl}`);
+    assert.ok(freedAfter <= ttl + 600, `free after ${freedAfter.toFixed(0)} ms, TTL ${ttl}`);
     assert.ok(lock.fence > holderFence);
     await lock.release();
   });

@@ -72,6 +72,70 @@ export function startSentinel(master: RedisServer, masterName = 'mymaster'): Pro
   });
 }
 
+/** A Redis Cluster of `masters` harness-started nodes (no replicas), every slot assigned and ok. */
+export interface RedisClusterFixture {
+  readonly nodes: RedisServer[];
+  stop(): Promise<void>;
+}
+
+export async function startCluster(masters = 3): Promise<RedisClusterFixture> {
+  const nodes = await Promise.all(
+    Array.from({ length: masters }, () =>
+      startRedis([
+        '--cluster-enabled',
+        'yes',
+        '--cluster-config-file',
+        'nodes.conf',
+        '--cluster-node-timeout',
+        '2000',
+      ]),
+    ),
+  );
+  const stop = async (): Promise<void> => {
+    await Promise.all(nodes.map((node) => node.stop()));
+  };
+  try {
+    await run('redis-cli', [
+      '--cluster',
+      'create',
+      ...nodes.map((n) => `${n.host}:${n.port}`),
+      '--cluster-replicas',
+      '0',
+      '--cluster-yes',
+    ]);
+    for (const node of nodes) {
+      for (
+        let tries = 0;
+        !(await run('redis-cli', ['-p', String(node.port), 'cluster', 'info'])).includes(
+          'cluster_state:ok',
+        );
+        tries++
+      ) {
+        if (tries > 100)
+          throw new Error(`cluster node ${node.port} never reached cluster_state:ok`);
+        await new Promise((resolve) => setTimeout(resolve, 100));
+      }
+    }
+  } catch (error) {
+    await stop();
+    throw error;
+  }
+  return { nodes, stop };
+}
+
+function run(command: string, args: string[]): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(command, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+    let output = '';
+    child.stdout.on('data', (chunk: Buffer) => (output += chunk.toString()));
+    child.stderr.on('data', (chunk: Buffer) => (output += chunk.toString()));
+    child.once('error', reject);
+    child.once('exit', (code) =>
+      code === 0 ? resolve(output) : reject(new Error(`${command} ${args.join(' ')}: ${output}`)),
+    );
+  });
+}
+
 type LaunchPlan = (port: number, dir: string) => [args: string[], readyLine: string];
 
 async function onFreePort(plan: LaunchPlan): Promise<RedisServer> {
