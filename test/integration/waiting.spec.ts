@@ -22,6 +22,7 @@ describe('waiting for a held lock', () => {
   let waiterApp: LockModuleFixture;
   let holder: LockService;
   let waiter: LockService;
+  let redis: Redis;
 
   before(async () => {
     server = await startRedis();
@@ -30,10 +31,12 @@ describe('waiting for a held lock', () => {
     waiterApp = await startLockModule({ connection: server.url });
     holder = holderApp.locks;
     waiter = waiterApp.locks;
+    redis = new Redis(server.port, '127.0.0.1');
   });
   after(async () => {
     await holderApp?.close();
     await waiterApp?.close();
+    redis?.disconnect();
     await server?.stop();
   });
 
@@ -114,6 +117,65 @@ describe('waiting for a held lock', () => {
     await Promise.all(waiters);
     assert.equal(order.length, 5);
     assert.ok(performance.now() - started < 500, 'each release hands over promptly');
+  });
+
+  it('contention costs one attempt per release per process, not one per waiter', async () => {
+    const key = uniqueKey();
+    const held = await holder.acquire(key, { ttl: 30_000 });
+    const observer = new Redis(server.port, '127.0.0.1');
+    const monitor = await observer.monitor();
+    let attempts = 0;
+    monitor.on('monitor', (_time: string, args: string[]) => {
+      if (
+        args[0].toLowerCase().startsWith('eval') &&
+        args[2] === '2' &&
+        args[3] === `lock:{${key}}`
+      )
+        attempts++;
+    });
+    try {
+      const waiters = Array.from({ length: 5 }, () =>
+        waiter.using(key, () => sleep(5), { acquireTimeout: 10_000, autoExtend: false }),
+      );
+      await sleep(200);
+      const beforeRelease = attempts; // each waiter: one attempt, one more once subscribed
+      await held.release();
+      await Promise.all(waiters);
+      await sleep(20);
+      // Woken one at a time: five releases, five attempts. Waking every waiter on each release
+      // would cost 5 + 4 + 3 + 2 + 1 = 15.
+      assert.equal(beforeRelease, 10);
+      assert.ok(
+        attempts - beforeRelease <= 6,
+        `${attempts - beforeRelease} attempts for 5 handoffs`,
+      );
+    } finally {
+      monitor.disconnect();
+      observer.disconnect();
+    }
+  });
+
+  it('a release whose message is lost costs at most retryInterval, never a hang', async () => {
+    const app = await startLockModule({
+      connection: server.url,
+      defaults: { retryInterval: 300, retryJitter: 0 },
+    });
+    const key = uniqueKey();
+    await holder.acquire(key, { ttl: 30_000 });
+    try {
+      const waiting = app.locks.acquire(key, { acquireTimeout: 5_000 });
+      await sleep(100);
+      // The lock goes away with no release message at all, as if the message had been lost.
+      const freedAt = performance.now();
+      await redis.del(`lock:{${key}}`);
+      const lock = await waiting;
+      const waited = performance.now() - freedAt;
+      assert.ok(waited >= 50, `found after ${waited.toFixed(0)} ms: not by its retry timer`);
+      assert.ok(waited <= 300 + 150, `found after ${waited.toFixed(0)} ms, retryInterval 300`);
+      await lock.release();
+    } finally {
+      await app.close();
+    }
   });
 
   it('an AbortSignal cancels the wait with LockAcquireAbortedError', async () => {
