@@ -205,7 +205,13 @@ export class LockService implements OnApplicationShutdown {
         const pause =
           Math.min(attempt.retryAfter ?? Infinity, this.defaults.retryInterval) +
           Math.random() * this.defaults.retryJitter;
-        await subscription.wait(seen, Math.min(pause, remaining), signals);
+        // A wait cut short by the deadline ends just past it (timers have millisecond grain and
+        // may fire a fraction early): the attempt after it is the last, not one of several.
+        await subscription.wait(
+          seen,
+          pause < remaining ? pause : Math.ceil(remaining) + 1,
+          signals,
+        );
       }
     } catch (error) {
       if (opts.signal?.aborted && error === opts.signal.reason) {

@@ -1,5 +1,4 @@
 import assert from 'node:assert/strict';
-import { createHash } from 'node:crypto';
 import { after, before, describe, it } from 'node:test';
 import type { INestApplication } from '@nestjs/common';
 import { FastifyAdapter } from '@nestjs/platform-fastify';
@@ -14,6 +13,7 @@ import { InventoryService } from '../../sample/inventory/inventory.service.js';
 import { StockReportJob } from '../../sample/inventory/stock-report.job.js';
 import { SampleConfig } from '../../sample/sample.config.js';
 import { eventually, sleep, uniqueKey } from '../support/lock-module.js';
+import { monitorRedis, scriptCalls } from '../support/redis-monitor.js';
 import { freePort, startRedis, type RedisServer } from '../support/redis-server.js';
 
 const PAYMENT_DELAY = 150;
@@ -173,16 +173,8 @@ for (const [adapterName, createAdapter] of adapters) {
     it('a purchase takes the lock exactly once (the nested locked provider re-enters it)', async () => {
       const sku = uniqueKey('once');
       await inventory.setStock(sku, 3);
-      const acquireSha = createHash('sha1').update(ACQUIRE_SCRIPT).digest('hex');
-      const observer = new Redis(server.port, server.host);
-      const monitor = await observer.monitor();
-      const acquires: string[][] = [];
-      monitor.on('monitor', (_time: string, args: string[]) => {
-        const isAcquire = args[1] === acquireSha || args[1] === ACQUIRE_SCRIPT;
-        if (isAcquire && args.includes(`sample:lock:{sku:${sku}}`)) acquires.push(args);
-      });
+      const monitor = await monitorRedis(server.port);
       try {
-        await sleep(50);
         const response = await post(`/products/${sku}/purchase`);
         assert.equal(response.status, 201);
         const body = (await response.json()) as { fence: number };
@@ -191,10 +183,9 @@ for (const [adapterName, createAdapter] of adapters) {
           'the handler reached its fencing token through the async context',
         );
         await sleep(50);
-        assert.equal(acquires.length, 1);
+        assert.equal(scriptCalls(monitor.commands, ACQUIRE_SCRIPT, `sample:lock:{sku:${sku}}`), 1);
       } finally {
-        monitor.disconnect();
-        observer.disconnect();
+        monitor.stop();
       }
     });
 

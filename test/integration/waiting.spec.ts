@@ -14,7 +14,9 @@ import {
   uniqueKey,
   type LockModuleFixture,
 } from '../support/lock-module.js';
+import { monitorRedis, scriptCalls } from '../support/redis-monitor.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
+import { ACQUIRE_SCRIPT } from '../../lib/redis/lock.scripts.js';
 
 describe('waiting for a held lock', () => {
   let server: RedisServer;
@@ -65,26 +67,26 @@ describe('waiting for a held lock', () => {
   it('an idle waiter sends a bounded number of commands while it waits', async () => {
     const key = uniqueKey();
     const held = await holder.acquire(key, { ttl: 20_000 });
-    const observer = new Redis(server.port, '127.0.0.1');
-    const monitor = await observer.monitor();
-    const seen: string[] = [];
-    monitor.on('monitor', (_time: string, args: string[]) => {
-      if (args.some((arg) => arg.includes(key))) seen.push(args[0].toLowerCase());
-    });
+    const monitor = await monitorRedis(server.port);
     const waitMs = 2_500;
     await assert.rejects(waiter.acquire(key, { acquireTimeout: waitMs }), LockAcquireTimeoutError);
     await sleep(50);
-    monitor.disconnect();
-    observer.disconnect();
+    monitor.stop();
     await held.release();
-    const attempts = seen.filter((cmd) => cmd === 'evalsha' || cmd === 'eval').length;
+    const attempts = scriptCalls(monitor.commands, ACQUIRE_SCRIPT, `lock:{${key}}`);
+    const trace = monitor.commands.map(({ args }) => args.slice(0, 4).join(' ')).join('\n');
     // One attempt, one after subscribing, then at most one per retryInterval (1 s).
     assert.ok(attempts >= 2, `attempts seen: ${attempts}`);
     assert.ok(
       attempts <= 2 + Math.ceil(waitMs / 1_000),
-      `an idle waiter sent ${attempts} attempts in ${waitMs} ms`,
+      `an idle waiter sent ${attempts} attempts in ${waitMs} ms:\n${trace}`,
     );
-    assert.ok(seen.includes('subscribe'), `commands: ${seen.join(' ')}`);
+    assert.ok(
+      monitor.commands.some(
+        ({ args }) => args[0] === 'subscribe' && args[1] === `lock:{${key}}:released`,
+      ),
+      trace,
+    );
   });
 
   it('waits no longer than the holder TTL when the holder dies without releasing', async () => {
@@ -122,23 +124,14 @@ describe('waiting for a held lock', () => {
   it('contention costs one attempt per release per process, not one per waiter', async () => {
     const key = uniqueKey();
     const held = await holder.acquire(key, { ttl: 30_000 });
-    const observer = new Redis(server.port, '127.0.0.1');
-    const monitor = await observer.monitor();
-    let attempts = 0;
-    monitor.on('monitor', (_time: string, args: string[]) => {
-      if (
-        args[0].toLowerCase().startsWith('eval') &&
-        args[2] === '2' &&
-        args[3] === `lock:{${key}}`
-      )
-        attempts++;
-    });
+    const monitor = await monitorRedis(server.port);
+    const attempts = (): number => scriptCalls(monitor.commands, ACQUIRE_SCRIPT, `lock:{${key}}`);
     try {
       const waiters = Array.from({ length: 5 }, () =>
         waiter.using(key, () => sleep(5), { acquireTimeout: 10_000, autoExtend: false }),
       );
       await sleep(200);
-      const beforeRelease = attempts; // each waiter: one attempt, one more once subscribed
+      const beforeRelease = attempts(); // each waiter: one attempt, one more once subscribed
       await held.release();
       await Promise.all(waiters);
       await sleep(20);
@@ -146,12 +139,11 @@ describe('waiting for a held lock', () => {
       // would cost 5 + 4 + 3 + 2 + 1 = 15.
       assert.equal(beforeRelease, 10);
       assert.ok(
-        attempts - beforeRelease <= 6,
-        `${attempts - beforeRelease} attempts for 5 handoffs`,
+        attempts() - beforeRelease <= 6,
+        `${attempts() - beforeRelease} attempts for 5 handoffs`,
       );
     } finally {
-      monitor.disconnect();
-      observer.disconnect();
+      monitor.stop();
     }
   });
 

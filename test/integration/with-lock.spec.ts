@@ -1,5 +1,4 @@
 import assert from 'node:assert/strict';
-import { createHash } from 'node:crypto';
 import { after, before, describe, it } from 'node:test';
 import {
   Controller,
@@ -45,6 +44,7 @@ import {
 } from '../../lib/index.js';
 import { ACQUIRE_SCRIPT } from '../../lib/redis/lock.scripts.js';
 import { eventually, sleep, uniqueKey } from '../support/lock-module.js';
+import { monitorRedis, scriptCalls } from '../support/redis-monitor.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
 
 const CUSTOM = 'test:custom-metadata';
@@ -270,25 +270,13 @@ describe('@WithLock', () => {
 
       it('takes the lock exactly once per call', async () => {
         const id = String(Math.floor(Math.random() * 1e9));
-        const sha = createHash('sha1').update(ACQUIRE_SCRIPT).digest('hex');
-        const observer = new Redis(server.port, server.host);
-        const monitor = await observer.monitor();
-        let acquires = 0;
-        monitor.on('monitor', (_t: string, args: string[]) => {
-          if (
-            (args[1] === sha || args[1] === ACQUIRE_SCRIPT) &&
-            args.includes(`lock:{order:${id}}`)
-          )
-            acquires++;
-        });
+        const monitor = await monitorRedis(server.port);
         try {
-          await sleep(50);
           assert.equal((await fetch(`${url}/orders/above/${id}`)).status, 200);
           await sleep(50);
-          assert.equal(acquires, 1);
+          assert.equal(scriptCalls(monitor.commands, ACQUIRE_SCRIPT, `lock:{order:${id}}`), 1);
         } finally {
-          monitor.disconnect();
-          observer.disconnect();
+          monitor.stop();
         }
       });
 

@@ -1,0 +1,76 @@
+import { createHash } from 'node:crypto';
+import { createConnection, type Socket } from 'node:net';
+
+/** One command as Redis's MONITOR reports it. */
+export interface MonitoredCommand {
+  /** Command name and arguments, the name lower-cased. */
+  readonly args: string[];
+  /** `ip:port` of the client connection that sent it. */
+  readonly source: string;
+}
+
+/**
+ * Records every command a Redis server executes, through MONITOR on a raw socket (ioredis's own
+ * monitor() can mistake a monitor line for a reply under load). Resolves once MONITOR is on.
+ */
+export async function monitorRedis(
+  port: number,
+  host = '127.0.0.1',
+): Promise<{
+  readonly commands: MonitoredCommand[];
+  stop(): void;
+}> {
+  const commands: MonitoredCommand[] = [];
+  const socket: Socket = createConnection({ port, host });
+  let buffer = '';
+  await new Promise<void>((resolve, reject) => {
+    socket.once('error', reject);
+    socket.on('data', (chunk: Buffer) => {
+      buffer += chunk.toString('latin1');
+      let end: number;
+      while ((end = buffer.indexOf('\r\n')) >= 0) {
+        const line = buffer.slice(0, end);
+        buffer = buffer.slice(end + 2);
+        if (line === '+OK') resolve();
+        const parsed = /^\+\d+\.\d+ \[\d+ ([^\]]+)\] (.*)$/.exec(line);
+        if (parsed) commands.push({ source: parsed[1], args: parseQuoted(parsed[2]) });
+      }
+    });
+    socket.write('MONITOR\r\n');
+  });
+  return { commands, stop: () => void socket.destroy() };
+}
+
+/** Splits `"evalsha" "abc" "2"` into its unescaped strings. */
+function parseQuoted(text: string): string[] {
+  const args: string[] = [];
+  const token = /"((?:[^"\\]|\\.)*)"/g;
+  for (let match = token.exec(text); match; match = token.exec(text)) {
+    args.push(
+      match[1].replace(
+        /\\x([0-9a-f]{2})|\\(.)/gi,
+        (_all, hex: string | undefined, char: string) => {
+          if (hex) return String.fromCharCode(parseInt(hex, 16));
+          return ({ n: '\n', r: '\r', t: '\t' } as Record<string, string>)[char] ?? char;
+        },
+      ),
+    );
+  }
+  if (args.length > 0) args[0] = args[0].toLowerCase();
+  return args;
+}
+
+/** How many of `commands` ran `script` (EVALSHA, or EVAL after a NOSCRIPT) on `key`. */
+export function scriptCalls(
+  commands: readonly MonitoredCommand[],
+  script: string,
+  key: string,
+): number {
+  const sha = createHash('sha1').update(script).digest('hex');
+  return commands
+    .filter(
+      ({ args }) =>
+        (args[0] === 'evalsha' && args[1] === sha) || (args[0] === 'eval' && args[1] === script),
+    )
+    .filter(({ args }) => args[3] === key).length;
+}
