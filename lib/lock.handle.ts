@@ -135,9 +135,11 @@ export class LockHandle implements Lock {
       if (await this.renew(this.ttl)) this.scheduleExtension(this.ttl / 3);
     } catch (error) {
       if (this.state !== 'held') return;
-      // Keep trying until the expiry timer declares the lock unconfirmed.
+      // Keep trying until the expiry timer declares the lock unconfirmed; warn once per outage.
+      if (this.lastExtendError === undefined) {
+        this.owner.logger.warn(`Could not extend lock "${this.key}", retrying: ${String(error)}`);
+      }
       this.lastExtendError = error;
-      this.owner.logger.warn(`Could not extend lock "${this.key}", retrying: ${String(error)}`);
       this.scheduleExtension(Math.max(this.ttl / 10, 10));
     }
   }

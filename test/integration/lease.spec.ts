@@ -148,6 +148,26 @@ describe('the lease of a held lock', () => {
     });
   });
 
+  describe('failing extensions', () => {
+    it('keep being retried with one warning per outage, and end as "unconfirmed" at the TTL', async () => {
+      const key = uniqueKey();
+      const { capture, restore } = LogCapture.install();
+      try {
+        const lock = await locks.acquire(key, { ttl: 400, autoExtend: true });
+        // Every extension now fails inside Redis (WRONGTYPE) instead of answering "not held".
+        await redis.del(`lock:{${key}}`);
+        await redis.hset(`lock:{${key}}`, 'not', 'a lock');
+        assert.ok(await eventually(() => lock.signal.aborted, 1_500));
+        assert.equal((lock.signal.reason as LockLostError).reason, 'unconfirmed');
+        const warnings = capture.lines.filter((line) => line.message.includes('Could not extend'));
+        assert.equal(warnings.length, 1, `${warnings.length} warnings for one outage`);
+      } finally {
+        restore();
+        await redis.del(`lock:{${key}}`);
+      }
+    });
+  });
+
   describe('using()', () => {
     it('returns the result of fn, sync or async', async () => {
       assert.equal(await locks.using(uniqueKey(), () => 42), 42);
