@@ -23,10 +23,7 @@ export function runHoldingLock<T>(owner: object, lock: LockHandle, fn: () => T):
 
 /** The lock on `key` that `owner` holds in this call chain and has not released, if any. */
 export function findChainLock(owner: object, key: string): LockHandle | undefined {
-  for (let frame = storage.getStore(); frame; frame = frame.parent) {
-    if (frame.owner === owner && frame.lock.key === key && !frame.lock.released) return frame.lock;
-  }
-  return undefined;
+  return innermost((lock, frameOwner) => frameOwner === owner && lock.key === key);
 }
 
 /**
@@ -38,8 +35,13 @@ export function findChainLock(owner: object, key: string): LockHandle | undefine
  * await ledger.write(entry, { fence: lock?.fence, signal: lock?.signal });
  */
 export function getCurrentLock(key?: string): Lock | undefined {
+  return innermost((lock) => key === undefined || lock.key === key);
+}
+
+/** The innermost unreleased lock of the call chain that matches. */
+function innermost(matches: (lock: LockHandle, owner: object) => boolean): LockHandle | undefined {
   for (let frame = storage.getStore(); frame; frame = frame.parent) {
-    if (!frame.lock.released && (key === undefined || frame.lock.key === key)) return frame.lock;
+    if (!frame.lock.released && matches(frame.lock, frame.owner)) return frame.lock;
   }
   return undefined;
 }
