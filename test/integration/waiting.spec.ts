@@ -9,6 +9,7 @@ import {
 } from '../../lib/index.js';
 import { ATTEMPT_GRACE_MS } from '../../lib/lock.service.js';
 import {
+  eventually,
   sleep,
   startLockModule,
   uniqueKey,
@@ -207,23 +208,49 @@ describe('waiting for a held lock', () => {
     await lock.release();
   });
 
-  it('a frozen Redis fails an acquisition with LockBackendError after acquireTimeout + grace, never hangs', async () => {
+  it('a frozen Redis fails an acquisition with LockBackendError after acquireTimeout + grace, and the late grant is released', async () => {
     const frozen = await startRedis();
     const app = await startLockModule({ connection: frozen.url });
     try {
       await (await app.locks.acquire(uniqueKey())).release(); // connected
+      const key = uniqueKey();
+      const ownTokenKey = uniqueKey('own-token');
       frozen.signal('SIGSTOP');
       const started = performance.now();
-      const error = await app.locks
-        .acquire(uniqueKey(), { acquireTimeout: 200 })
-        .catch((e: unknown) => e);
+      const [error, ownTokenError] = await Promise.all([
+        app.locks.acquire(key, { acquireTimeout: 200 }).catch((e: unknown) => e),
+        app.locks
+          .acquire(ownTokenKey, { acquireTimeout: 200, token: 'caller-token' })
+          .catch((e: unknown) => e),
+      ]);
       const elapsed = performance.now() - started;
       assert.ok(error instanceof LockBackendError, String(error));
+      assert.ok(ownTokenError instanceof LockBackendError, String(ownTokenError));
       assert.equal(error.operation, 'acquire');
       assert.ok(
         elapsed >= 200 + ATTEMPT_GRACE_MS - 50 && elapsed < 200 + ATTEMPT_GRACE_MS + 500,
         `${elapsed} ms`,
       );
+
+      // Thawed, Redis runs the abandoned attempts and grants both locks. The library releases the
+      // one it took with its own token; a caller's token may already hold it, so that one stays.
+      frozen.signal('SIGCONT');
+      const direct = new Redis(frozen.port, frozen.host);
+      try {
+        assert.ok(
+          await eventually(async () => (await direct.exists(`lock:{${ownTokenKey}}`)) === 1, 2_000),
+        );
+        assert.ok(
+          await eventually(async () => (await direct.exists(`lock:{${key}}`)) === 0, 2_000),
+          'the late grant was released',
+        );
+        assert.ok(
+          await direct.exists(`lock:{${key}}:fence`),
+          'it was granted before being released',
+        );
+      } finally {
+        direct.disconnect();
+      }
     } finally {
       frozen.signal('SIGCONT');
       await app.close();
