@@ -1,9 +1,9 @@
 import type { Logger } from '@nestjs/common';
 import {
   LockArgumentError,
-  LockBackendError,
   LockLostError,
   type LockLostReason,
+  type LockOperation,
 } from './errors/redis-lock.errors.js';
 import type { LockBackend } from './interfaces/lock-backend.interface.js';
 import type { Lock } from './interfaces/lock.interface.js';
@@ -13,6 +13,8 @@ import { durationProblem } from './redis-lock.options.js';
 export interface LockOwnerHooks {
   readonly backend: LockBackend;
   readonly logger: Logger;
+  /** Waits for a backend reply for at most `commandTimeout`; failures become `LockBackendError`. */
+  readonly reply: <T>(key: string, operation: LockOperation, pending: Promise<T>) => Promise<T>;
   /** Called once when the handle stops being held (released or lost). */
   settled(lock: LockHandle): void;
 }
@@ -75,11 +77,7 @@ export class LockHandle implements Lock {
     if (this.state === 'released') return false;
     if (--this.depth > 0) return this.state === 'held';
     this.settle('released');
-    try {
-      return await this.owner.backend.release(this.key, this.token);
-    } catch (error) {
-      throw new LockBackendError(this.key, 'release', error);
-    }
+    return this.releaseInRedis();
   }
 
   async extend(ttl: number = this.ttl): Promise<void> {
@@ -87,13 +85,7 @@ export class LockHandle implements Lock {
     if (problem) throw new LockArgumentError('ttl', ttl, problem);
     if (this.state === 'released') throw new LockLostError(this.key, this.token, 'not-held');
     if (this.state === 'lost') throw this.signal.reason as LockLostError;
-    let extended: boolean;
-    try {
-      extended = await this.renew(ttl);
-    } catch (error) {
-      throw new LockBackendError(this.key, 'extend', error);
-    }
-    if (!extended) throw this.signal.reason as LockLostError;
+    if (!(await this.renew(ttl))) throw this.signal.reason as LockLostError;
   }
 
   /**
@@ -104,13 +96,19 @@ export class LockHandle implements Lock {
     if (this.state !== 'held') return false;
     this.settle('released');
     this.controller.abort(new LockLostError(this.key, this.token, 'shutdown'));
-    return this.owner.backend.release(this.key, this.token);
+    return this.releaseInRedis();
+  }
+
+  private releaseInRedis(): Promise<boolean> {
+    const { backend, reply } = this.owner;
+    return reply(this.key, 'release', backend.release(this.key, this.token));
   }
 
   /** One extension, shared by `extend()` and the watchdog. Resolves false when the lock is gone. */
   private async renew(ttl: number): Promise<boolean> {
     const sentAt = performance.now();
-    const extended = await this.owner.backend.extend(this.key, this.token, ttl);
+    const { backend, reply } = this.owner;
+    const extended = await reply(this.key, 'extend', backend.extend(this.key, this.token, ttl));
     if (this.state !== 'held') return extended && this.state !== 'lost';
     if (!extended) {
       this.lose('not-held');

@@ -7,6 +7,7 @@ import {
   LockArgumentError,
   LockBackendError,
   RedisLockShutdownError,
+  type LockOperation,
 } from './errors/redis-lock.errors.js';
 import type {
   AcquireAttempt,
@@ -31,13 +32,6 @@ import { RedisLockBackend } from './redis/redis-lock.backend.js';
 import { DEADLINE, ignoreDeadline, within } from './utils/within.js';
 
 /**
- * How long an attempt sent before the deadline may take past it. Its answer still counts (a lock
- * it got is returned, a refusal ends in LockAcquireTimeoutError); only a Redis that says nothing
- * for this long is reported as LockBackendError.
- */
-export const ATTEMPT_GRACE_MS = 1_000;
-
-/**
  * Takes, watches and releases distributed locks. Every public method, `@WithLock` included,
  * goes through the same acquire loop (`obtain`) and the same lease (`LockHandle`).
  */
@@ -46,6 +40,7 @@ export class LockService implements OnApplicationShutdown {
   protected readonly logger = new Logger('RedisLock');
   private readonly backend: LockBackend;
   private readonly defaults: ResolvedDefaults;
+  private readonly commandTimeout: number;
   /** Locks taken through this service and neither released nor lost. */
   private readonly held = new Set<LockHandle>();
   private readonly stopping = new AbortController();
@@ -58,11 +53,13 @@ export class LockService implements OnApplicationShutdown {
     setMaxListeners(0, this.stopping.signal);
     const resolved = resolveModuleOptions(options);
     this.defaults = resolved.defaults;
+    this.commandTimeout = resolved.commandTimeout;
     this.timeoutResponse = resolved.timeoutResponse;
-    this.backend = RedisLockBackend.create(resolved.source, resolved.keyPrefix, this.logger);
+    this.backend = RedisLockBackend.create(resolved, this.logger);
     this.hooks = {
       backend: this.backend,
       logger: this.logger,
+      reply: (key, operation, pending) => this.reply(key, operation, pending),
       settled: (lock) => this.held.delete(lock),
     };
   }
@@ -126,18 +123,16 @@ export class LockService implements OnApplicationShutdown {
   }
 
   /** Whether anyone holds the lock on `key` right now. Only a hint: it may change at once. */
-  async isLocked(key: string): Promise<boolean> {
+  isLocked(key: string): Promise<boolean> {
     assertKey(key);
-    try {
-      return await this.backend.isLocked(key);
-    } catch (error) {
-      throw new LockBackendError(key, 'isLocked', error);
-    }
+    return this.reply(key, 'isLocked', this.backend.isLocked(key));
   }
 
   /**
    * Shutdown: rejects pending acquisitions, stops watchdogs, releases every lock this service
    * holds (their signals abort with reason `shutdown`) and closes the connections it created.
+   * Bounded by twice `commandTimeout` whatever Redis does: releases that get no reply are logged
+   * and their locks expire after their TTL.
    */
   async onApplicationShutdown(): Promise<void> {
     if (this.stopping.signal.aborted) return;
@@ -175,7 +170,7 @@ export class LockService implements OnApplicationShutdown {
         this.throwIfStopped(key, opts.signal);
         const seen = subscription?.seen ?? 0;
         const sentAt = performance.now();
-        const attempt = await this.attempt(key, token, opts, deadline, signals);
+        const attempt = await this.attempt(key, token, opts, signals);
         if (attempt.acquired) {
           handle = this.hold(key, token, attempt, sentAt, opts);
           if (this.stopping.signal.aborted) {
@@ -197,9 +192,12 @@ export class LockService implements OnApplicationShutdown {
         }
         if (!subscription) {
           // Subscribe, then try again at once: a release between the failed attempt and the
-          // subscription would otherwise go unnoticed until the timer.
+          // subscription would otherwise go unnoticed until the timer. A subscription that is
+          // not confirmed in time leaves the waiter on timers; the next attempt tells the rest.
           subscription = this.backend.watchReleases(key);
-          await within(subscription.ready, remaining, signals).catch(ignoreDeadline);
+          await within(subscription.ready, Math.min(remaining, this.commandTimeout), signals).catch(
+            ignoreDeadline,
+          );
           continue;
         }
         const pause =
@@ -225,42 +223,55 @@ export class LockService implements OnApplicationShutdown {
   }
 
   /**
-   * One acquisition attempt, given up when the deadline passes or a signal aborts. A reply that
-   * comes after that and says we got the lock is answered with a release, so an abandoned attempt
+   * One acquisition attempt, bounded by `commandTimeout` and the caller's signal (not by the
+   * deadline: an answer that comes after it still counts). A reply that comes after the attempt
+   * was given up and says we got the lock is answered with a release, so an abandoned attempt
    * never leaves a lock behind (unless the token is the caller's, which may hold it already).
    */
-  private async attempt(
+  private attempt(
     key: string,
     token: string,
     opts: ResolvedAcquireOptions,
-    deadline: number,
     signals: readonly (AbortSignal | undefined)[],
   ): Promise<AcquireAttempt> {
     const pending = this.backend.tryAcquire(key, token, opts.ttl);
-    const limit =
-      opts.acquireTimeout > 0
-        ? Math.max(deadline - performance.now(), 0) + ATTEMPT_GRACE_MS
-        : undefined;
-    try {
-      return await within(pending, limit, signals);
-    } catch (error) {
-      const abandoned = error === DEADLINE || signals.some((s) => s?.aborted && s.reason === error);
-      if (!abandoned) throw new LockBackendError(key, 'acquire', error);
-      pending
-        .then((late) => {
-          if (late.acquired && opts.token === undefined) return this.backend.release(key, token);
-        })
-        .catch(() => {
-          // Nothing to undo: the attempt failed, or its lock expires after its TTL.
-        });
-      if (error === DEADLINE) {
-        throw new LockBackendError(
-          key,
-          'acquire',
-          new Error(`Redis did not answer within acquireTimeout + ${ATTEMPT_GRACE_MS} ms`),
-        );
+    return this.reply(key, 'acquire', pending, signals).catch((error: unknown) => {
+      const abandoned =
+        (error instanceof LockBackendError && error.timedOut) ||
+        signals.some((s) => s?.aborted && s.reason === error);
+      if (abandoned && opts.token === undefined) {
+        pending
+          .then((late) => {
+            if (late.acquired) return this.backend.release(key, token);
+          })
+          .catch(() => {
+            // Nothing to undo: the attempt failed, or its lock expires after its TTL.
+          });
       }
       throw error;
+    });
+  }
+
+  /**
+   * Waits for one Redis reply for at most `commandTimeout`, or until one of `signals` aborts
+   * (rejecting with its reason). Every other failure becomes a `LockBackendError` naming the
+   * operation; a reply that never comes is one with `timedOut: true`.
+   */
+  private async reply<T>(
+    key: string,
+    operation: LockOperation,
+    pending: Promise<T>,
+    signals: readonly (AbortSignal | undefined)[] = [],
+  ): Promise<T> {
+    try {
+      return await within(pending, this.commandTimeout, signals);
+    } catch (error) {
+      if (error === DEADLINE) {
+        const silence = new Error(`no reply within commandTimeout (${this.commandTimeout} ms)`);
+        throw new LockBackendError(key, operation, silence, true);
+      }
+      if (signals.some((s) => s?.aborted && s.reason === error)) throw error;
+      throw new LockBackendError(key, operation, error);
     }
   }
 

@@ -20,6 +20,14 @@ export const DEFAULT_LOCK_DEFAULTS = {
   retryJitter: 50,
 } as const satisfies Required<Omit<LockDefaults, 'autoExtend'>> & { autoExtend: undefined };
 
+/**
+ * Longest wait for any one Redis reply, in ms. A lock script runs in microseconds and a healthy
+ * Redis answers within a few ms even across zones; 1 s leaves room for a first connection (TCP,
+ * TLS, AUTH, script load) while staying well under the default TTL, so a hung extension still
+ * leaves the watchdog more tries before the lease runs out.
+ */
+export const DEFAULT_COMMAND_TIMEOUT = 1_000;
+
 /** Largest duration accepted: Node timers fire at once beyond 2^31 - 1 ms (~24.8 days). */
 export const MAX_DURATION = 2_147_483_647;
 
@@ -35,6 +43,7 @@ export type RedisSource =
 export interface ResolvedModuleOptions {
   source: RedisSource;
   keyPrefix: string;
+  commandTimeout: number;
   defaults: ResolvedDefaults;
   timeoutResponse: LockTimeoutResponse;
 }
@@ -52,7 +61,14 @@ export interface ResolvedAcquireOptions {
 export type AcquireMode = 'acquire' | 'tryAcquire' | 'using';
 
 const TIMEOUT_RESPONSE_KEYS = ['timeoutStatus', 'timeoutException'];
-const MODULE_KEYS = ['client', 'connection', 'keyPrefix', 'defaults', ...TIMEOUT_RESPONSE_KEYS];
+const MODULE_KEYS = [
+  'client',
+  'connection',
+  'keyPrefix',
+  'commandTimeout',
+  'defaults',
+  ...TIMEOUT_RESPONSE_KEYS,
+];
 const WITH_LOCK_KEYS = ['key', 'ttl', 'acquireTimeout', 'autoExtend', ...TIMEOUT_RESPONSE_KEYS];
 const DEFAULTS_KEYS = Object.keys(DEFAULT_LOCK_DEFAULTS);
 const ACQUIRE_KEYS = ['ttl', 'acquireTimeout', 'autoExtend', 'signal', 'token'];
@@ -120,6 +136,11 @@ export function resolveModuleOptions(raw: RedisLockModuleOptions): ResolvedModul
     );
   }
 
+  const commandTimeout =
+    raw.commandTimeout === undefined ? DEFAULT_COMMAND_TIMEOUT : raw.commandTimeout;
+  const commandTimeoutProblem = durationProblem(commandTimeout, false);
+  if (commandTimeoutProblem) fail('commandTimeout', commandTimeout, commandTimeoutProblem);
+
   const given = raw.defaults === undefined ? {} : raw.defaults;
   if (given === null || typeof given !== 'object') fail('defaults', given, 'must be an object');
   rejectUnknownKeys(given, DEFAULTS_KEYS, 'defaults.', fail);
@@ -138,7 +159,7 @@ export function resolveModuleOptions(raw: RedisLockModuleOptions): ResolvedModul
     defaults.autoExtend = given.autoExtend;
   }
   const timeoutResponse = checkTimeoutResponse(raw, '', fail);
-  return { source, keyPrefix, defaults, timeoutResponse };
+  return { source, keyPrefix, commandTimeout, defaults, timeoutResponse };
 }
 
 /**
@@ -237,11 +258,27 @@ export function resolveAcquireOptions(
   return { ttl, acquireTimeout, autoExtend, signal: opts.signal, token: opts.token };
 }
 
-/** Throws `LockArgumentError` unless `key` is a non-empty string. */
+/**
+ * Throws `LockArgumentError` unless `key` is a non-empty, well-formed Unicode string. A lone
+ * surrogate has no UTF-8 form: Redis would receive U+FFFD for it, so two different keys would
+ * share one lock.
+ */
 export function assertKey(key: unknown): asserts key is string {
   if (typeof key !== 'string' || key.length === 0) {
     throw new LockArgumentError('key', key, 'must be a non-empty string');
   }
+  if (!(key as unknown as WellFormed).isWellFormed()) {
+    throw new LockArgumentError(
+      'key',
+      key,
+      'must be well-formed Unicode (it contains a lone UTF-16 surrogate, which has no UTF-8 form)',
+    );
+  }
+}
+
+/** `String.prototype.isWellFormed` (Node 20), which the ES2022 library typings do not declare yet. */
+interface WellFormed {
+  isWellFormed(): boolean;
 }
 
 function rejectUnknownKeys(

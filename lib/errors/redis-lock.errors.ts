@@ -41,7 +41,7 @@ export class LockArgumentError extends RedisLockError {
     /** What is wrong and how to fix it. */
     readonly problem: string,
   ) {
-    super(`Invalid lock argument "${argument}" (${describe(value)}): ${problem}`);
+    super(`Invalid lock argument "${argument}" (${describe(value, argument)}): ${problem}`);
   }
 }
 
@@ -104,16 +104,22 @@ export type LockLostReason =
  * holder may already be running it.
  */
 export class LockLostError extends RedisLockError {
+  /**
+   * The token this holder had. Not enumerable: it stays out of `util.inspect`, `console.log` and
+   * `JSON.stringify` of the error, so logging the error never writes an owner token.
+   */
+  declare readonly token: string;
+
   constructor(
     /** The lock key, without the module's `keyPrefix`. */
     readonly key: string,
-    /** The token this holder had. */
-    readonly token: string,
+    token: string,
     /** What was observed. */
     readonly reason: LockLostReason,
     options?: { cause?: unknown },
   ) {
     super(`Lock "${key}" was lost (${LOST_REASONS[reason]}). ${LOST_ADVICE}`, options);
+    Object.defineProperty(this, 'token', { value: token, enumerable: false });
   }
 }
 
@@ -156,8 +162,9 @@ export class RedisLockShutdownError extends RedisLockError {
 export type LockOperation = 'acquire' | 'extend' | 'release' | 'isLocked';
 
 /**
- * Redis failed to answer a lock command (connection lost, timeout, script error). The lock
- * state is unknown for this call; the original error is the `cause`.
+ * Redis failed to answer a lock command: the connection is down, no reply came within the
+ * module's `commandTimeout`, or a script failed. The lock state is unknown for this call; the
+ * original error is the `cause`.
  */
 export class LockBackendError extends RedisLockError {
   constructor(
@@ -166,6 +173,8 @@ export class LockBackendError extends RedisLockError {
     /** The command that failed. */
     readonly operation: LockOperation,
     cause: unknown,
+    /** True when Redis did not answer within `commandTimeout` (rather than answering with an error). */
+    readonly timedOut = false,
   ) {
     super(
       `Redis failed during ${operation} of lock "${key}": ${causeText(cause)}. ` +
@@ -175,8 +184,14 @@ export class LockBackendError extends RedisLockError {
   }
 }
 
-function describe(value: unknown): string {
-  if (typeof value === 'string') return JSON.stringify(value);
+/** How a value is shown in a message: short, and never a secret (owner tokens, URL passwords). */
+function describe(value: unknown, name?: string): string {
+  if (name === 'token' && typeof value === 'string')
+    return `a string of ${value.length} characters`;
+  if (typeof value === 'string') {
+    const shown = value.length > 80 ? `${value.slice(0, 60)}… (${value.length} characters)` : value;
+    return JSON.stringify(shown.replace(/\/\/[^/@]*@/, '//***@'));
+  }
   if (typeof value === 'number' || typeof value === 'boolean' || value == null) {
     return String(value);
   }

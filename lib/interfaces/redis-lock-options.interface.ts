@@ -57,6 +57,14 @@ export interface RedisLockModuleOptions extends LockTimeoutResponse {
    * @default 'lock:'
    */
   keyPrefix?: string;
+  /**
+   * Longest wait for any one Redis reply, in ms, for every operation (acquire attempts, release,
+   * extension, `isLocked`, closing connections on shutdown). A reply that does not come in time
+   * fails the call with `LockBackendError` (`timedOut: true`) instead of waiting for a reconnect
+   * that may never come. Holds for a `client` you pass as well; the module never reconfigures it.
+   * @default 1_000
+   */
+  commandTimeout?: number;
   /** Defaults for every lock taken through this module. */
   defaults?: LockDefaults;
 }

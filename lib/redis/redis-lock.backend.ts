@@ -1,6 +1,6 @@
 import { Logger } from '@nestjs/common';
-import { Redis, type Cluster } from 'ioredis';
-import type { RedisSource } from '../redis-lock.options.js';
+import { Redis, type Cluster, type RedisOptions } from 'ioredis';
+import type { ResolvedModuleOptions } from '../redis-lock.options.js';
 import type {
   AcquireAttempt,
   LockBackend,
@@ -39,7 +39,7 @@ interface LockCommands {
  *
  * Key layout for key `K` with prefix `P`: the lock is `P{K}` (value: owner token), its fence
  * counter `P{K}:fence`, and releases are announced on channel `P{K}:released`. The hash tag
- * keeps all three in one cluster slot.
+ * keeps all three in one cluster slot; see `lockKey()` for keys that contain `}`.
  */
 export class RedisLockBackend implements LockBackend {
   private readonly commands: LockCommands;
@@ -50,27 +50,29 @@ export class RedisLockBackend implements LockBackend {
     private readonly keyPrefix: string,
     /** Whether this backend created the client, and so must close it. */
     private readonly ownsClient: boolean,
+    /** Longest wait for QUIT when closing a connection. */
+    private readonly commandTimeout: number,
     logger: Logger,
   ) {
     client.defineCommand('redisLockAcquire', { numberOfKeys: 2, lua: ACQUIRE_SCRIPT });
     client.defineCommand('redisLockExtend', { numberOfKeys: 2, lua: EXTEND_SCRIPT });
     client.defineCommand('redisLockRelease', { numberOfKeys: 1, lua: RELEASE_SCRIPT });
     this.commands = client as unknown as LockCommands;
-    this.notifier = new ReleaseNotifier(client, logger);
+    this.notifier = new ReleaseNotifier(client, commandTimeout, logger);
   }
 
   /** Builds the backend for the module's Redis source, creating (and then owning) the client if asked to. */
-  static create(source: RedisSource, keyPrefix: string, logger: Logger): RedisLockBackend {
-    if (source.kind === 'client')
-      return new RedisLockBackend(source.client, keyPrefix, false, logger);
-    // lazyConnect: no socket is opened before the first lock command, so an app whose bootstrap
-    // fails later never leaks a connection it cannot close.
+  static create(options: ResolvedModuleOptions, logger: Logger): RedisLockBackend {
+    const { source, keyPrefix, commandTimeout } = options;
+    if (source.kind === 'client') {
+      return new RedisLockBackend(source.client, keyPrefix, false, commandTimeout, logger);
+    }
     const client =
       typeof source.connection === 'string'
-        ? new Redis(source.connection, { lazyConnect: true })
-        : new Redis({ ...source.connection, lazyConnect: true });
+        ? new Redis(source.connection, OWN_CONNECTION_OPTIONS)
+        : new Redis({ ...OWN_CONNECTION_DEFAULTS, ...source.connection, lazyConnect: true });
     client.on('error', (error: Error) => logger.warn(`Redis connection: ${error.message}`));
-    return new RedisLockBackend(client, keyPrefix, true, logger);
+    return new RedisLockBackend(client, keyPrefix, true, commandTimeout, logger);
   }
 
   async tryAcquire(key: string, token: string, ttl: number): Promise<AcquireAttempt> {
@@ -112,11 +114,47 @@ export class RedisLockBackend implements LockBackend {
   }
 
   async close(): Promise<void> {
-    await this.notifier.close();
-    if (this.ownsClient) await closeQuietly(this.client);
+    await Promise.all([
+      this.notifier.close(),
+      this.ownsClient ? closeQuietly(this.client, this.commandTimeout) : undefined,
+    ]);
   }
 
+  /**
+   * `P{K}`. A `}` inside `K` would end the hash tag early (and one at its start would empty it,
+   * hashing the whole name, so the lock and its fence counter could land in different slots), so
+   * `}` is written `%7D` and, to keep the mapping one-to-one, `%` is written `%25`.
+   */
   private lockKey(key: string): string {
-    return `${this.keyPrefix}{${key}}`;
+    return `${this.keyPrefix}{${ESCAPED.test(key) ? key.replace(ESCAPED_ALL, escapeChar) : key}}`;
   }
 }
+
+const ESCAPED = /[%}]/;
+const ESCAPED_ALL = /[%}]/g;
+const escapeChar = (char: string): string => (char === '%' ? '%25' : '%7D');
+
+/**
+ * What the module sets on connections it creates (a `client` you pass is never reconfigured;
+ * `commandTimeout` bounds every call on it all the same). Your `connection` options override these.
+ * - `maxRetriesPerRequest: 0`: a command sent while Redis is unreachable fails at the next failed
+ *   reconnection attempt instead of queueing through 20 of them, so a down Redis is reported at
+ *   once and a stale lock command is not sent long after its caller gave up.
+ * - `autoResendUnfulfilledCommands: false`: a lock command whose reply was lost with the connection
+ *   is not sent again after reconnecting; its caller was already told `LockBackendError`.
+ * - The offline queue stays on (the first command must wait for the lazy connection) and the
+ *   reconnection strategy is ioredis' own (retry forever, backing off to 2 s): when Redis comes
+ *   back, locking resumes by itself.
+ */
+const OWN_CONNECTION_DEFAULTS = {
+  maxRetriesPerRequest: 0,
+  autoResendUnfulfilledCommands: false,
+} as const satisfies RedisOptions;
+/**
+ * `lazyConnect` is not negotiable: no socket is opened before the first lock command, so an app
+ * whose bootstrap fails later never leaks a connection it cannot close.
+ */
+const OWN_CONNECTION_OPTIONS = {
+  ...OWN_CONNECTION_DEFAULTS,
+  lazyConnect: true,
+} as const satisfies RedisOptions;

@@ -31,6 +31,8 @@ export class ReleaseNotifier {
 
   constructor(
     private readonly source: Redis | Cluster,
+    /** Longest wait for QUIT when closing the subscriber connection. */
+    private readonly commandTimeout: number,
     private readonly logger: Logger,
   ) {}
 
@@ -49,7 +51,7 @@ export class ReleaseNotifier {
     const subscriber = this.subscriber;
     this.subscriber = undefined;
     this.channels.clear();
-    if (subscriber) await closeQuietly(subscriber);
+    if (subscriber) await closeQuietly(subscriber, this.commandTimeout);
   }
 
   private subscribe(channel: string): Promise<void> {
@@ -136,11 +138,14 @@ class ChannelSubscription implements ReleaseSubscription {
   }
 }
 
-/** Ends a connection this library owns: QUIT when it is up, otherwise just drop it. */
-export async function closeQuietly(client: Redis | Cluster): Promise<void> {
+/**
+ * Ends a connection this library owns: QUIT when it is up (waiting at most `timeoutMs` for the
+ * reply, so a frozen Redis cannot hold shutdown hostage), otherwise, or then, just drop it.
+ */
+export async function closeQuietly(client: Redis | Cluster, timeoutMs: number): Promise<void> {
   if (client.status === 'ready') {
     try {
-      await client.quit();
+      await within(client.quit(), timeoutMs, []);
       return;
     } catch {
       // Fall through to a hard disconnect.

@@ -225,6 +225,26 @@ describe('RedisLockModule', () => {
         () => ({ connection: server.url, defaults: { autoExtend: 'yes' as never } }),
         'defaults.autoExtend',
       ],
+      [
+        'a zero commandTimeout',
+        () => ({ connection: server.url, commandTimeout: 0 }),
+        'commandTimeout',
+      ],
+      [
+        'an Infinity commandTimeout',
+        () => ({ connection: server.url, commandTimeout: Infinity }),
+        'commandTimeout',
+      ],
+      [
+        'a string commandTimeout',
+        () => ({ connection: server.url, commandTimeout: '500' as never }),
+        'commandTimeout',
+      ],
+      [
+        'a URL with a password that is not redis:// (and stays out of the message)',
+        () => ({ connection: 'http://user:s3cret@localhost' }),
+        'connection',
+      ],
       ['ttl at the top level', () => ({ connection: server.url, ttl: 1_000 }) as never, 'ttl'],
       [
         'an unknown default',
@@ -241,6 +261,7 @@ describe('RedisLockModule', () => {
           .catch((e: unknown) => e);
         assert.ok(error instanceof RedisLockConfigurationError, String(error));
         assert.equal(error.option, option);
+        assert.ok(!error.message.includes('s3cret'), 'no password in the message');
       });
     }
 

@@ -14,6 +14,10 @@ export interface RedisServer {
   stop(): Promise<void>;
   /** Sends a signal without waiting (SIGSTOP / SIGCONT to freeze and thaw it). */
   signal(signal: NodeJS.Signals): void;
+  /** SIGKILL (a crash: no clean close of client sockets), and waits until it has exited. */
+  kill(): Promise<void>;
+  /** Starts a fresh server (empty: no persistence) on the same port, after kill() or stop(). */
+  restart(): Promise<RedisServer>;
 }
 
 const binary = process.env.REDIS_SERVER_BIN ?? 'redis-server';
@@ -25,7 +29,11 @@ process.on('exit', () => {
 
 /** Starts a private redis-server with no persistence on a free 127.0.0.1 port. */
 export function startRedis(extraArgs: readonly string[] = []): Promise<RedisServer> {
-  return onFreePort((port, dir) => [
+  return onFreePort(redisPlan(extraArgs));
+}
+
+function redisPlan(extraArgs: readonly string[]): LaunchPlan {
+  return (port, dir) => [
     [
       '--port',
       String(port),
@@ -46,7 +54,7 @@ export function startRedis(extraArgs: readonly string[] = []): Promise<RedisServ
       ...extraArgs,
     ],
     'Ready to accept connections',
-  ]);
+  ];
 }
 
 /** Starts a Sentinel that monitors `master` under the name `masterName` (quorum 1). */
@@ -167,6 +175,18 @@ export function freePort(): Promise<number> {
   });
 }
 
+/** Launches `plan` on `port`, which its previous owner (a killed server) may still hold briefly. */
+async function relaunch(port: number, plan: LaunchPlan): Promise<RedisServer> {
+  for (let tries = 0; ; tries++) {
+    try {
+      return await launch(port, plan);
+    } catch (error) {
+      if (tries >= 20) throw error;
+      await new Promise((resolve) => setTimeout(resolve, 100));
+    }
+  }
+}
+
 function launch(port: number, plan: LaunchPlan): Promise<RedisServer> {
   const dir = mkdtempSync(join(tmpdir(), 'nestjs-redis-lock-'));
   const [args, readyLine] = plan(port, dir);
@@ -207,6 +227,11 @@ function launch(port: number, plan: LaunchPlan): Promise<RedisServer> {
         url: `redis://127.0.0.1:${port}`,
         pid: child.pid!,
         signal: (signal) => void child.kill(signal),
+        kill: async () => {
+          if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
+          await exited;
+        },
+        restart: () => relaunch(port, plan),
         stop: async () => {
           if (child.exitCode === null && child.signalCode === null) {
             child.kill('SIGCONT');

@@ -1,0 +1,321 @@
+/**
+ * Every public operation settles in bounded time whatever Redis does: killed (connections
+ * refused), paused with SIGSTOP (connections open, no replies), restarted empty. Run for a
+ * connection the module creates and for a client the app passes with ioredis' defaults (offline
+ * queue on, 20 retries per request), which the module must not reconfigure.
+ */
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+import {
+  Controller,
+  Module,
+  Param,
+  Post,
+  type DynamicModule,
+  type INestApplication,
+} from '@nestjs/common';
+import { Test } from '@nestjs/testing';
+import { Redis } from 'ioredis';
+import {
+  LockBackendError,
+  LockLostError,
+  LockService,
+  RedisLockModule,
+  WithLock,
+  type Lock,
+  type RedisLockModuleOptions,
+} from '../../lib/index.js';
+import {
+  eventually,
+  LogCapture,
+  sleep,
+  startLockModule,
+  uniqueKey,
+  type LockModuleFixture,
+} from '../support/lock-module.js';
+import { startRedis, type RedisServer } from '../support/redis-server.js';
+
+const COMMAND_TIMEOUT = 300;
+/** What a loaded 2-core CI machine may add to a timer-bound call. */
+const SLACK = 700;
+const BOUND = COMMAND_TIMEOUT + SLACK;
+
+/** Work that a test finishes by hand, keyed by name. */
+const gates = new Map<string, () => void>();
+const gate = (name: string): Promise<void> =>
+  new Promise((resolve) => gates.set(name, () => resolve()));
+const open = (name: string): void => gates.get(name)?.();
+
+@Controller('jobs')
+class JobsController {
+  @Post(':id')
+  @WithLock({ key: 'job:{0}', ttl: 5_000 })
+  async run(@Param('id') id: string): Promise<{ id: string; done: boolean }> {
+    await gate(`route:${id}`);
+    return { id, done: true };
+  }
+}
+
+@Module({ controllers: [JobsController] })
+class JobsModule {}
+
+interface Outcome<T> {
+  value?: T;
+  error?: unknown;
+  /** ms from `from` to settling. */
+  elapsed: number;
+  /** When it settled, on the performance.now() clock. */
+  at: number;
+}
+
+/** Records how `promise` settles and when, counted from `from` (default: now). */
+async function settle<T>(promise: Promise<T>, from = performance.now()): Promise<Outcome<T>> {
+  try {
+    const value = await promise;
+    const at = performance.now();
+    return { value, elapsed: at - from, at };
+  } catch (error) {
+    const at = performance.now();
+    return { error, elapsed: at - from, at };
+  }
+}
+
+function assertBackendError(outcome: Outcome<unknown>, operation: string, bound = BOUND): void {
+  assert.ok(
+    outcome.error instanceof LockBackendError,
+    `expected LockBackendError: ${String(outcome.error ?? outcome.value)}`,
+  );
+  assert.equal(outcome.error.operation, operation);
+  assert.ok(outcome.elapsed < bound, `${operation} settled after ${outcome.elapsed.toFixed(0)} ms`);
+}
+
+const sources = {
+  'a connection the module creates': (server: RedisServer): RedisLockModuleOptions => ({
+    connection: server.url,
+  }),
+  "the app's own client (ioredis defaults)": (server: RedisServer): RedisLockModuleOptions => {
+    const client = new Redis(server.port, server.host);
+    client.on('error', () => {}); // an app listens for these; the default handler only logs them
+    return { client };
+  },
+} as const;
+
+const faults = {
+  killed: (server: RedisServer) => server.kill(),
+  'paused (SIGSTOP)': (server: RedisServer) => Promise.resolve(server.signal('SIGSTOP')),
+} as const;
+
+for (const [faultName, applyFault] of Object.entries(faults)) {
+  for (const [sourceName, optionsFor] of Object.entries(sources)) {
+    describe(`bounded operations: Redis ${faultName}, ${sourceName}`, () => {
+      let server: RedisServer;
+      let app: INestApplication;
+      let url: string;
+      let locks: LockService;
+      let ownClient: Redis | undefined;
+      let toRelease: Lock;
+      let toExtend: Lock;
+      let usingResult: Promise<Outcome<string>>;
+      let usingError: Promise<Outcome<string>>;
+      let route: Promise<Outcome<Response>>;
+      let gatesOpenedAt: number;
+      let logs: ReturnType<typeof LogCapture.install>;
+
+      before(async () => {
+        server = await startRedis();
+        const options = optionsFor(server);
+        ownClient = options.client as Redis | undefined;
+        const lockModule: DynamicModule = RedisLockModule.forRoot({
+          ...options,
+          commandTimeout: COMMAND_TIMEOUT,
+          isGlobal: true,
+        });
+        const module = await Test.createTestingModule({
+          imports: [lockModule, JobsModule],
+        }).compile();
+        app = module.createNestApplication({ logger: false });
+        await app.listen(0, '127.0.0.1');
+        url = (await app.getUrl()).replace('[::1]', '127.0.0.1');
+        locks = app.get(LockService);
+        logs = LogCapture.install();
+
+        // Locks held and work in flight when Redis fails.
+        toRelease = await locks.acquire(uniqueKey('release'));
+        toExtend = await locks.acquire(uniqueKey('extend'));
+        usingResult = settle(
+          locks.using(uniqueKey('using'), async () => {
+            await gate('using-result');
+            return 'the work result';
+          }),
+        );
+        usingError = settle(
+          locks.using(uniqueKey('using'), async () => {
+            await gate('using-error');
+            throw new Error('the work failed');
+          }),
+        );
+        const routeId = uniqueKey('route');
+        route = settle(fetch(`${url}/jobs/${routeId}`, { method: 'POST' }));
+        assert.ok(
+          await eventually(() => gates.has(`route:${routeId}`)),
+          'the route holds its lock',
+        );
+        assert.ok(gates.has('using-result') && gates.has('using-error'));
+
+        await applyFault(server);
+        await sleep(50);
+        gatesOpenedAt = performance.now();
+        for (const name of gates.keys()) open(name);
+        gates.clear();
+      });
+
+      after(async () => {
+        logs?.restore();
+        server?.signal('SIGCONT');
+        await app?.close();
+        ownClient?.disconnect();
+        await server?.stop();
+      });
+
+      it('tryAcquire() fails with LockBackendError within commandTimeout', async () => {
+        assertBackendError(await settle(locks.tryAcquire(uniqueKey())), 'acquire');
+      });
+
+      it('acquire() with acquireTimeout 0 fails with LockBackendError within commandTimeout', async () => {
+        assertBackendError(
+          await settle(locks.acquire(uniqueKey(), { acquireTimeout: 0 })),
+          'acquire',
+        );
+      });
+
+      it('acquire() with a long acquireTimeout fails within commandTimeout, not after the deadline', async () => {
+        const outcome = await settle(locks.acquire(uniqueKey(), { acquireTimeout: 10_000 }));
+        assertBackendError(outcome, 'acquire');
+      });
+
+      it('isLocked() fails with LockBackendError within commandTimeout', async () => {
+        assertBackendError(await settle(locks.isLocked(uniqueKey())), 'isLocked');
+      });
+
+      it('lock.release() fails with LockBackendError within commandTimeout', async () => {
+        assertBackendError(await settle(toRelease.release()), 'release');
+      });
+
+      it('lock.extend() fails with LockBackendError within commandTimeout', async () => {
+        assertBackendError(await settle(toExtend.extend()), 'extend');
+        await settle(toExtend.release());
+      });
+
+      it("using() returns the work's result when its release gets no answer, and logs the release failure", async () => {
+        const outcome = await usingResult;
+        assert.equal(outcome.value, 'the work result');
+        const sinceWorkEnded = outcome.at - gatesOpenedAt;
+        assert.ok(
+          sinceWorkEnded < BOUND,
+          `returned ${sinceWorkEnded.toFixed(0)} ms after the work`,
+        );
+        assert.ok(
+          logs.capture.lines.some((l) => l.level === 'error' && l.message.includes('release')),
+          JSON.stringify(logs.capture.lines),
+        );
+      });
+
+      it("using() rethrows the work's own error when its release gets no answer", async () => {
+        const outcome = await usingError;
+        assert.ok(outcome.error instanceof Error && !(outcome.error instanceof LockBackendError));
+        assert.equal(outcome.error.message, 'the work failed');
+        assert.ok(outcome.at - gatesOpenedAt < BOUND, `${outcome.at - gatesOpenedAt} ms`);
+      });
+
+      it("a @WithLock route answers with the handler's result when its release gets no answer", async () => {
+        const outcome = await route;
+        assert.equal(outcome.value?.status, 201);
+        assert.equal(((await outcome.value.json()) as { done: boolean }).done, true);
+        assert.ok(outcome.at - gatesOpenedAt < BOUND, `${outcome.at - gatesOpenedAt} ms`);
+      });
+
+      it('shutdown finishes in bounded time and leaves no handle behind', async () => {
+        const held = await settle(locks.tryAcquire(uniqueKey()));
+        assert.ok(held.error instanceof LockBackendError);
+        const outcome = await settle(app.close());
+        assert.equal(outcome.error, undefined);
+        // Releases of held locks, then QUIT of each connection: each waits commandTimeout at most.
+        assert.ok(
+          outcome.elapsed < 2 * COMMAND_TIMEOUT + SLACK,
+          `${outcome.elapsed.toFixed(0)} ms`,
+        );
+      });
+    });
+  }
+}
+
+describe('bounded operations: Redis restarted empty', () => {
+  let server: RedisServer;
+  let fixture: LockModuleFixture;
+  let locks: LockService;
+  let redis: Redis;
+
+  before(async () => {
+    server = await startRedis();
+    fixture = await startLockModule({ connection: server.url, commandTimeout: COMMAND_TIMEOUT });
+    locks = fixture.locks;
+  });
+  after(async () => {
+    await fixture?.close();
+    redis?.disconnect();
+    await server?.stop();
+  });
+
+  it('a lock held across the restart is known lost; locking resumes by itself; fences keep growing', async () => {
+    const key = uniqueKey();
+    const watched = await locks.acquire(key, { ttl: 900, autoExtend: true });
+    const plain = await locks.acquire(uniqueKey(), { ttl: 30_000 });
+    await server.kill();
+    // While it is down, every call fails fast and typed.
+    assertBackendError(await settle(locks.tryAcquire(uniqueKey())), 'acquire');
+    server = await server.restart();
+    redis = new Redis(server.port, server.host);
+
+    // The new server knows no lock: the watchdog's next extension finds the lock gone.
+    assert.ok(await eventually(() => watched.signal.aborted, 5_000), 'signal aborted');
+    const reason = (watched.signal.reason as LockLostError).reason;
+    assert.ok(reason === 'not-held' || reason === 'unconfirmed', reason);
+
+    // Locking resumes without restarting the app: ioredis reconnects on its own.
+    let next: Lock | null = null;
+    const resumed = await eventually(async () => {
+      next = await locks.tryAcquire(key).catch(() => null);
+      return next !== null;
+    }, 5_000);
+    assert.ok(resumed, 'locking resumed after the restart');
+    // The fence counter died with the old server; the clock part keeps the next fence ahead.
+    assert.ok(next!.fence > watched.fence, `${next!.fence} > ${watched.fence}`);
+    assert.equal(await plain.release(), false, 'the old lock is not ours any more');
+    await assert.rejects(plain.extend(), LockLostError);
+    await next!.release();
+    await watched.release();
+    assert.deepEqual(await redis.keys('lock:{*}'), []);
+  });
+
+  it('a waiter that waits through the restart settles within acquireTimeout + commandTimeout', async () => {
+    const key = uniqueKey();
+    const held = await locks.acquire(key, { ttl: 30_000 });
+    const started = performance.now();
+    const waiting = settle(locks.acquire(key, { acquireTimeout: 1_500 }), started);
+    await sleep(200);
+    await server.kill();
+    server = await server.restart();
+    redis.disconnect();
+    redis = new Redis(server.port, server.host);
+    const outcome = await waiting;
+    // Either an attempt met the dead server (LockBackendError) or, after the restart, the empty
+    // server granted the lock: both are correct; hanging is not.
+    assert.ok(
+      outcome.error instanceof LockBackendError || outcome.value !== undefined,
+      String(outcome.error),
+    );
+    assert.ok(outcome.elapsed < 1_500 + BOUND, `${outcome.elapsed.toFixed(0)} ms`);
+    await outcome.value?.release();
+    await held.release().catch(() => false);
+  });
+});
