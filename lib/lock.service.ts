@@ -110,7 +110,7 @@ export class LockService implements OnApplicationShutdown {
   }
 
   /** Releases `lock`. Resolves `false` if it was no longer ours (expired, taken over, already released). */
-  release(lock: Lock): Promise<boolean> {
+  async release(lock: Lock): Promise<boolean> {
     return this.ownHandle(lock).release();
   }
 
@@ -118,12 +118,12 @@ export class LockService implements OnApplicationShutdown {
    * Resets the TTL of `lock` to `ttl` (default: the TTL it last had).
    * @throws LockLostError if it is no longer ours
    */
-  extend(lock: Lock, ttl?: number): Promise<void> {
+  async extend(lock: Lock, ttl?: number): Promise<void> {
     return this.ownHandle(lock).extend(ttl);
   }
 
   /** Whether anyone holds the lock on `key` right now. Only a hint: it may change at once. */
-  isLocked(key: string): Promise<boolean> {
+  async isLocked(key: string): Promise<boolean> {
     assertKey(key);
     return this.reply(key, 'isLocked', this.backend.isLocked(key));
   }

@@ -92,7 +92,7 @@ export function resolveModuleOptions(raw: RedisLockModuleOptions): ResolvedModul
   const fail = (option: string, value: unknown, problem: string): never => {
     throw new RedisLockConfigurationError(option, value, problem);
   };
-  if (raw === null || typeof raw !== 'object') {
+  if (!isOptionsObject(raw)) {
     fail('options', raw, 'pass an object such as { connection: "redis://127.0.0.1:6379" }');
   }
   rejectUnknownKeys(raw, MODULE_KEYS, '', fail);
@@ -142,7 +142,7 @@ export function resolveModuleOptions(raw: RedisLockModuleOptions): ResolvedModul
   if (commandTimeoutProblem) fail('commandTimeout', commandTimeout, commandTimeoutProblem);
 
   const given = raw.defaults === undefined ? {} : raw.defaults;
-  if (given === null || typeof given !== 'object') fail('defaults', given, 'must be an object');
+  if (!isOptionsObject(given)) fail('defaults', given, 'must be an object');
   rejectUnknownKeys(given, DEFAULTS_KEYS, 'defaults.', fail);
   const defaults: ResolvedDefaults = { ...DEFAULT_LOCK_DEFAULTS };
   for (const name of ['ttl', 'acquireTimeout', 'retryInterval', 'retryJitter'] as const) {
@@ -172,7 +172,7 @@ export function validateWithLockOptions(options: WithLockOptions, method: string
   const fail = (option: string, value: unknown, problem: string): never => {
     throw new RedisLockConfigurationError(option, value, problem);
   };
-  if (options === null || typeof options !== 'object') {
+  if (!isOptionsObject(options)) {
     fail(`@WithLock(${method})`, options, "pass an object such as { key: 'order:{0}' }");
   }
   rejectUnknownKeys(options, WITH_LOCK_KEYS, path, fail);
@@ -232,20 +232,18 @@ export function resolveAcquireOptions(
   };
   assertKey(key);
   const opts = options === undefined ? {} : options;
-  if (opts === null || typeof opts !== 'object') fail('options', opts, 'must be an object');
+  if (!isOptionsObject(opts)) fail('options', opts, 'must be an object');
   rejectUnknownKeys(opts, ACQUIRE_KEYS, '', fail);
 
   const ttl = opts.ttl === undefined ? defaults.ttl : opts.ttl;
   const ttlProblem = durationProblem(ttl, false);
   if (ttlProblem) fail('ttl', ttl, ttlProblem);
-  const acquireTimeout =
-    mode === 'tryAcquire'
-      ? 0
-      : opts.acquireTimeout === undefined
-        ? defaults.acquireTimeout
-        : opts.acquireTimeout;
-  const timeoutProblem = durationProblem(acquireTimeout, true);
-  if (timeoutProblem) fail('acquireTimeout', acquireTimeout, timeoutProblem);
+  const givenTimeout =
+    opts.acquireTimeout === undefined ? defaults.acquireTimeout : opts.acquireTimeout;
+  const timeoutProblem = durationProblem(givenTimeout, true);
+  if (timeoutProblem) fail('acquireTimeout', givenTimeout, timeoutProblem);
+  // Checked above all the same: a bad value is an error even where it is not used.
+  const acquireTimeout = mode === 'tryAcquire' ? 0 : givenTimeout;
   const autoExtend =
     opts.autoExtend === undefined ? (defaults.autoExtend ?? mode === 'using') : opts.autoExtend;
   if (typeof autoExtend !== 'boolean') fail('autoExtend', autoExtend, 'must be true or false');
@@ -279,6 +277,11 @@ export function assertKey(key: unknown): asserts key is string {
 /** `String.prototype.isWellFormed` (Node 20), which the ES2022 library typings do not declare yet. */
 interface WellFormed {
   isWellFormed(): boolean;
+}
+
+/** An object of named options: not null, not an array (whose elements would be taken as none). */
+function isOptionsObject(value: unknown): value is object {
+  return typeof value === 'object' && value !== null && !Array.isArray(value);
 }
 
 function rejectUnknownKeys(

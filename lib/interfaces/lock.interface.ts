@@ -43,7 +43,7 @@ export interface AcquireOptions {
   ttl?: number;
   /**
    * How long to wait for a lock held by someone else, in ms. `0` makes one attempt.
-   * Ignored by `tryAcquire()`, which never waits.
+   * Checked, but not used, by `tryAcquire()`, which never waits.
    * @default 5_000 (or the module's `defaults.acquireTimeout`)
    */
   acquireTimeout?: number;

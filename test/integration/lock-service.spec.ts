@@ -110,8 +110,9 @@ describe('LockService on a single Redis', () => {
         expiresAt: 0,
         signal: new AbortController().signal,
       } as never;
-      assert.throws(() => locks.release(fake), LockArgumentError);
-      assert.throws(() => locks.extend(fake), LockArgumentError);
+      // Rejected, not thrown: every method that returns a Promise reports through it.
+      await assert.rejects(locks.release(fake), LockArgumentError);
+      await assert.rejects(locks.extend(fake), LockArgumentError);
     });
   });
 
