@@ -89,6 +89,20 @@ export class LockHandle implements Lock {
   }
 
   /**
+   * Checks with Redis that the lock is still ours, and aborts `signal` ('not-held') if it is not:
+   * run when the connection comes back, since Redis may have restarted empty or failed over
+   * meanwhile. Changes nothing in Redis. A failed check is left to the watchdog and the expiry.
+   */
+  async verify(): Promise<void> {
+    if (this.state !== 'held') return;
+    const { backend, reply } = this.owner;
+    const held = await reply(this.key, 'verify', backend.isHeld(this.key, this.token)).catch(
+      () => true,
+    );
+    if (!held) this.lose('not-held');
+  }
+
+  /**
    * Ends the lease because the module shuts down: releases it in Redis and aborts `signal`, so
    * work still running learns that it no longer holds the lock.
    */

@@ -45,6 +45,7 @@ export class LockService implements OnApplicationShutdown {
   private readonly held = new Set<LockHandle>();
   private readonly stopping = new AbortController();
   private readonly hooks: LockOwnerHooks;
+  private readonly stopWatchingReconnects: () => void;
   /** @internal How `@WithLock` handlers answer a lock timeout, as set on the module. */
   readonly timeoutResponse: LockTimeoutResponse;
 
@@ -62,6 +63,11 @@ export class LockService implements OnApplicationShutdown {
       reply: (key, operation, pending) => this.reply(key, operation, pending),
       settled: (lock) => this.held.delete(lock),
     };
+    // Redis may have restarted empty or failed over while the connection was down: check every
+    // held lock at once instead of waiting for its next extension (or none, without autoExtend).
+    this.stopWatchingReconnects = this.backend.onReconnect(() => {
+      for (const lock of this.held) void lock.verify();
+    });
   }
 
   /**
@@ -137,6 +143,7 @@ export class LockService implements OnApplicationShutdown {
   async onApplicationShutdown(): Promise<void> {
     if (this.stopping.signal.aborted) return;
     this.stopping.abort(new RedisLockShutdownError('*'));
+    this.stopWatchingReconnects();
     const locks = [...this.held];
     const results = await Promise.allSettled(locks.map((lock) => lock.abandon()));
     results.forEach((result, i) => {

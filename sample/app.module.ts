@@ -18,11 +18,12 @@ export class SampleCoreModule {}
     // feature module use LockService and @WithLock without importing it again.
     RedisLockModule.forRootAsync({
       isGlobal: true,
-      inject: [RedisConnection],
-      useFactory: (redis: RedisConnection) => ({
+      inject: [RedisConnection, SampleConfig],
+      useFactory: (redis: RedisConnection, config: SampleConfig) => ({
         client: redis.client,
         keyPrefix: 'sample:lock:',
-        defaults: { ttl: 10_000, acquireTimeout: 5_000 },
+        // Per-environment lock timing for every @WithLock that does not set its own.
+        defaults: { ttl: config.lockTtl, acquireTimeout: config.lockWait },
       }),
     }),
     InventoryModule,

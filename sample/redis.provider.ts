@@ -1,4 +1,4 @@
-import { Inject, Injectable, type OnApplicationShutdown } from '@nestjs/common';
+import { Inject, Injectable, Logger, type OnApplicationShutdown } from '@nestjs/common';
 import { Redis } from 'ioredis';
 import { SampleConfig } from './sample.config.js';
 
@@ -9,6 +9,9 @@ export class RedisConnection implements OnApplicationShutdown {
 
   constructor(@Inject(SampleConfig) config: SampleConfig) {
     this.client = new Redis(config.redisUrl, { lazyConnect: true });
+    // Without a listener ioredis prints every connection error with its stack; log one line.
+    const logger = new Logger('Redis');
+    this.client.on('error', (error: Error) => logger.warn(`Redis connection: ${error.message}`));
   }
 
   // The lock module never closes a client it was given: the app does, after the module is done.

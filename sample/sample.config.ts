@@ -10,6 +10,10 @@ export class SampleConfig {
   readonly reportInterval: number = Number(process.env.REPORT_INTERVAL ?? 30_000);
   /** Simulated payment authorisation time inside a purchase, in ms: the window a race needs. */
   readonly paymentDelay: number = Number(process.env.PAYMENT_DELAY ?? 20);
+  /** TTL of the purchase locks, in ms (the module's `defaults.ttl`; they are auto-extended). */
+  readonly lockTtl: number = Number(process.env.LOCK_TTL ?? 5_000);
+  /** How long a purchase waits for a busy SKU before answering 409, in ms. */
+  readonly lockWait: number = Number(process.env.LOCK_WAIT ?? 2_000);
 
   constructor(overrides: Partial<SampleConfig> = {}) {
     Object.assign(this, overrides);

@@ -159,7 +159,13 @@ export class RedisLockShutdownError extends RedisLockError {
 }
 
 /** What the library asked Redis to do when it failed. */
-export type LockOperation = 'acquire' | 'extend' | 'release' | 'isLocked';
+export type LockOperation =
+  | 'acquire'
+  | 'extend'
+  | 'release'
+  | 'isLocked'
+  /** The check of held locks after a reconnection (internal: its failures are never thrown). */
+  | 'verify';
 
 /**
  * Redis failed to answer a lock command: the connection is down, no reply came within the

@@ -24,6 +24,13 @@ export interface LockBackend {
   /** Deletes the lock and wakes waiters. Resolves false when the token no longer held the key. */
   release(key: string, token: string): Promise<boolean>;
   isLocked(key: string): Promise<boolean>;
+  /** Whether `token` still holds `key`. Changes nothing. */
+  isHeld(key: string, token: string): Promise<boolean>;
+  /**
+   * Calls `listener` each time the connection comes back after it was lost (not on the first
+   * connection). Returns a function that removes the listener.
+   */
+  onReconnect(listener: () => void): () => void;
   /** Subscribes to releases of `key`; dispose the subscription when done waiting. */
   watchReleases(key: string): ReleaseSubscription;
   /** Closes the connections this backend owns; never a client the user passed in. */

@@ -109,6 +109,23 @@ export class RedisLockBackend implements LockBackend {
     return (await this.client.exists(this.lockKey(key))) === 1;
   }
 
+  async isHeld(key: string, token: string): Promise<boolean> {
+    return (await this.client.get(this.lockKey(key))) === token;
+  }
+
+  onReconnect(listener: () => void): () => void {
+    let dropped = false;
+    const onClose = (): void => void (dropped = true);
+    const onReady = (): void => {
+      if (!dropped) return;
+      dropped = false;
+      listener();
+    };
+    // Listening changes nothing on a client the app passed in; the listeners go with close().
+    this.client.on('close', onClose).on('ready', onReady);
+    return () => void this.client.off('close', onClose).off('ready', onReady);
+  }
+
   watchReleases(key: string): ReleaseSubscription {
     return this.notifier.watch(`${this.lockKey(key)}:released`);
   }

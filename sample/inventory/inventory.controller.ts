@@ -31,7 +31,7 @@ export class InventoryController {
 
   /** One purchase per SKU at a time, across every instance of the app. */
   @Post(':sku/purchase')
-  @WithLock({ key: 'sku:{0}', ttl: 5_000, acquireTimeout: 2_000 })
+  @WithLock({ key: 'sku:{0}' })
   async purchase(
     @Param('sku') sku: string,
     @Body(PurchasePipe) body: PurchaseDto,
@@ -60,7 +60,7 @@ export class InventoryController {
    * is subscribed and held until it completes or the client goes away.
    */
   @Sse(':sku/stocktake')
-  @WithLock({ key: 'sku:{0}', ttl: 5_000, acquireTimeout: 2_000 })
+  @WithLock({ key: 'sku:{0}' })
   stocktake(@Param('sku') sku: string): Observable<MessageEvent> {
     return interval(Number(process.env.STOCKTAKE_STEP ?? 200)).pipe(
       take(5),

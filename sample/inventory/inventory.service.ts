@@ -50,7 +50,7 @@ export class InventoryService {
    * microservice handler, a job). Called from a handler that already holds `sku:<sku>`, it
    * re-enters that lock instead of waiting for itself.
    */
-  @WithLock({ key: (sku: string) => `sku:${sku}`, ttl: 5_000, acquireTimeout: 2_000 })
+  @WithLock({ key: (sku: string) => `sku:${sku}` })
   async purchase(sku: string, quantity: number): Promise<PurchaseResult> {
     return this.sell(sku, quantity);
   }

@@ -297,6 +297,35 @@ describe('bounded operations: Redis restarted empty', () => {
     assert.deepEqual(await redis.keys('lock:{*}'), []);
   });
 
+  it('after a reconnection every held lock is checked at once: one the restart lost aborts long before its TTL', async () => {
+    const lock = await locks.acquire(uniqueKey(), { ttl: 30_000 }); // no auto-extension
+    await server.kill();
+    server = await server.restart();
+    redis.disconnect();
+    redis = new Redis(server.port, server.host);
+    assert.ok(await eventually(() => lock.signal.aborted, 5_000), 'the lost lock aborted');
+    assert.equal((lock.signal.reason as LockLostError).reason, 'not-held');
+    await lock.release();
+  });
+
+  it('a reconnection that lost nothing (connections reset, Redis kept its state) aborts nothing', async () => {
+    const lock = await locks.acquire(uniqueKey(), { ttl: 30_000 });
+    const before = Number(/total_connections_received:(\d+)/.exec(await redis.info('stats'))![1]);
+    await redis.call('CLIENT', 'KILL', 'TYPE', 'normal', 'SKIPME', 'yes');
+    // The module's connection comes back (and checks the lock) ...
+    assert.ok(
+      await eventually(async () => {
+        const stats = await redis.info('stats');
+        return Number(/total_connections_received:(\d+)/.exec(stats)![1]) > before;
+      }, 5_000),
+    );
+    assert.equal(await locks.isLocked(lock.key), true);
+    await sleep(100);
+    // ... and finds it still ours.
+    assert.equal(lock.signal.aborted, false);
+    assert.equal(await lock.release(), true);
+  });
+
   it('a waiter that waits through the restart settles within acquireTimeout + commandTimeout', async () => {
     const key = uniqueKey();
     const held = await locks.acquire(key, { ttl: 30_000 });

@@ -1,0 +1,79 @@
+/** What the chaos runner and its workers say to each other. Times are ms on the system-wide monotonic clock. */
+
+export interface WorkerConfig {
+  slot: number;
+  /** The worker's own fault proxy in front of the lock Redis. */
+  proxyPort: number;
+  /** The healthy Redis holding the fence-guarded resource. */
+  dbPort: number;
+  keys: string[];
+  loops: number;
+  ttl: number;
+  acquireTimeout: number;
+  /** Section work, ms [min, max]; `longWorkRatio` of sections take `longWorkMs` instead (the watchdog extends them). */
+  workMs: [number, number];
+  longWorkMs: [number, number];
+  longWorkRatio: number;
+  /** Share of calls that go through the sample's @WithLock route instead of LockService.using(). */
+  routeRatio: number;
+  thinkMs: number;
+  /** A call still pending after this long did not settle within its bound. */
+  callBoundMs: number;
+}
+
+export type ChaosEvent =
+  | { t: 'ready'; pid: number; slot: number }
+  | {
+      t: 'enter';
+      id: string;
+      key: string;
+      fence: number;
+      path: 'using' | 'route';
+      at: number;
+      /** From the call to the section (using() path): the acquire latency. */
+      waited?: number;
+    }
+  | {
+      t: 'exit';
+      id: string;
+      at: number;
+      /** When `lock.signal` aborted, if it did while the section ran. */
+      abortAt?: number;
+      reason?: string;
+      wrote: 'accepted' | 'rejected' | 'skipped';
+    }
+  | {
+      t: 'call';
+      path: 'using' | 'route';
+      outcome: string;
+      start: number;
+      ms: number;
+      unsettled: boolean;
+      /** Over the bound, but the worker itself was frozen (SIGSTOP) meanwhile. */
+      excused: boolean;
+    }
+  | { t: 'unhandled'; error: string }
+  | {
+      t: 'summary';
+      unhandled: number;
+      shutdownMs: number;
+      pauses: number;
+      logs: { warn: number; error: number };
+    };
+
+/**
+ * The resource's guard, as a database would check fences: KEYS[1] the resource (a hash holding
+ * the highest fence accepted), KEYS[2] the log of accepted fences; ARGV[1] the writer's fence.
+ * Accepts a fence at least as high as every fence accepted before, and rejects (and counts) any
+ * lower one. One script, so the check and the write are one step.
+ */
+export const GUARD_SCRIPT = `
+local last = tonumber(redis.call('HGET', KEYS[1], 'fence') or '0')
+if tonumber(ARGV[1]) < last then
+  redis.call('HINCRBY', KEYS[1], 'rejected', 1)
+  return 0
+end
+redis.call('HSET', KEYS[1], 'fence', ARGV[1])
+redis.call('RPUSH', KEYS[2], ARGV[1])
+return 1
+`;

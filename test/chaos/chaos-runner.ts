@@ -1,0 +1,408 @@
+/**
+ * Runs chaos scenarios: a lock Redis (behind one fault proxy per worker), a healthy Redis for the
+ * fence-guarded resource, and worker processes hammering a few hot keys while a fault is injected
+ * over and over. Then heals everything, lets killed holders' TTLs run out, stops the workers
+ * gracefully and collects what they recorded and what Redis still holds.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { createInterface } from 'node:readline';
+import { fileURLToPath } from 'node:url';
+import { Redis } from 'ioredis';
+import { startRedis, type RedisServer } from '../support/redis-server.js';
+import type { ChaosEvent, WorkerConfig } from './chaos-protocol.js';
+import type { Call, ScenarioRecord, Section } from './chaos-checker.js';
+import { FaultProxy } from './fault-proxy.js';
+
+export interface ChaosProfile {
+  name: string;
+  workers: number;
+  loops: number;
+  keys: number;
+  ttl: number;
+  acquireTimeout: number;
+  /** How long faults are injected, per run. */
+  windowMs: number;
+  runs: number;
+}
+
+export const PROFILES: Record<'short' | 'full', ChaosProfile> = {
+  short: {
+    name: 'short',
+    workers: 4,
+    loops: 8,
+    keys: 3,
+    ttl: 1_000,
+    acquireTimeout: 1_500,
+    windowMs: 4_000,
+    runs: 1,
+  },
+  full: {
+    name: 'full',
+    workers: 4,
+    loops: 8,
+    keys: 3,
+    ttl: 1_000,
+    acquireTimeout: 1_500,
+    windowMs: 30_000,
+    runs: 2,
+  },
+};
+
+/** The lock module's commandTimeout in the workers (the sample does not set it: the default). */
+const COMMAND_TIMEOUT = 1_000;
+const now = (): number => Number(process.hrtime.bigint()) / 1e6;
+const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
+const between = (min: number, max: number): number => min + Math.random() * (max - min);
+const workerScript = fileURLToPath(new URL('./chaos-worker.js', import.meta.url));
+
+/** What a scenario's fault injector can do. */
+export interface FaultContext {
+  readonly ttl: number;
+  readonly proxies: readonly FaultProxy[];
+  /** Slots whose worker is inside a critical section right now. */
+  holders(): number[];
+  killWorker(slot: number): Promise<void>;
+  pauseWorker(slot: number, ms: number): Promise<void>;
+  pauseRedis(ms: number): Promise<void>;
+  restartRedis(downMs: number): Promise<void>;
+  /** True until the fault window closes. */
+  active(): boolean;
+}
+
+export interface Scenario {
+  name: string;
+  /**
+   * Redis loses its state (a restart without persistence): a holder may lose its lock to another
+   * before it can hear of it, so an unsignalled loss is a figure here, not a violation.
+   */
+  losesState?: boolean;
+  /** Injects faults until `ctx.active()` turns false; returns how many it injected. */
+  inject(ctx: FaultContext): Promise<number>;
+}
+
+/** A random holder's slot, or undefined when nobody holds a lock at this instant. */
+const anyHolder = (ctx: FaultContext): number | undefined => {
+  const holders = ctx.holders();
+  return holders.length ? holders[Math.floor(Math.random() * holders.length)] : undefined;
+};
+
+/** Repeats `fault` with pauses in between until the window closes. */
+async function repeat(
+  ctx: FaultContext,
+  fault: () => Promise<boolean>,
+  gap: [number, number],
+): Promise<number> {
+  let count = 0;
+  while (ctx.active()) {
+    if (await fault()) count++;
+    await sleep(between(...gap));
+  }
+  return count;
+}
+
+export const SCENARIOS: Scenario[] = [
+  { name: 'no fault (control)', inject: async (ctx) => repeat(ctx, async () => false, [200, 200]) },
+  {
+    name: 'holder killed (SIGKILL)',
+    inject: (ctx) =>
+      repeat(ctx, async () => {
+        const slot = anyHolder(ctx);
+        if (slot === undefined) return false;
+        await ctx.killWorker(slot);
+        return true;
+      }, [400, 900]),
+  },
+  {
+    name: 'holder paused beyond its TTL (SIGSTOP)',
+    inject: (ctx) =>
+      repeat(ctx, async () => {
+        const slot = anyHolder(ctx);
+        if (slot === undefined) return false;
+        await ctx.pauseWorker(slot, between(1.5, 2.5) * ctx.ttl);
+        return true;
+      }, [200, 600]),
+  },
+  {
+    name: 'holder partitioned beyond its TTL',
+    inject: (ctx) =>
+      repeat(ctx, async () => {
+        const slot = anyHolder(ctx);
+        if (slot === undefined) return false;
+        ctx.proxies[slot].stall();
+        await sleep(between(1.5, 2.5) * ctx.ttl);
+        ctx.proxies[slot].heal();
+        return true;
+      }, [200, 600]),
+  },
+  {
+    name: 'network latency 50-250 ms',
+    inject: (ctx) =>
+      repeat(ctx, async () => {
+        const latency = between(50, 250);
+        for (const proxy of ctx.proxies) proxy.setLatency(latency);
+        await sleep(between(1_000, 2_000));
+        for (const proxy of ctx.proxies) proxy.setLatency(0);
+        return true;
+      }, [300, 700]),
+  },
+  {
+    name: 'connections reset',
+    inject: (ctx) =>
+      repeat(ctx, async () => {
+        ctx.proxies[Math.floor(Math.random() * ctx.proxies.length)].dropAll();
+        return true;
+      }, [150, 500]),
+  },
+  {
+    name: 'Redis paused beyond the TTL (SIGSTOP)',
+    inject: (ctx) =>
+      repeat(ctx, async () => {
+        await ctx.pauseRedis(between(1.5, 2) * ctx.ttl);
+        return true;
+      }, [800, 1_500]),
+  },
+  {
+    name: 'Redis killed, restarted empty',
+    losesState: true,
+    inject: (ctx) =>
+      repeat(ctx, async () => {
+        await ctx.restartRedis(between(200, 800));
+        return true;
+      }, [1_000, 2_000]),
+  },
+];
+
+interface Worker {
+  slot: number;
+  child: ChildProcess;
+  killed: boolean;
+  /** When the runner SIGKILLed it: sections whose lines arrive later ended then at the latest. */
+  killedAt?: number;
+  exited: Promise<number | null>;
+  ready: Promise<void>;
+  open: Set<Section>;
+  summary?: Extract<ChaosEvent, { t: 'summary' }>;
+}
+
+/** Runs one scenario `profile.runs` times and returns everything it recorded. */
+export async function runScenario(
+  scenario: Scenario,
+  profile: ChaosProfile,
+): Promise<ScenarioRecord> {
+  const record: ScenarioRecord = {
+    name: scenario.name,
+    losesState: scenario.losesState ?? false,
+    runs: profile.runs,
+    faults: 0,
+    sections: [],
+    calls: [],
+    accepted: new Map(),
+    rejected: 0,
+    leftoverLocks: 0,
+    keysWithoutTtl: 0,
+    unhandled: 0,
+    crashes: 0,
+    unsettledShutdowns: 0,
+    end: 0,
+  };
+  for (let run = 0; run < profile.runs; run++) await runOnce(scenario, profile, record, run);
+  return record;
+}
+
+async function runOnce(
+  scenario: Scenario,
+  profile: ChaosProfile,
+  record: ScenarioRecord,
+  run: number,
+): Promise<void> {
+  let lockRedis: RedisServer = await startRedis();
+  const lockPort = lockRedis.port;
+  const db = await startRedis();
+  const proxies = await Promise.all(
+    Array.from({ length: profile.workers }, () => FaultProxy.start(() => lockPort)),
+  );
+  const keys = Array.from({ length: profile.keys }, (_, i) => `hot${run}-${i}`);
+  const sections = new Map<string, Section>();
+  const workers: Worker[] = [];
+  const longWorkMs: [number, number] = [0.5 * profile.ttl, 1.5 * profile.ttl];
+  const callBoundMs =
+    profile.acquireTimeout + COMMAND_TIMEOUT + longWorkMs[1] + COMMAND_TIMEOUT + 1_000;
+
+  const spawnWorker = (slot: number): Worker => {
+    const config: WorkerConfig = {
+      slot,
+      proxyPort: proxies[slot].port,
+      dbPort: db.port,
+      keys,
+      loops: profile.loops,
+      ttl: profile.ttl,
+      acquireTimeout: profile.acquireTimeout,
+      workMs: [1, 10],
+      longWorkMs,
+      longWorkRatio: 0.05,
+      routeRatio: 0.5,
+      thinkMs: 5,
+      callBoundMs,
+    };
+    const child = spawn(process.execPath, [workerScript, JSON.stringify(config)], {
+      stdio: ['ignore', 'pipe', 'inherit'],
+    });
+    let markReady!: () => void;
+    const worker: Worker = {
+      slot,
+      child,
+      killed: false,
+      open: new Set(),
+      ready: new Promise<void>((resolve) => (markReady = resolve)),
+      exited: new Promise((resolve) => child.once('exit', (code) => resolve(code))),
+    };
+    void worker.exited.then(() => markReady()); // a worker that dies while starting is a crash, not a hang
+    createInterface({ input: child.stdout }).on('line', (line) => {
+      let event: ChaosEvent;
+      try {
+        event = JSON.parse(line) as ChaosEvent;
+      } catch {
+        return; // not ours (a library warning printed to stdout)
+      }
+      switch (event.t) {
+        case 'ready':
+          markReady();
+          break;
+        case 'enter': {
+          const section: Section = {
+            id: event.id,
+            key: event.key,
+            fence: event.fence,
+            path: event.path,
+            enter: event.at,
+            waited: event.waited,
+            killedAt: worker.killedAt,
+          };
+          sections.set(event.id, section);
+          record.sections.push(section);
+          worker.open.add(section);
+          break;
+        }
+        case 'exit': {
+          const section = sections.get(event.id);
+          if (!section) break;
+          Object.assign(section, {
+            exit: event.at,
+            abortAt: event.abortAt,
+            reason: event.reason,
+            wrote: event.wrote,
+          });
+          delete section.killedAt; // it left before the kill: the exit line was still in the pipe
+          worker.open.delete(section);
+          break;
+        }
+        case 'call': {
+          const call: Call = {
+            path: event.path,
+            outcome: event.outcome,
+            ms: event.ms,
+            unsettled: event.unsettled,
+            excused: event.excused,
+          };
+          record.calls.push(call);
+          break;
+        }
+        case 'unhandled':
+          record.unhandled++;
+          break;
+        case 'summary':
+          worker.summary = event;
+          break;
+      }
+    });
+    void worker.exited.then((code) => {
+      if (!worker.killed && code !== 0) record.crashes++;
+    });
+    workers[slot] = worker;
+    return worker;
+  };
+
+  let windowEnds = Infinity;
+  const ctx: FaultContext = {
+    ttl: profile.ttl,
+    proxies,
+    holders: () => workers.filter((w) => !w.killed && w.open.size > 0).map((w) => w.slot),
+    killWorker: async (slot) => {
+      const worker = workers[slot];
+      worker.killed = true;
+      worker.child.kill('SIGKILL');
+      worker.killedAt = now();
+      for (const section of worker.open) section.killedAt = worker.killedAt;
+      await worker.exited;
+      await spawnWorker(slot).ready;
+    },
+    pauseWorker: async (slot, ms) => {
+      const child = workers[slot].child;
+      child.kill('SIGSTOP');
+      await sleep(ms);
+      child.kill('SIGCONT');
+    },
+    pauseRedis: async (ms) => {
+      lockRedis.signal('SIGSTOP');
+      await sleep(ms);
+      lockRedis.signal('SIGCONT');
+    },
+    restartRedis: async (downMs) => {
+      await lockRedis.kill();
+      await sleep(downMs);
+      lockRedis = await lockRedis.restart();
+    },
+    active: () => now() < windowEnds,
+  };
+
+  try {
+    for (let slot = 0; slot < profile.workers; slot++) spawnWorker(slot);
+    await Promise.all(workers.map((w) => w.ready));
+    await sleep(500);
+    windowEnds = now() + profile.windowMs;
+    record.faults += await scenario.inject(ctx);
+
+    // Heal, then give killed or cut-off holders' locks time to expire before the final count.
+    for (const proxy of proxies) {
+      proxy.setLatency(0);
+      proxy.heal();
+    }
+    await sleep(profile.ttl + 1_500);
+
+    const shutdownBound = callBoundMs + 2 * COMMAND_TIMEOUT + 3_000;
+    const live = workers.filter((w) => !w.killed);
+    for (const worker of live) worker.child.kill('SIGTERM');
+    await Promise.all(
+      live.map(async (worker) => {
+        const timer = setTimeout(() => {
+          record.unsettledShutdowns++;
+          worker.killed = true;
+          worker.child.kill('SIGKILL');
+        }, shutdownBound);
+        await worker.exited;
+        clearTimeout(timer);
+      }),
+    );
+    record.end = now();
+
+    const inspect = new Redis(lockPort, '127.0.0.1');
+    for (const key of await inspect.keys('*')) {
+      if (!key.endsWith(':fence')) record.leftoverLocks++;
+      if ((await inspect.pttl(key)) === -1) record.keysWithoutTtl++;
+    }
+    inspect.disconnect();
+    const resource = new Redis(db.port, '127.0.0.1');
+    for (const key of keys) {
+      const fences = await resource.lrange(`resource:sku:${key}:accepted`, 0, -1);
+      record.accepted.set(`${run}:${key}`, fences.map(Number));
+      record.rejected += Number((await resource.hget(`resource:sku:${key}`, 'rejected')) ?? 0);
+    }
+    resource.disconnect();
+  } finally {
+    for (const worker of workers) if (worker.child.exitCode === null) worker.child.kill('SIGKILL');
+    await Promise.all(workers.map((w) => w.exited));
+    await Promise.all(proxies.map((proxy) => proxy.close()));
+    await lockRedis.stop();
+    await db.stop();
+  }
+}

@@ -1,0 +1,201 @@
+/**
+ * One worker process of the chaos suite: the sample app (its AppModule, with the lock module on a
+ * client that reaches Redis through this worker's fault proxy), driven by concurrent loops that
+ * take a few hot keys through `LockService.using()` and through the sample's `@WithLock` purchase
+ * route. Inside each critical section it records enter/exit with the fence and writes to a
+ * fence-guarded resource on a separate, healthy Redis (standing in for a database that checks
+ * fences). Events go to stdout as JSON lines; SIGTERM stops it gracefully.
+ *
+ * Usage: node chaos-worker.js '<WorkerConfig as JSON>'
+ */
+import 'reflect-metadata';
+import { Injectable, Logger, type INestApplication, type LoggerService } from '@nestjs/common';
+import { Test } from '@nestjs/testing';
+import { Redis } from 'ioredis';
+import { getCurrentLock, LockService, type Lock } from '../../lib/index.js';
+import { AppModule } from '../../sample/app.module.js';
+import { InventoryService, type PurchaseResult } from '../../sample/inventory/inventory.service.js';
+import { SampleConfig } from '../../sample/sample.config.js';
+import { GUARD_SCRIPT, type ChaosEvent, type WorkerConfig } from './chaos-protocol.js';
+
+const config = JSON.parse(process.argv[2]) as WorkerConfig;
+const now = (): number => Number(process.hrtime.bigint()) / 1e6;
+const emit = (event: ChaosEvent): void => void process.stdout.write(`${JSON.stringify(event)}\n`);
+
+let unhandled = 0;
+process.on('unhandledRejection', (reason) => {
+  unhandled++;
+  emit({ t: 'unhandled', error: String(reason) });
+});
+
+// The fence-guarded resource. Never faulted: it is the database the lock protects.
+const db = new Redis(config.dbPort, '127.0.0.1');
+db.defineCommand('guardedWrite', { numberOfKeys: 2, lua: GUARD_SCRIPT });
+const guardedWrite = (key: string, fence: number): Promise<number> =>
+  (
+    db as unknown as { guardedWrite(k: string, l: string, f: string): Promise<number> }
+  ).guardedWrite(`resource:${key}`, `resource:${key}:accepted`, String(fence));
+
+let sequence = 0;
+/** The critical section, the same for both paths. Throws the lock's LockLostError if it aborts. */
+async function section(lock: Lock, path: 'using' | 'route', calledAt?: number): Promise<void> {
+  const id = `${config.slot}.${process.pid}.${sequence++}`;
+  const enter = now();
+  emit({
+    t: 'enter',
+    id,
+    key: lock.key,
+    fence: lock.fence,
+    path,
+    at: enter,
+    waited: calledAt === undefined ? undefined : enter - calledAt,
+  });
+  let abortAt: number | undefined = lock.signal.aborted ? enter : undefined;
+  const onAbort = (): void => void (abortAt ??= now());
+  lock.signal.addEventListener('abort', onAbort, { once: true });
+  let wrote: 'accepted' | 'rejected' | 'skipped' = 'skipped';
+  try {
+    const long = Math.random() < config.longWorkRatio;
+    const [min, max] = long ? config.longWorkMs : config.workMs;
+    await sleep(min + Math.random() * (max - min), lock.signal);
+    // A careful worker checks its lock before writing; the fence stops it when that is too late.
+    lock.signal.throwIfAborted();
+    wrote = (await guardedWrite(lock.key, lock.fence)) === 1 ? 'accepted' : 'rejected';
+  } finally {
+    lock.signal.removeEventListener('abort', onAbort);
+    const reason =
+      abortAt === undefined ? undefined : (lock.signal.reason as { reason?: string }).reason;
+    emit({ t: 'exit', id, at: now(), abortAt, reason, wrote });
+  }
+}
+
+/** The sample's inventory, with its read-modify-write replaced by the recorded section. */
+@Injectable()
+class ChaosInventory extends InventoryService {
+  override async sell(sku: string, quantity: number): Promise<PurchaseResult> {
+    const lock = getCurrentLock(`sku:${sku}`)!;
+    await section(lock, 'route');
+    return { sku, quantity, remaining: 0, fence: lock.fence };
+  }
+}
+
+/** Counts what the library logs; the chaos report shows it. */
+class CountingLogger implements LoggerService {
+  readonly counts = { warn: 0, error: 0 };
+  log(): void {}
+  warn(): void {
+    this.counts.warn++;
+  }
+  error(): void {
+    this.counts.error++;
+  }
+}
+
+const module = await Test.createTestingModule({ imports: [AppModule] })
+  .overrideProvider(SampleConfig)
+  .useValue(
+    new SampleConfig({
+      redisUrl: `redis://127.0.0.1:${config.proxyPort}`,
+      reportInterval: 0,
+      paymentDelay: 0,
+      lockTtl: config.ttl,
+      lockWait: config.acquireTimeout,
+    }),
+  )
+  .overrideProvider(InventoryService)
+  .useClass(ChaosInventory)
+  .compile();
+const app: INestApplication = module.createNestApplication({ logger: false });
+await app.listen(0, '127.0.0.1');
+const url = (await app.getUrl()).replace('[::1]', '127.0.0.1');
+const logger = new CountingLogger();
+Logger.overrideLogger(logger);
+const locks = app.get(LockService);
+
+// A process frozen by SIGSTOP cannot keep its own time: calls spanning a freeze are excused.
+const pauses: [number, number][] = [];
+let lastTick = now();
+const ticker = setInterval(() => {
+  const t = now();
+  if (t - lastTick > 250) pauses.push([lastTick, t]);
+  lastTick = t;
+}, 20);
+
+let stopping = false;
+process.once('SIGTERM', () => void (stopping = true));
+
+async function callUsing(key: string, calledAt: number): Promise<string> {
+  try {
+    await locks.using(`sku:${key}`, (lock) => section(lock, 'using', calledAt), {
+      ttl: config.ttl,
+      acquireTimeout: config.acquireTimeout,
+    });
+    return 'ok';
+  } catch (error) {
+    return (error as Error).name ?? 'unknown';
+  }
+}
+
+async function callRoute(key: string): Promise<string> {
+  try {
+    const response = await fetch(`${url}/products/${key}/purchase`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: '{"quantity":1}',
+    });
+    await response.arrayBuffer();
+    return response.status === 201 ? 'ok' : `http ${response.status}`;
+  } catch (error) {
+    return `fetch ${(error as Error).name}`;
+  }
+}
+
+async function loop(): Promise<void> {
+  while (!stopping) {
+    const key = config.keys[Math.floor(Math.random() * config.keys.length)];
+    const path = Math.random() < config.routeRatio ? 'route' : 'using';
+    const start = now();
+    const pending = path === 'route' ? callRoute(key) : callUsing(key, start);
+    let late = false;
+    const watchdog = setTimeout(() => (late = true), config.callBoundMs);
+    const outcome = await pending;
+    clearTimeout(watchdog);
+    const end = now();
+    const excused = pauses.some(([from, to]) => from < end && to > start);
+    emit({
+      t: 'call',
+      path,
+      outcome,
+      start,
+      ms: end - start,
+      unsettled: late && !excused,
+      excused: late && excused,
+    });
+    await sleep(Math.random() * config.thinkMs);
+  }
+}
+
+emit({ t: 'ready', pid: process.pid, slot: config.slot });
+await Promise.all(Array.from({ length: config.loops }, loop));
+clearInterval(ticker);
+const closeStart = now();
+await app.close();
+const shutdownMs = now() - closeStart;
+db.disconnect();
+emit({ t: 'summary', unhandled, shutdownMs, pauses: pauses.length, logs: logger.counts });
+process.exitCode = 0;
+
+function sleep(ms: number, signal?: AbortSignal): Promise<void> {
+  return new Promise((resolve, reject) => {
+    if (signal?.aborted) return reject(signal.reason as Error);
+    const onAbort = (): void => {
+      clearTimeout(timer);
+      reject(signal!.reason as Error);
+    };
+    const timer = setTimeout(() => {
+      signal?.removeEventListener('abort', onAbort);
+      resolve();
+    }, ms);
+    signal?.addEventListener('abort', onAbort, { once: true });
+  });
+}

@@ -1,0 +1,37 @@
+/**
+ * The short chaos profile, in `npm test`: every fault scenario for a few seconds with 4 worker
+ * processes × 8 loops. The full profile (`npm run chaos`) writes the committed report.
+ */
+import assert from 'node:assert/strict';
+import { after, describe, it } from 'node:test';
+import { check, type ScenarioFigures } from './chaos-checker.js';
+import { renderTable, violations } from './chaos-report.js';
+import { PROFILES, runScenario, SCENARIOS } from './chaos-runner.js';
+
+describe('chaos (short profile)', () => {
+  const results: ScenarioFigures[] = [];
+  after(() => {
+    if (results.length) console.log(`\n${renderTable(results)}\n`);
+  });
+
+  for (const scenario of SCENARIOS) {
+    it(scenario.name, async () => {
+      const figures = check(await runScenario(scenario, PROFILES.short));
+      results.push(figures);
+      assert.deepEqual(violations(figures), []);
+      if (scenario.name.includes('control')) {
+        // Without faults nothing may go wrong at all: a lock that works never overlaps.
+        assert.equal(figures.overlaps, 0);
+        assert.equal(figures.calls.failed, 0);
+        assert.equal(figures.signals, 0);
+      } else {
+        assert.ok(figures.faults > 0, 'the fault was injected');
+      }
+      // A fault that only delays (a live holder cut off, latency, resets, a paused Redis) never lets
+      // two holders believe at once: the holder's own TTL clock runs out before Redis's does.
+      if (/partitioned|latency|reset|Redis paused|killed \(/.test(scenario.name)) {
+        assert.equal(figures.overlaps, 0, 'no overlap');
+      }
+    });
+  }
+});

@@ -1,0 +1,122 @@
+import { createServer, Socket, type AddressInfo, type Server } from 'node:net';
+
+/**
+ * A loopback TCP proxy between lock clients and Redis that can misbehave on demand, standing in
+ * for the network: added latency, connections dropped (reset), and stalls (a partition: nothing
+ * crosses in either direction, the sockets stay open, and what was sent is delivered when it
+ * heals, as TCP would after retransmitting).
+ */
+export class FaultProxy {
+  private readonly server: Server;
+  private readonly pairs = new Set<[Socket, Socket]>();
+  private latencyMs = 0;
+  private stalled = false;
+  /** Chunks held back while stalled, in order, with the socket each is for. */
+  private held: { to: Socket; chunk: Buffer }[] = [];
+  /** Chunks waiting out the latency, per destination socket, oldest first. */
+  private readonly delayed = new Map<Socket, { at: number; chunk: Buffer }[]>();
+
+  private constructor(private readonly target: () => number) {
+    this.server = createServer((client) => this.accept(client));
+  }
+
+  /** Starts a proxy on a free 127.0.0.1 port that forwards to the port `target()` names. */
+  static async start(target: () => number): Promise<FaultProxy> {
+    const proxy = new FaultProxy(target);
+    await new Promise<void>((resolve) => proxy.server.listen(0, '127.0.0.1', resolve));
+    return proxy;
+  }
+
+  get port(): number {
+    return (this.server.address() as AddressInfo).port;
+  }
+
+  /** Delays every chunk, both ways, by `ms` (0: none). Order is kept. */
+  setLatency(ms: number): void {
+    this.latencyMs = ms;
+  }
+
+  /** A partition: holds every byte until `heal()`. New connections are accepted but stall too. */
+  stall(): void {
+    this.stalled = true;
+    // Bytes still waiting out the latency are older than anything sent from now on.
+    for (const [to, queue] of this.delayed) {
+      for (const { chunk } of queue.splice(0)) this.held.push({ to, chunk });
+    }
+    this.delayed.clear();
+  }
+
+  heal(): void {
+    this.stalled = false;
+    const held = this.held;
+    this.held = [];
+    for (const { to, chunk } of held) if (!to.destroyed) to.write(chunk);
+  }
+
+  /** Resets every open connection (both sides), as a crashed middlebox would. */
+  dropAll(): void {
+    for (const [a, b] of this.pairs) {
+      a.resetAndDestroy();
+      b.resetAndDestroy();
+    }
+    this.pairs.clear();
+    this.held = [];
+    this.delayed.clear();
+  }
+
+  async close(): Promise<void> {
+    this.dropAll();
+    await new Promise<void>((resolve) => this.server.close(() => resolve()));
+  }
+
+  private accept(client: Socket): void {
+    const upstream = new Socket();
+    const pair: [Socket, Socket] = [client, upstream];
+    this.pairs.add(pair);
+    const end = (): void => {
+      this.pairs.delete(pair);
+      client.destroy();
+      upstream.destroy();
+    };
+    client.on('error', end).on('close', end);
+    upstream.on('error', end).on('close', end);
+    upstream.connect(this.target(), '127.0.0.1');
+    client.on('data', (chunk: Buffer) => this.forward(upstream, chunk));
+    upstream.on('data', (chunk: Buffer) => this.forward(client, chunk));
+  }
+
+  private forward(to: Socket, chunk: Buffer): void {
+    if (this.stalled) {
+      this.held.push({ to, chunk });
+      return;
+    }
+    const queue = this.delayed.get(to);
+    if (this.latencyMs === 0 && !queue) {
+      if (!to.destroyed) to.write(chunk);
+      return;
+    }
+    // One FIFO per socket, drained by one timer: lowering the latency never reorders bytes.
+    const entry = { at: performance.now() + this.latencyMs, chunk };
+    if (queue) queue.push(entry);
+    else {
+      this.delayed.set(to, [entry]);
+      this.drainLater(to);
+    }
+  }
+
+  private drainLater(to: Socket): void {
+    const queue = this.delayed.get(to)!;
+    setTimeout(
+      () => {
+        while (queue.length > 0 && queue[0].at <= performance.now() + 1) {
+          const { chunk } = queue.shift()!;
+          if (this.stalled) this.held.push({ to, chunk });
+          else if (!to.destroyed) to.write(chunk);
+        }
+        if (queue.length > 0) this.drainLater(to);
+        else if (this.delayed.get(to) === queue) this.delayed.delete(to);
+      },
+      Math.max(0, queue[0].at - performance.now()),
+    );
+  }
+}

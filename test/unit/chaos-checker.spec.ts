@@ -1,0 +1,120 @@
+/** The chaos checker on made-up histories: each figure it reports can go above 0. */
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import { check, percentile, type ScenarioRecord, type Section } from '../chaos/chaos-checker.js';
+import { violations } from '../chaos/chaos-report.js';
+
+function record(sections: Partial<Section>[], extra: Partial<ScenarioRecord> = {}): ScenarioRecord {
+  return {
+    name: 'made up',
+    losesState: false,
+    runs: 1,
+    faults: 0,
+    sections: sections.map((s, i) => ({
+      id: String(i),
+      key: 'k',
+      fence: i + 1,
+      path: 'using',
+      enter: i * 100,
+      exit: i * 100 + 50,
+      ...s,
+    })),
+    calls: [{ path: 'using', outcome: 'ok', ms: 1, unsettled: false, excused: false }],
+    accepted: new Map([['k', sections.map((_, i) => i + 1)]]),
+    rejected: 0,
+    leftoverLocks: 0,
+    keysWithoutTtl: 0,
+    unhandled: 0,
+    crashes: 0,
+    unsettledShutdowns: 0,
+    end: 10_000,
+    ...extra,
+  };
+}
+
+describe('chaos checker', () => {
+  it('a clean sequential history has no violation', () => {
+    const figures = check(record([{}, {}, {}]));
+    assert.equal(figures.overlaps, 0);
+    assert.equal(figures.fenceRegressions, 0);
+    assert.deepEqual(violations(figures), []);
+  });
+
+  it('counts an overlap, and a lost holder that never saw its signal', () => {
+    const figures = check(
+      record([
+        { enter: 0, exit: 200 },
+        { enter: 100, exit: 150 },
+      ]),
+    );
+    assert.equal(figures.overlaps, 1);
+    assert.equal(figures.lost, 1);
+    assert.equal(figures.lostUnsignalled, 1);
+    assert.ok(violations(figures).some((v) => v.includes('signal never fired')));
+    // Where Redis loses its state, that is a figure, not a violation.
+    assert.deepEqual(
+      violations(check(record([{ enter: 0, exit: 200 }, { enter: 100 }], { losesState: true }))),
+      [],
+    );
+  });
+
+  it('a holder stops believing when its signal aborts: no overlap after it, a delay before it', () => {
+    assert.equal(check(record([{ enter: 0, exit: 200, abortAt: 90 }, { enter: 100 }])).overlaps, 0);
+    const late = check(record([{ enter: 0, exit: 200, abortAt: 130 }, { enter: 100 }]));
+    assert.equal(late.overlaps, 1);
+    assert.equal(late.lostUnsignalled, 0);
+    assert.equal(late.signalDelay.p50, 30);
+  });
+
+  it('a killed holder believes until the kill and is not counted as lost', () => {
+    assert.equal(
+      check(record([{ enter: 0, exit: undefined, killedAt: 90 }, { enter: 100 }])).overlaps,
+      0,
+    );
+    const figures = check(record([{ enter: 0, exit: undefined, killedAt: 120 }, { enter: 100 }]));
+    assert.equal(figures.overlaps, 1);
+    assert.equal(figures.lost, 0);
+  });
+
+  it('a section without exit or kill believes until the end of the scenario', () => {
+    assert.equal(check(record([{ enter: 0, exit: undefined }, { enter: 5_000 }])).overlaps, 1);
+  });
+
+  it('counts fence regressions (equal fences included) per key, in order of entry', () => {
+    const figures = check(
+      record([{ fence: 5 }, { fence: 5 }, { fence: 4 }, { fence: 9 }, { key: 'other', fence: 1 }]),
+    );
+    assert.equal(figures.fenceRegressions, 2);
+    assert.ok(violations(figures).some((v) => v.includes('fence regressions')));
+  });
+
+  it('counts stale writes the guard accepted', () => {
+    const figures = check(record([{}], { accepted: new Map([['k', [5, 7, 6, 7, 3]]]) }));
+    assert.equal(figures.staleAccepted, 2);
+  });
+
+  it('every must-be-zero figure makes a violation', () => {
+    const figures = check(
+      record([{}], {
+        leftoverLocks: 1,
+        keysWithoutTtl: 1,
+        unhandled: 1,
+        crashes: 1,
+        unsettledShutdowns: 1,
+        calls: [
+          { path: 'route', outcome: 'fetch TypeError', ms: 1, unsettled: true, excused: false },
+        ],
+      }),
+    );
+    assert.equal(figures.unsettled, 2);
+    assert.equal(figures.calls.other, 1);
+    assert.equal(violations(figures).length, 6);
+    assert.ok(violations(check(record([]))).some((v) => v.includes('no critical section')));
+  });
+
+  it('percentiles', () => {
+    assert.equal(percentile([], 50), 0);
+    assert.equal(percentile([3, 1, 2], 50), 2);
+    assert.equal(percentile([...Array(100).keys()], 99), 98);
+  });
+});
