@@ -80,12 +80,6 @@ export interface Scenario {
   inject(ctx: FaultContext): Promise<number>;
 }
 
-/** A random holder's slot, or undefined when nobody holds a lock at this instant. */
-const anyHolder = (ctx: FaultContext): number | undefined => {
-  const holders = ctx.holders();
-  return holders.length ? holders[Math.floor(Math.random() * holders.length)] : undefined;
-};
-
 /** Repeats `fault` with pauses in between until the window closes. */
 async function repeat(
   ctx: FaultContext,
@@ -100,39 +94,47 @@ async function repeat(
   return count;
 }
 
+/** Repeats `fault` on the worker of a random current lock holder (skipping moments with none). */
+function onHolders(
+  ctx: FaultContext,
+  fault: (slot: number) => Promise<void>,
+  gap: [number, number],
+): Promise<number> {
+  return repeat(
+    ctx,
+    async () => {
+      const holders = ctx.holders();
+      if (holders.length === 0) return false;
+      await fault(holders[Math.floor(Math.random() * holders.length)]);
+      return true;
+    },
+    gap,
+  );
+}
+
 export const SCENARIOS: Scenario[] = [
   { name: 'no fault (control)', inject: async (ctx) => repeat(ctx, async () => false, [200, 200]) },
   {
     name: 'holder killed (SIGKILL)',
-    inject: (ctx) =>
-      repeat(ctx, async () => {
-        const slot = anyHolder(ctx);
-        if (slot === undefined) return false;
-        await ctx.killWorker(slot);
-        return true;
-      }, [400, 900]),
+    inject: (ctx) => onHolders(ctx, (slot) => ctx.killWorker(slot), [400, 900]),
   },
   {
     name: 'holder paused beyond its TTL (SIGSTOP)',
     inject: (ctx) =>
-      repeat(ctx, async () => {
-        const slot = anyHolder(ctx);
-        if (slot === undefined) return false;
-        await ctx.pauseWorker(slot, between(1.5, 2.5) * ctx.ttl);
-        return true;
-      }, [200, 600]),
+      onHolders(ctx, (slot) => ctx.pauseWorker(slot, between(1.5, 2.5) * ctx.ttl), [200, 600]),
   },
   {
     name: 'holder partitioned beyond its TTL',
     inject: (ctx) =>
-      repeat(ctx, async () => {
-        const slot = anyHolder(ctx);
-        if (slot === undefined) return false;
-        ctx.proxies[slot].stall();
-        await sleep(between(1.5, 2.5) * ctx.ttl);
-        ctx.proxies[slot].heal();
-        return true;
-      }, [200, 600]),
+      onHolders(
+        ctx,
+        async (slot) => {
+          ctx.proxies[slot].stall();
+          await sleep(between(1.5, 2.5) * ctx.ttl);
+          ctx.proxies[slot].heal();
+        },
+        [200, 600],
+      ),
   },
   {
     name: 'network latency 50-250 ms',
