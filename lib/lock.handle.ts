@@ -76,6 +76,10 @@ export class LockHandle implements Lock {
   async release(): Promise<boolean> {
     if (this.state === 'released') return false;
     if (--this.depth > 0) return this.state === 'held';
+    // A lease that ran out while the event loop could not fire its timer (a frozen process, a
+    // blocked loop, I/O handled first after a thaw) is reported now: the signal never stays silent
+    // about an overrun just because the release came first.
+    if (this.state === 'held' && performance.now() >= this.expiry) this.expire();
     this.settle('released');
     return this.releaseInRedis();
   }
@@ -159,10 +163,15 @@ export class LockHandle implements Lock {
   private armExpiry(): void {
     clearTimeout(this.expiryTimer);
     this.expiryTimer = setTimeout(
-      () => this.lose(this.autoExtend ? 'unconfirmed' : 'expired', this.lastExtendError),
+      () => this.expire(),
       Math.max(0, this.expiry - performance.now()),
     );
     this.expiryTimer.unref();
+  }
+
+  /** The lease ran out unconfirmed. */
+  private expire(): void {
+    this.lose(this.autoExtend ? 'unconfirmed' : 'expired', this.lastExtendError);
   }
 
   private lose(reason: LockLostReason, cause?: unknown): void {

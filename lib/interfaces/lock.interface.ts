@@ -22,7 +22,9 @@ export interface Lock {
   /**
    * Aborts, with a `LockLostError` as its `reason`, as soon as the lock is known or suspected
    * lost: an extension found another owner, no extension was confirmed before the TTL ran out,
-   * or the TTL ran out with auto-extension off. Never aborts because of `release()`.
+   * the TTL ran out with auto-extension off, or a check after a reconnection found the lock gone.
+   * Never aborts because of `release()` itself; but a release that comes after the lease ran out
+   * unnoticed (the event loop was frozen or blocked past the expiry) aborts it first.
    */
   readonly signal: AbortSignal;
   /** Releases the lock. Resolves `false` if it was no longer ours. Never throws for that. */

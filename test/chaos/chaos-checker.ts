@@ -8,7 +8,7 @@ export interface Section {
   path: 'using' | 'route';
   enter: number;
   exit?: number;
-  /** When its lock's signal aborted during the section. */
+  /** When its lock's signal aborted (during the section, or after it, e.g. at the release). */
   abortAt?: number;
   reason?: string;
   wrote?: 'accepted' | 'rejected' | 'skipped';
@@ -69,7 +69,7 @@ export interface ScenarioFigures {
   signals: number;
   /** Holders (not killed) that someone else entered on while they still believed. */
   lost: number;
-  /** Of those, how many never saw their signal abort before leaving the section. */
+  /** Of those, how many never saw their signal abort (during the section or at its release). */
   lostUnsignalled: number;
   /** From the first intruder's entry to the lost holder's signal, ms (0 when it came first). */
   signalDelay: { p50: number; p99: number };

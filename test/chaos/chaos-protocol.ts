@@ -52,6 +52,8 @@ export type ChaosEvent =
       /** Over the bound, but the worker itself was frozen (SIGSTOP) meanwhile. */
       excused: boolean;
     }
+  /** The section's lock signal aborted after the section ended (at the release, say). */
+  | { t: 'signal'; id: string; at: number }
   | { t: 'unhandled'; error: string }
   | {
       t: 'summary';

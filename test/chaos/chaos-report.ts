@@ -84,7 +84,8 @@ function summary(results: readonly ScenarioFigures[]): string {
       ? '.'
       : ` — except ${forgotten.map((r) => r.lostUnsignalled).join(' + ')} holder(s) in "${forgotten.map((r) => r.name).join('", "')}": ` +
         'Redis forgot their locks and handed them on before their own connection came back, and their short ' +
-        'sections ended first. That is the state loss the README warns about; their writes met the fence guard.')
+        'sections ended first (the release found the lock gone and logged it). That is the state loss the ' +
+        'README warns about; their writes met the fence guard.')
   );
 }
 
@@ -124,7 +125,8 @@ ${summary(results)}
 - **signals raised / locks lost (of them signalled)**: sections whose \`signal\` aborted (the lock was lost
   *or suspected lost*: an extension not confirmed before the TTL, with Redis paused or cut off, counts,
   though nobody else could take the lock meanwhile); holders that someone else entered on while they
-  believed, and how many of those saw their \`signal\` abort before leaving the section. **signal delay**: from the intruder's entry to the
+  believed, and how many of those saw their \`signal\` abort: while in the section, or at its release when
+  the lease had run out unnoticed (a frozen holder's I/O can finish its section before its overdue timers run). **signal delay**: from the intruder's entry to the
   lost holder's \`signal\` (0 when the signal came first).
 - **leaks / no TTL**: lock keys left in Redis after every worker shut down (and every killed holder's TTL ran
   out), and keys without a TTL. **unhandled / crashes**: unhandled rejections in any worker, workers that

@@ -309,6 +309,11 @@ async function runOnce(
           record.calls.push(call);
           break;
         }
+        case 'signal': {
+          const section = sections.get(event.id);
+          if (section && section.abortAt === undefined) section.abortAt = event.at;
+          break;
+        }
         case 'unhandled':
           record.unhandled++;
           break;

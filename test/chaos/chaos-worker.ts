@@ -51,8 +51,16 @@ async function section(lock: Lock, path: 'using' | 'route', calledAt?: number): 
     waited: calledAt === undefined ? undefined : enter - calledAt,
   });
   let abortAt: number | undefined = lock.signal.aborted ? enter : undefined;
-  const onAbort = (): void => void (abortAt ??= now());
-  lock.signal.addEventListener('abort', onAbort, { once: true });
+  let exited = false;
+  // Kept after the section: a signal that comes later (at the release) is reported on its own.
+  lock.signal.addEventListener(
+    'abort',
+    () => {
+      if (exited) emit({ t: 'signal', id, at: now() });
+      else abortAt ??= now();
+    },
+    { once: true },
+  );
   let wrote: 'accepted' | 'rejected' | 'skipped' = 'skipped';
   try {
     const long = Math.random() < config.longWorkRatio;
@@ -62,7 +70,7 @@ async function section(lock: Lock, path: 'using' | 'route', calledAt?: number): 
     lock.signal.throwIfAborted();
     wrote = (await guardedWrite(lock.key, lock.fence)) === 1 ? 'accepted' : 'rejected';
   } finally {
-    lock.signal.removeEventListener('abort', onAbort);
+    exited = true;
     const reason =
       abortAt === undefined ? undefined : (lock.signal.reason as { reason?: string }).reason;
     emit({ t: 'exit', id, at: now(), abortAt, reason, wrote });

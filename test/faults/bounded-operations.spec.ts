@@ -15,7 +15,7 @@ import {
   type INestApplication,
 } from '@nestjs/common';
 import { Test } from '@nestjs/testing';
-import { Redis } from 'ioredis';
+import { Cluster, Redis } from 'ioredis';
 import {
   LockBackendError,
   LockLostError,
@@ -33,7 +33,12 @@ import {
   uniqueKey,
   type LockModuleFixture,
 } from '../support/lock-module.js';
-import { startRedis, type RedisServer } from '../support/redis-server.js';
+import {
+  startCluster,
+  startRedis,
+  startSentinel,
+  type RedisServer,
+} from '../support/redis-server.js';
 
 const COMMAND_TIMEOUT = 300;
 /** What a loaded 2-core CI machine may add to a timer-bound call. */
@@ -348,3 +353,76 @@ describe('bounded operations: Redis restarted empty', () => {
     await held.release().catch(() => false);
   });
 });
+
+/**
+ * The bound lives in LockService, above the topology: the same calls on a Cluster (every node
+ * frozen) and through Sentinel (the master frozen) settle within commandTimeout too.
+ */
+const topologies = {
+  'Redis Cluster, every node paused': async () => {
+    const cluster = await startCluster(3);
+    const client = new Cluster(cluster.nodes.map((n) => ({ host: n.host, port: n.port })));
+    client.on('error', () => {});
+    return {
+      options: { client },
+      freeze: () => cluster.nodes.forEach((n) => n.signal('SIGSTOP')),
+      stop: async () => {
+        cluster.nodes.forEach((n) => n.signal('SIGCONT'));
+        client.disconnect();
+        await cluster.stop();
+      },
+    };
+  },
+  'Sentinel, master paused': async () => {
+    const master = await startRedis();
+    const sentinel = await startSentinel(master);
+    return {
+      options: {
+        connection: { sentinels: [{ host: sentinel.host, port: sentinel.port }], name: 'mymaster' },
+      },
+      freeze: () => master.signal('SIGSTOP'),
+      stop: async () => {
+        master.signal('SIGCONT');
+        await sentinel.stop();
+        await master.stop();
+      },
+    };
+  },
+} satisfies Record<
+  string,
+  () => Promise<{ options: RedisLockModuleOptions; freeze(): void; stop(): Promise<void> }>
+>;
+
+for (const [name, start] of Object.entries(topologies)) {
+  describe(`bounded operations: ${name}`, () => {
+    it('tryAcquire, acquire, isLocked, release, extend and shutdown all settle within commandTimeout', async () => {
+      const topology = await start();
+      const app = await startLockModule({ ...topology.options, commandTimeout: COMMAND_TIMEOUT });
+      let closed = false;
+      try {
+        const held = await app.locks.acquire(uniqueKey());
+        const extended = await app.locks.acquire(uniqueKey());
+        topology.freeze();
+        const outcomes = await Promise.all([
+          settle(app.locks.tryAcquire(uniqueKey())),
+          settle(app.locks.acquire(uniqueKey(), { acquireTimeout: 10_000 })),
+          settle(app.locks.isLocked(uniqueKey())),
+          settle(held.release()),
+          settle(extended.extend()),
+        ]);
+        const operations = ['acquire', 'acquire', 'isLocked', 'release', 'extend'];
+        outcomes.forEach((outcome, i) => assertBackendError(outcome, operations[i]));
+        const closing = await settle(app.close());
+        closed = true;
+        assert.equal(closing.error, undefined);
+        assert.ok(
+          closing.elapsed < 2 * COMMAND_TIMEOUT + SLACK,
+          `shutdown ${closing.elapsed.toFixed(0)} ms`,
+        );
+      } finally {
+        if (!closed) await app.close();
+        await topology.stop();
+      }
+    });
+  });
+}

@@ -142,6 +142,22 @@ describe('LockService on a single Redis', () => {
       await lock.release();
     });
 
+    it('a release after the lease ran out unnoticed (event loop blocked past the expiry) aborts the signal first', async () => {
+      const lock = await locks.acquire(uniqueKey(), { ttl: 100 });
+      const until = performance.now() + 150;
+      while (performance.now() < until) {
+        // Blocked: the expiry timer cannot fire, as in a long GC pause or a frozen process.
+      }
+      const releasing = lock.release();
+      assert.equal(lock.signal.aborted, true, 'aborted before the release went out');
+      assert.equal((lock.signal.reason as LockLostError).reason, 'expired');
+      await releasing;
+      // A lease that has not run out is released without a word.
+      const fresh = await locks.acquire(uniqueKey(), { ttl: 10_000 });
+      assert.equal(await fresh.release(), true);
+      assert.equal(fresh.signal.aborted, false);
+    });
+
     it('extend resets the TTL, and rejects with LockLostError once the key is gone', async () => {
       const key = uniqueKey();
       const lock = await locks.acquire(key, { ttl: 1_000 });
