@@ -45,7 +45,7 @@ export class LockHandle implements Lock {
   ) {
     this.expiry = expiresAt;
     this.armExpiry();
-    if (autoExtend) this.scheduleExtension(ttl / 3);
+    if (autoExtend) this.extendWhenDue();
   }
 
   get signal(): AbortSignal {
@@ -139,6 +139,15 @@ export class LockHandle implements Lock {
     return true;
   }
 
+  /**
+   * Next extension when a third of the lease has passed, counted (as the lease is) from when the
+   * last acquisition or extension was sent: on a link whose round trip exceeds ttl / 3,
+   * extensions go back to back instead of letting the lease run out between them.
+   */
+  private extendWhenDue(): void {
+    this.scheduleExtension(Math.max(0, this.expiry - (2 * this.ttl) / 3 - performance.now()));
+  }
+
   private scheduleExtension(delay: number): void {
     this.extendTimer = setTimeout(() => void this.autoExtendOnce(), delay);
     this.extendTimer.unref();
@@ -148,7 +157,7 @@ export class LockHandle implements Lock {
     this.extendTimer = undefined;
     if (this.state !== 'held') return;
     try {
-      if (await this.renew(this.ttl)) this.scheduleExtension(this.ttl / 3);
+      if (await this.renew(this.ttl)) this.extendWhenDue();
     } catch (error) {
       if (this.state !== 'held') return;
       // Keep trying until the expiry timer declares the lock unconfirmed; warn once per outage.

@@ -50,7 +50,8 @@ export interface AcquireOptions {
    */
   acquireTimeout?: number;
   /**
-   * Extend the lock in the background every `ttl / 3` for as long as it is held.
+   * Extend the lock in the background, when a third of its lease has passed (every `ttl / 3`),
+   * for as long as it is held.
    * @default false for acquire() / tryAcquire(), true for using() and @WithLock
    */
   autoExtend?: boolean;

@@ -11,7 +11,7 @@ import { Redis } from 'ioredis';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
 import type { ChaosEvent, WorkerConfig } from './chaos-protocol.js';
 import type { Call, ScenarioRecord, Section } from './chaos-checker.js';
-import { FaultProxy } from './fault-proxy.js';
+import { FaultProxy } from '../support/fault-proxy.js';
 
 export interface ChaosProfile {
   name: string;

@@ -15,6 +15,7 @@ import {
   uniqueKey,
   type LockModuleFixture,
 } from '../support/lock-module.js';
+import { FaultProxy } from '../support/fault-proxy.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
 
 describe('the lease of a held lock', () => {
@@ -78,6 +79,28 @@ describe('the lease of a held lock', () => {
         },
         { ttl: 150, autoExtend: false },
       );
+    });
+
+    it('keeps the lock on a link whose round trip is longer than ttl / 3, with no spurious abort', async () => {
+      const proxy = await FaultProxy.start(() => server.port);
+      proxy.setLatency(200); // each way: a 400 ms round trip, against a 900 ms TTL
+      // A first call on a new connection takes three round trips (ready check, script load).
+      const slow = await startLockModule({
+        connection: `redis://127.0.0.1:${proxy.port}`,
+        commandTimeout: 2_000,
+      });
+      try {
+        // Warm the connection: on the first call the three round trips alone outlast the TTL.
+        await (await slow.locks.acquire(uniqueKey())).release();
+        const lock = await slow.locks.acquire(uniqueKey(), { ttl: 900, autoExtend: true });
+        await sleep(3_000);
+        assert.equal(lock.signal.aborted, false, String(lock.signal.reason));
+        assert.equal(await redis.get(`lock:{${lock.key}}`), lock.token);
+        assert.equal(await lock.release(), true);
+      } finally {
+        await slow.close();
+        await proxy.close();
+      }
     });
 
     it('the watchdog is stopped by release: nothing extends or re-creates the key afterwards', async () => {
