@@ -1,0 +1,36 @@
+/** What the benchmark runner asks of a worker process, and what it gets back. */
+
+export type Workload = 'sequential' | 'concurrent' | 'hot' | 'idle';
+
+export interface BenchJob {
+  contender: string;
+  workload: Workload;
+  port: number;
+  /** This process's index among the processes of the run. */
+  proc: number;
+  /** Wall-clock ms (Date.now()) at which every process of the run starts together. */
+  startAt: number;
+  pairs: number;
+  durationMs: number;
+  workers: number;
+  thinkMs: number;
+}
+
+/** One critical section of the hot-key workload; times on the system-wide monotonic clock, ms. */
+export interface SectionRecord {
+  worker: string;
+  enter: number;
+  exit: number;
+  /** From asking for the lock to entering the section. */
+  wait: number;
+}
+
+export interface BenchResult {
+  ops: number;
+  ms: number;
+  cpuMs: number;
+  /** Redis commands the lock's connections sent while measuring. */
+  commands: number;
+  sections?: SectionRecord[];
+  failures?: number;
+}

@@ -1,0 +1,149 @@
+/**
+ * One benchmark process: one contender, one workload (or this process's half of it), in a fresh
+ * process. Prints its result as one JSON line. Redis commands are counted on the client, for the
+ * lock's connection and every connection duplicated from it (a subscriber included).
+ *
+ * Usage: node bench-worker.js '<BenchJob as JSON>'
+ */
+import 'reflect-metadata';
+import { Logger } from '@nestjs/common';
+import { Redis } from 'ioredis';
+import { setTimeout as sleep } from 'node:timers/promises';
+import type { BenchJob, BenchResult, SectionRecord } from './bench-protocol.js';
+import { CONTENDERS } from './contenders.js';
+
+const job = JSON.parse(process.argv[2]) as BenchJob;
+const LOCK_CONNECTION = 'bench-lock';
+let commands = 0;
+const send = Redis.prototype.sendCommand;
+Redis.prototype.sendCommand = function (this: Redis, ...args: Parameters<Redis['sendCommand']>) {
+  if (this.options.connectionName === LOCK_CONNECTION) commands++;
+  return send.apply(this, args);
+};
+Logger.overrideLogger(false);
+
+const contender = CONTENDERS.find((c) => c.name === job.contender);
+if (!contender) throw new Error(`no contender ${job.contender}`);
+const client = new Redis(job.port, '127.0.0.1', { connectionName: LOCK_CONNECTION });
+const data = new Redis(job.port, '127.0.0.1');
+for (const connection of [client, data]) connection.on('error', () => {});
+await Promise.all([client.ping(), data.ping()]);
+const locker = contender.create(client);
+const now = (): number => Number(process.hrtime.bigint()) / 1e6;
+const untilStart = job.startAt - Date.now();
+if (untilStart > 0) await sleep(untilStart);
+
+let result: BenchResult;
+switch (job.workload) {
+  case 'sequential':
+    result = await sequential();
+    break;
+  case 'concurrent':
+    result = await concurrent();
+    break;
+  case 'hot':
+    result = await hot();
+    break;
+  case 'idle':
+    result = await idle();
+    break;
+}
+// A large result through a pipe is written asynchronously: exit only once it is out.
+await new Promise<void>((resolve) =>
+  process.stdout.write(`${JSON.stringify(result)}\n`, () => resolve()),
+);
+await locker.close();
+client.disconnect();
+data.disconnect();
+process.exit(0);
+
+/** Workload 1: one client acquires and releases one free key, `pairs` times in a row. */
+async function sequential(): Promise<BenchResult> {
+  for (let i = 0; i < 200; i++) await (await locker.acquire('seq', 10_000, 1_000)).release();
+  const start = commands;
+  const cpu = process.cpuUsage();
+  const t0 = now();
+  for (let i = 0; i < job.pairs; i++) await (await locker.acquire('seq', 10_000, 1_000)).release();
+  const ms = now() - t0;
+  return { ops: job.pairs, ms, cpuMs: cpuMs(cpu), commands: commands - start };
+}
+
+/** Workload 2: 100 concurrent loops, each on a key of its own, for `durationMs`. */
+async function concurrent(): Promise<BenchResult> {
+  const start = commands;
+  const cpu = process.cpuUsage();
+  const t0 = now();
+  const end = t0 + job.durationMs;
+  let ops = 0;
+  await Promise.all(
+    Array.from({ length: 100 }, async (_, i) => {
+      while (now() < end) {
+        await (await locker.acquire(`own${i}`, 10_000, 1_000)).release();
+        ops++;
+      }
+    }),
+  );
+  return { ops, ms: now() - t0, cpuMs: cpuMs(cpu), commands: commands - start };
+}
+
+/**
+ * Workload 3: `workers` loops on one hot key for `durationMs`; each section reads a counter,
+ * sleeps 1 ms and writes it back plus one (correct only under mutual exclusion).
+ */
+async function hot(): Promise<BenchResult> {
+  const start = commands;
+  const cpu = process.cpuUsage();
+  const t0 = now();
+  const end = t0 + job.durationMs;
+  const sections: SectionRecord[] = [];
+  let failures = 0;
+  await Promise.all(
+    Array.from({ length: job.workers }, async (_, worker) => {
+      while (now() < end) {
+        const called = now();
+        let held;
+        try {
+          held = await locker.acquire('hot', 10_000, 30_000);
+        } catch {
+          failures++;
+          continue;
+        }
+        const enter = now();
+        const value = Number(await data.get('counter'));
+        await sleep(1);
+        await data.set('counter', value + 1);
+        const exit = now();
+        await held.release();
+        sections.push({ worker: `${job.proc}.${worker}`, enter, exit, wait: enter - called });
+        if (job.thinkMs > 0) await sleep(job.thinkMs);
+      }
+    }),
+  );
+  return {
+    ops: sections.length,
+    ms: now() - t0,
+    cpuMs: cpuMs(cpu),
+    commands: commands - start,
+    sections,
+    failures,
+  };
+}
+
+/** Workload 4: process 0 holds the key; both processes park `workers` waiters on it; count commands. */
+async function idle(): Promise<BenchResult> {
+  if (job.proc === 0) await locker.acquire('idle', 60_000, 1_000);
+  await sleep(300);
+  for (let i = 0; i < job.workers; i++) {
+    locker.acquire('idle', 60_000, 60_000).catch(() => {});
+  }
+  await sleep(1_700);
+  const start = commands;
+  const t0 = now();
+  await sleep(job.durationMs);
+  return { ops: 0, ms: now() - t0, cpuMs: 0, commands: commands - start };
+}
+
+function cpuMs(since: NodeJS.CpuUsage): number {
+  const used = process.cpuUsage(since);
+  return (used.user + used.system) / 1_000;
+}

@@ -1,0 +1,168 @@
+/**
+ * The locks the benchmark compares, behind one shape: take the lock on a key (waiting for it),
+ * give it back. Each gets the same ioredis client settings; where a library's retry is
+ * configurable it runs twice, with its defaults and with a ~10 ms retry.
+ */
+import { randomUUID } from 'node:crypto';
+import { Redis } from 'ioredis';
+import Redlock4 from 'redlock';
+import { Redlock as SesameRedlock } from '@sesamecare-oss/redlock';
+import { Mutex } from 'redis-semaphore';
+import { createLock, IoredisAdapter, type Lock as UniversalLock } from 'redlock-universal';
+import { LockService } from '../../lib/index.js';
+
+/** A held lock: give it back with release(). */
+export interface Held {
+  release(): Promise<unknown>;
+}
+
+export interface Locker {
+  /** Takes the lock on `key`, waiting for it up to `waitMs`; rejects if it cannot. */
+  acquire(key: string, ttl: number, waitMs: number): Promise<Held>;
+  close(): Promise<void>;
+}
+
+export interface Contender {
+  name: string;
+  create(client: Redis): Locker;
+}
+
+/** The hand-written minimum: SET NX PX, a 10 ms poll, compare-and-delete by EVALSHA. */
+const minimum: Contender = {
+  name: 'hand-written minimum',
+  create(client) {
+    client.defineCommand('benchRelease', {
+      numberOfKeys: 1,
+      lua: "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
+    });
+    const release = client as unknown as {
+      benchRelease(key: string, token: string): Promise<number>;
+    };
+    return {
+      async acquire(key, ttl, waitMs) {
+        const token = randomUUID();
+        const end = performance.now() + waitMs;
+        for (;;) {
+          if ((await client.set(`min:${key}`, token, 'PX', ttl, 'NX')) === 'OK') {
+            return { release: () => release.benchRelease(`min:${key}`, token) };
+          }
+          if (performance.now() >= end) throw new Error('timeout');
+          await new Promise((resolve) => setTimeout(resolve, 10));
+        }
+      },
+      close: async () => {},
+    };
+  },
+};
+
+const ours: Contender = {
+  name: 'nestjs-redis-lock',
+  create(client) {
+    const locks = new LockService({ client, keyPrefix: 'nrl:' });
+    return {
+      acquire: (key, ttl, waitMs) => locks.acquire(key, { ttl, acquireTimeout: waitMs }),
+      close: () => locks.onApplicationShutdown(),
+    };
+  },
+};
+
+const redisSemaphore: Contender = {
+  name: 'redis-semaphore',
+  create(client) {
+    return {
+      async acquire(key, ttl, waitMs) {
+        // Its default retryInterval is already 10 ms; its default refresh (a timer per lock) stays on.
+        const mutex = new Mutex(client, key, { lockTimeout: ttl, acquireTimeout: waitMs });
+        await mutex.acquire();
+        return { release: () => mutex.release() };
+      },
+      close: async () => {},
+    };
+  },
+};
+
+function sesame(retry: 'defaults' | '10 ms'): Contender {
+  return {
+    name: `@sesamecare-oss/redlock (${retry})`,
+    create(client) {
+      const base = retry === 'defaults' ? {} : { retryDelay: 10, retryJitter: 5 };
+      const redlock = new SesameRedlock([client], base);
+      return {
+        async acquire(key, ttl, waitMs) {
+          const delay = retry === 'defaults' ? 200 : 10;
+          const retryCount = retry === 'defaults' ? undefined : Math.ceil(waitMs / delay);
+          const lock = await redlock.acquire(
+            [`sesame:${key}`],
+            ttl,
+            retryCount === undefined ? {} : { retryCount },
+          );
+          return { release: () => lock.release() };
+        },
+        close: async () => {},
+      };
+    },
+  };
+}
+
+function redlock4(retry: 'defaults' | '10 ms'): Contender {
+  return {
+    name: `redlock 4 (${retry})`,
+    create(client) {
+      const options =
+        retry === 'defaults' ? {} : { retryDelay: 10, retryJitter: 5, retryCount: -1 };
+      const redlock = new Redlock4([client as never], options);
+      redlock.on('clientError', () => {});
+      return {
+        async acquire(key, ttl) {
+          const lock = await redlock.lock(`redlock4:${key}`, ttl);
+          return { release: async () => lock.unlock() };
+        },
+        close: async () => {},
+      };
+    },
+  };
+}
+
+function universal(retry: 'defaults' | '10 ms'): Contender {
+  return {
+    name: `redlock-universal (${retry})`,
+    create(client) {
+      const adapter = IoredisAdapter.from(client);
+      const locks = new Map<string, UniversalLock>();
+      return {
+        async acquire(key, ttl, waitMs) {
+          let lock = locks.get(key);
+          if (!lock) {
+            lock =
+              retry === 'defaults'
+                ? createLock({ adapter, key: `universal:${key}`, ttl })
+                : createLock({
+                    adapter,
+                    key: `universal:${key}`,
+                    ttl,
+                    retryDelay: 10,
+                    retryAttempts: Math.ceil(waitMs / 10),
+                  });
+            locks.set(key, lock);
+          }
+          const handle = await lock.acquire();
+          const owner = lock;
+          return { release: () => owner.release(handle) };
+        },
+        close: async () => {},
+      };
+    },
+  };
+}
+
+export const CONTENDERS: Contender[] = [
+  minimum,
+  ours,
+  redisSemaphore,
+  sesame('defaults'),
+  sesame('10 ms'),
+  redlock4('defaults'),
+  redlock4('10 ms'),
+  universal('defaults'),
+  universal('10 ms'),
+];

@@ -1,0 +1,265 @@
+/**
+ * `npm run bench`: starts its own redis-server on a free loopback port, runs every workload for
+ * every contender in the same run, interleaved over several rounds (contender order rotated each
+ * round, every run in fresh processes), and prints and writes a markdown report of medians and of
+ * ratios to the hand-written minimum (medians of per-round ratios: the machine is shared and noisy).
+ *
+ * Options: --rounds N (3), --only <text in a contender name>, --workloads a,b (all),
+ * --report <path> (test/bench/REPORT.md; `-` for none).
+ */
+import { spawn } from 'node:child_process';
+import { writeFileSync } from 'node:fs';
+import { fileURLToPath } from 'node:url';
+import { parseArgs } from 'node:util';
+import { Redis } from 'ioredis';
+import { percentile } from '../chaos/chaos-checker.js';
+import { startRedis } from '../support/redis-server.js';
+import type { BenchJob, BenchResult, Workload } from './bench-protocol.js';
+import { CONTENDERS } from './contenders.js';
+
+const { values } = parseArgs({
+  options: {
+    rounds: { type: 'string', default: '3' },
+    only: { type: 'string' },
+    workloads: { type: 'string' },
+    report: { type: 'string', default: 'test/bench/REPORT.md' },
+  },
+});
+const rounds = Number(values.rounds);
+const worker = fileURLToPath(new URL('./bench-worker.js', import.meta.url));
+const BASELINE = CONTENDERS[0].name;
+
+interface WorkloadPlan {
+  id: string;
+  title: string;
+  workload: Workload;
+  processes: number;
+  job: Pick<BenchJob, 'pairs' | 'durationMs' | 'workers' | 'thinkMs'>;
+}
+
+const PLANS: WorkloadPlan[] = [
+  {
+    id: 'sequential',
+    title: '1. Sequential acquire + release of one free key, 1 client, 5,000 pairs',
+    workload: 'sequential',
+    processes: 1,
+    job: { pairs: 5_000, durationMs: 0, workers: 1, thinkMs: 0 },
+  },
+  {
+    id: 'concurrent',
+    title: '2. 100 concurrent loops, a key of their own each, 5 s',
+    workload: 'concurrent',
+    processes: 1,
+    job: { pairs: 0, durationMs: 5_000, workers: 100, thinkMs: 0 },
+  },
+  {
+    id: 'hot-0',
+    title: '3a. Hot key, 2 processes × 10 workers, 1 ms section, no think time, 10 s',
+    workload: 'hot',
+    processes: 2,
+    job: { pairs: 0, durationMs: 10_000, workers: 10, thinkMs: 0 },
+  },
+  {
+    id: 'hot-5',
+    title: '3b. Hot key, 2 processes × 10 workers, 1 ms section, 5 ms think time, 10 s',
+    workload: 'hot',
+    processes: 2,
+    job: { pairs: 0, durationMs: 10_000, workers: 10, thinkMs: 5 },
+  },
+  {
+    id: 'idle',
+    title:
+      '4. 100 idle waiters (2 processes × 50) on a key held throughout: Redis commands per second',
+    workload: 'idle',
+    processes: 2,
+    job: { pairs: 0, durationMs: 5_000, workers: 50, thinkMs: 0 },
+  },
+];
+
+/** The figures of one run of one contender on one workload. */
+type Figures = Record<string, number>;
+
+const plans = PLANS.filter(
+  (p) => values.workloads === undefined || values.workloads.split(',').includes(p.id),
+);
+const contenders = CONTENDERS.filter(
+  (c) => c.name === BASELINE || values.only === undefined || c.name.includes(values.only),
+);
+const server = await startRedis();
+const admin = new Redis(server.port, server.host);
+/** results[plan][contender] = figures of each round */
+const results = new Map<string, Map<string, Figures[]>>();
+const started = performance.now();
+try {
+  for (let round = 0; round < rounds; round++) {
+    for (const plan of plans) {
+      const order = contenders.map((_, i) => contenders[(i + round) % contenders.length]);
+      for (const contender of order) {
+        await admin.flushall();
+        const outputs = await runOnce(plan, contender.name);
+        const figures = measure(plan, outputs, Number(await admin.get('counter')));
+        const byContender = results.get(plan.id) ?? new Map<string, Figures[]>();
+        byContender.set(contender.name, [...(byContender.get(contender.name) ?? []), figures]);
+        results.set(plan.id, byContender);
+        console.log(`round ${round + 1} ${plan.id} ${contender.name}: ${JSON.stringify(figures)}`);
+      }
+    }
+  }
+} finally {
+  admin.disconnect();
+  await server.stop();
+}
+const report = render((performance.now() - started) / 1_000);
+console.log(`\n${report}`);
+if (values.report !== '-') writeFileSync(values.report, report);
+
+async function runOnce(plan: WorkloadPlan, contender: string): Promise<BenchResult[]> {
+  const startAt = Date.now() + 1_500;
+  return Promise.all(
+    Array.from({ length: plan.processes }, (_, proc) => {
+      const job: BenchJob = {
+        contender,
+        workload: plan.workload,
+        port: server.port,
+        proc,
+        startAt,
+        ...plan.job,
+      };
+      return new Promise<BenchResult>((resolve, reject) => {
+        const child = spawn(process.execPath, [worker, JSON.stringify(job)], {
+          stdio: ['ignore', 'pipe', 'inherit'],
+        });
+        let output = '';
+        child.stdout.on('data', (chunk: Buffer) => (output += chunk.toString()));
+        child.once('exit', (code) => {
+          const line = output.trim().split('\n').pop() ?? '';
+          if (code === 0 && line.startsWith('{')) resolve(JSON.parse(line) as BenchResult);
+          else
+            reject(
+              new Error(
+                `${contender} ${plan.id} process ${proc} exited ${code}: ${output.slice(-500)}`,
+              ),
+            );
+        });
+      });
+    }),
+  );
+}
+
+function measure(plan: WorkloadPlan, outputs: BenchResult[], counter: number): Figures {
+  const ops = outputs.reduce((sum, r) => sum + r.ops, 0);
+  const commands = outputs.reduce((sum, r) => sum + r.commands, 0);
+  const cpuMs = outputs.reduce((sum, r) => sum + r.cpuMs, 0);
+  const seconds = Math.max(...outputs.map((r) => r.ms)) / 1_000;
+  switch (plan.workload) {
+    case 'sequential':
+    case 'concurrent':
+      return {
+        opsPerSec: ops / seconds,
+        cpuUsPerOp: (cpuMs * 1_000) / ops,
+        commandsPerOp: commands / ops,
+      };
+    case 'idle':
+      return { commandsPerSec: commands / seconds };
+    case 'hot': {
+      const sections = outputs.flatMap((r) => r.sections ?? []).sort((a, b) => a.enter - b.enter);
+      const gaps = sections.slice(1).map((s, i) => s.enter - sections[i].exit);
+      const perWorker = new Map<string, number>();
+      for (const s of sections) perWorker.set(s.worker, (perWorker.get(s.worker) ?? 0) + 1);
+      const counts = [...perWorker.values()];
+      const waits = sections.map((s) => s.wait);
+      return {
+        opsPerSec: sections.length / seconds,
+        lostUpdates: sections.length - counter,
+        handoffP50: percentile(gaps, 50),
+        handoffP99: percentile(gaps, 99),
+        waitP50: percentile(waits, 50),
+        waitP99: percentile(waits, 99),
+        waitMax: Math.max(0, ...waits),
+        workerMin: counts.length < plan.processes * plan.job.workers ? 0 : Math.min(...counts),
+        workerMax: Math.max(0, ...counts),
+        commandsPerSection: commands / Math.max(1, sections.length),
+        failures: outputs.reduce((sum, r) => sum + (r.failures ?? 0), 0),
+      };
+    }
+  }
+}
+
+function median(values: number[]): number {
+  return percentile(values, 50);
+}
+
+function fmt(value: number, digits = 2): string {
+  if (!Number.isFinite(value)) return '—';
+  return Math.abs(value) >= 100 ? value.toFixed(0) : value.toFixed(digits);
+}
+
+/** Median over rounds of a figure, and of its per-round ratio to the baseline's. */
+function summarize(
+  plan: WorkloadPlan,
+  contender: string,
+  field: string,
+): { median: number; ratio: number } {
+  const own = results.get(plan.id)!.get(contender)!;
+  const base = results.get(plan.id)!.get(BASELINE)!;
+  return {
+    median: median(own.map((f) => f[field])),
+    ratio: median(own.map((f, i) => f[field] / base[i][field])),
+  };
+}
+
+function render(seconds: number): string {
+  const sections = plans.map((plan) => {
+    const rows = contenders.map((c) => {
+      const cell = (field: string, withRatio = false): string => {
+        const { median: m, ratio } = summarize(plan, c.name, field);
+        return withRatio ? `${fmt(m)} (${fmt(ratio)}×)` : fmt(m);
+      };
+      switch (plan.workload) {
+        case 'sequential':
+        case 'concurrent':
+          return [c.name, cell('opsPerSec', true), cell('cpuUsPerOp', true), cell('commandsPerOp')];
+        case 'idle':
+          return [c.name, cell('commandsPerSec')];
+        case 'hot':
+          return [
+            c.name,
+            cell('opsPerSec', true),
+            cell('lostUpdates'),
+            `${cell('handoffP50')} / ${cell('handoffP99')}`,
+            `${cell('waitP50')} / ${cell('waitP99')} / ${cell('waitMax')}`,
+            `${cell('workerMin')} / ${cell('workerMax')}`,
+            cell('commandsPerSection'),
+            cell('failures'),
+          ];
+      }
+    });
+    const header =
+      plan.workload === 'hot'
+        ? [
+            'contender',
+            'sections/s (ratio)',
+            'lost updates',
+            'handoff gap p50 / p99 ms',
+            'wait p50 / p99 / max ms',
+            'sections per worker min / max',
+            'commands per section',
+            'acquire failures',
+          ]
+        : plan.workload === 'idle'
+          ? ['contender', 'commands/s']
+          : ['contender', 'pairs/s (ratio)', 'client CPU µs per pair (ratio)', 'commands per pair'];
+    const table = [header, header.map(() => '---'), ...rows]
+      .map((r) => `| ${r.join(' | ')} |`)
+      .join('\n');
+    return `### ${plan.title}\n\n${table}\n`;
+  });
+  return `# Benchmark report
+
+\`npm run bench\` on ${new Date().toISOString().slice(0, 10)}: ${rounds} rounds, contender order rotated each round, every run in
+fresh processes against one private redis-server 7 on loopback; ${Math.round(seconds)} s in all. Each cell is the median over
+the rounds; a ratio is the median of the per-round ratios to the **${BASELINE}** (bare \`SET NX PX\`, 10 ms poll,
+compare-and-delete \`EVALSHA\`, \`randomUUID\` tokens). Commands are counted on the client, subscriber connections included.
+
+${sections.join('\n')}`;
+}
