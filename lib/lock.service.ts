@@ -1,5 +1,4 @@
 import { Inject, Injectable, Logger, type OnApplicationShutdown } from '@nestjs/common';
-import { randomBytes } from 'node:crypto';
 import { setMaxListeners } from 'node:events';
 import {
   LockAcquireAbortedError,
@@ -29,6 +28,7 @@ import {
   type ResolvedDefaults,
 } from './redis-lock.options.js';
 import { RedisLockBackend } from './redis/redis-lock.backend.js';
+import { freshToken } from './utils/token.js';
 import { DEADLINE, ignoreDeadline, within } from './utils/within.js';
 
 /**
@@ -166,7 +166,7 @@ export class LockService implements OnApplicationShutdown {
     const chained = findChainLock(this, key);
     if (chained) return chained.enter();
 
-    const token = opts.token ?? randomBytes(16).toString('hex');
+    const token = opts.token ?? freshToken();
     const signals = [opts.signal, this.stopping.signal];
     const started = performance.now();
     const deadline = started + opts.acquireTimeout;
