@@ -81,6 +81,26 @@ export interface ScenarioFigures {
   acquire: { p50: number; p99: number; max: number };
 }
 
+/** A record with nothing counted yet. */
+export function emptyRecord(name: string, losesState: boolean, runs: number): ScenarioRecord {
+  return {
+    name,
+    losesState,
+    runs,
+    faults: 0,
+    sections: [],
+    calls: [],
+    accepted: new Map(),
+    rejected: 0,
+    leftoverLocks: 0,
+    keysWithoutTtl: 0,
+    unhandled: 0,
+    crashes: 0,
+    unsettledShutdowns: 0,
+    end: 0,
+  };
+}
+
 /** When a holder stopped believing it held the lock. */
 export function beliefEnd(section: Section, end: number): number {
   return Math.min(section.exit ?? section.killedAt ?? end, section.abortAt ?? Infinity);

@@ -10,7 +10,7 @@ import { fileURLToPath } from 'node:url';
 import { Redis } from 'ioredis';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
 import type { ChaosEvent, WorkerConfig } from './chaos-protocol.js';
-import type { Call, ScenarioRecord, Section } from './chaos-checker.js';
+import { emptyRecord, type Call, type ScenarioRecord, type Section } from './chaos-checker.js';
 import { FaultProxy } from '../support/fault-proxy.js';
 
 export interface ChaosProfile {
@@ -191,22 +191,7 @@ export async function runScenario(
   scenario: Scenario,
   profile: ChaosProfile,
 ): Promise<ScenarioRecord> {
-  const record: ScenarioRecord = {
-    name: scenario.name,
-    losesState: scenario.losesState ?? false,
-    runs: profile.runs,
-    faults: 0,
-    sections: [],
-    calls: [],
-    accepted: new Map(),
-    rejected: 0,
-    leftoverLocks: 0,
-    keysWithoutTtl: 0,
-    unhandled: 0,
-    crashes: 0,
-    unsettledShutdowns: 0,
-    end: 0,
-  };
+  const record = emptyRecord(scenario.name, scenario.losesState ?? false, profile.runs);
   for (let run = 0; run < profile.runs; run++) await runOnce(scenario, profile, record, run);
   return record;
 }

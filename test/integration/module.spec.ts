@@ -1,8 +1,8 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
-import { Injectable, Module } from '@nestjs/common';
+import { Injectable, Logger, Module } from '@nestjs/common';
 import { Test } from '@nestjs/testing';
-import { Redis } from 'ioredis';
+import { Redis, type RedisOptions } from 'ioredis';
 import {
   LockLostError,
   LockService,
@@ -11,6 +11,8 @@ import {
   RedisLockShutdownError,
   type RedisLockModuleOptions,
 } from '../../lib/index.js';
+import { RedisLockBackend } from '../../lib/redis/redis-lock.backend.js';
+import { resolveModuleOptions } from '../../lib/redis-lock.options.js';
 import { eventually, sleep, startLockModule, uniqueKey } from '../support/lock-module.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
 
@@ -62,6 +64,28 @@ describe('RedisLockModule', () => {
       const pttl = await redis.pttl(`myapp:locks:{${key}}`);
       assert.ok(pttl > 1_000 && pttl <= 1_234, `pttl ${pttl}`);
       await app.close();
+    });
+
+    it('sets its documented ioredis options on connections it creates, lets yours win (but lazyConnect), and never touches a given client', async () => {
+      const optionsOf = (options: RedisLockModuleOptions): RedisOptions => {
+        const backend = RedisLockBackend.create(resolveModuleOptions(options), new Logger('test'));
+        void backend.close();
+        return (backend as unknown as { client: Redis }).client.options;
+      };
+      const own = optionsOf({ connection: server.url });
+      assert.equal(own.maxRetriesPerRequest, 0);
+      assert.equal(own.autoResendUnfulfilledCommands, false);
+      assert.equal(own.lazyConnect, true);
+      assert.equal(own.enableOfflineQueue, true);
+      const yours = optionsOf({
+        connection: { port: server.port, maxRetriesPerRequest: 3, lazyConnect: false },
+      });
+      assert.equal(yours.maxRetriesPerRequest, 3);
+      assert.equal(yours.lazyConnect, true);
+      const client = new Redis(server.port, '127.0.0.1', { lazyConnect: true });
+      assert.equal(optionsOf({ client }).maxRetriesPerRequest, 20);
+      assert.equal(client.options.autoResendUnfulfilledCommands, true);
+      client.disconnect();
     });
 
     it('uses the client it is given and never closes it', async () => {

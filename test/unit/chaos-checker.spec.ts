@@ -1,15 +1,18 @@
 /** The chaos checker on made-up histories: each figure it reports can go above 0. */
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { check, percentile, type ScenarioRecord, type Section } from '../chaos/chaos-checker.js';
+import {
+  check,
+  emptyRecord,
+  percentile,
+  type ScenarioRecord,
+  type Section,
+} from '../chaos/chaos-checker.js';
 import { violations } from '../chaos/chaos-report.js';
 
 function record(sections: Partial<Section>[], extra: Partial<ScenarioRecord> = {}): ScenarioRecord {
   return {
-    name: 'made up',
-    losesState: false,
-    runs: 1,
-    faults: 0,
+    ...emptyRecord('made up', false, 1),
     sections: sections.map((s, i) => ({
       id: String(i),
       key: 'k',
@@ -21,12 +24,6 @@ function record(sections: Partial<Section>[], extra: Partial<ScenarioRecord> = {
     })),
     calls: [{ path: 'using', outcome: 'ok', ms: 1, unsettled: false, excused: false }],
     accepted: new Map([['k', sections.map((_, i) => i + 1)]]),
-    rejected: 0,
-    leftoverLocks: 0,
-    keysWithoutTtl: 0,
-    unhandled: 0,
-    crashes: 0,
-    unsettledShutdowns: 0,
     end: 10_000,
     ...extra,
   };
