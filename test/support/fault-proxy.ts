@@ -99,22 +99,23 @@ export class FaultProxy {
     const entry = { at: performance.now() + this.latencyMs, chunk };
     if (queue) queue.push(entry);
     else {
-      this.delayed.set(to, [entry]);
-      this.drainLater(to);
+      const fresh = [entry];
+      this.delayed.set(to, fresh);
+      this.drainLater(to, fresh);
     }
   }
 
-  private drainLater(to: Socket): void {
-    const queue = this.delayed.get(to)!;
+  private drainLater(to: Socket, queue: { at: number; chunk: Buffer }[]): void {
     setTimeout(
       () => {
+        // stall() and dropAll() take the queue over (or discard it): this timer is then done.
+        if (this.delayed.get(to) !== queue) return;
         while (queue.length > 0 && queue[0].at <= performance.now() + 1) {
           const { chunk } = queue.shift()!;
-          if (this.stalled) this.held.push({ to, chunk });
-          else if (!to.destroyed) to.write(chunk);
+          if (!to.destroyed) to.write(chunk);
         }
-        if (queue.length > 0) this.drainLater(to);
-        else if (this.delayed.get(to) === queue) this.delayed.delete(to);
+        if (queue.length > 0) this.drainLater(to, queue);
+        else this.delayed.delete(to);
       },
       Math.max(0, queue[0].at - performance.now()),
     );
