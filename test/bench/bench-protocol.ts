@@ -1,6 +1,6 @@
 /** What the benchmark runner asks of a worker process, and what it gets back. */
 
-export type Workload = 'sequential' | 'concurrent' | 'hot' | 'idle';
+export type Workload = 'sequential' | 'concurrent' | 'hot' | 'idle' | 'memory';
 
 export interface BenchJob {
   contender: string;
@@ -33,4 +33,11 @@ export interface BenchResult {
   commands: number;
   sections?: SectionRecord[];
   failures?: number;
+  /** Memory workload: heap growth after `pairs` distinct keys, heap and Redis cost per key. */
+  memory?: {
+    heapGrowthPct: number;
+    heapPerHeldLock: number;
+    redisBytesPerKey: number;
+    keysLeft: number;
+  };
 }

@@ -47,6 +47,9 @@ switch (job.workload) {
   case 'idle':
     result = await idle();
     break;
+  case 'memory':
+    result = await memory();
+    break;
 }
 // A large result through a pipe is written asynchronously: exit only once it is out.
 await new Promise<void>((resolve) =>
@@ -141,6 +144,53 @@ async function idle(): Promise<BenchResult> {
   const t0 = now();
   await sleep(job.durationMs);
   return { ops: 0, ms: now() - t0, cpuMs: 0, commands: commands - start };
+}
+
+/**
+ * Workload 6: `pairs` distinct keys acquired and released (100 at a time); the heap must come back,
+ * and Redis keeps whatever the lock leaves per key. Then 1,000 locks held at once: heap per lock.
+ */
+async function memory(): Promise<BenchResult> {
+  const heap = async (): Promise<number> => {
+    for (let i = 0; i < 3; i++) {
+      globalThis.gc?.();
+      await sleep(20);
+    }
+    return process.memoryUsage().heapUsed;
+  };
+  const redisMemory = async (): Promise<number> =>
+    Number(/used_memory:(\d+)/.exec(await data.info('memory'))![1]);
+  // Warm up every code path first, so the baseline heap includes what stays anyway.
+  for (let i = 0; i < 1_000; i++) await (await locker.acquire(`warm${i}`, 10_000, 1_000)).release();
+  const keys0 = await data.dbsize();
+  const redis0 = await redisMemory();
+  const heap0 = await heap();
+  let next = 0;
+  await Promise.all(
+    Array.from({ length: 100 }, async () => {
+      while (next < job.pairs) await (await locker.acquire(`m${next++}`, 10_000, 1_000)).release();
+    }),
+  );
+  const heap1 = await heap();
+  const redis1 = await redisMemory();
+  const keys1 = await data.dbsize();
+  const held = await Promise.all(
+    Array.from({ length: 1_000 }, (_, i) => locker.acquire(`held${i}`, 60_000, 1_000)),
+  );
+  const heap2 = await heap();
+  await Promise.all(held.map((lock) => lock.release()));
+  return {
+    ops: job.pairs,
+    ms: 0,
+    cpuMs: 0,
+    commands: 0,
+    memory: {
+      heapGrowthPct: ((heap1 - heap0) / heap0) * 100,
+      heapPerHeldLock: (heap2 - heap1) / 1_000,
+      redisBytesPerKey: (redis1 - redis0) / job.pairs,
+      keysLeft: keys1 - keys0,
+    },
+  };
 }
 
 function cpuMs(since: NodeJS.CpuUsage): number {

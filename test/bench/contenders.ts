@@ -128,26 +128,21 @@ function universal(retry: 'defaults' | '10 ms'): Contender {
     name: `redlock-universal (${retry})`,
     create(client) {
       const adapter = IoredisAdapter.from(client);
-      const locks = new Map<string, UniversalLock>();
       return {
         async acquire(key, ttl, waitMs) {
-          let lock = locks.get(key);
-          if (!lock) {
-            lock =
-              retry === 'defaults'
-                ? createLock({ adapter, key: `universal:${key}`, ttl })
-                : createLock({
-                    adapter,
-                    key: `universal:${key}`,
-                    ttl,
-                    retryDelay: 10,
-                    retryAttempts: Math.ceil(waitMs / 10),
-                  });
-            locks.set(key, lock);
-          }
+          // A lock object is bound to its key: one per acquisition (a cache would grow per key).
+          const lock: UniversalLock =
+            retry === 'defaults'
+              ? createLock({ adapter, key: `universal:${key}`, ttl })
+              : createLock({
+                  adapter,
+                  key: `universal:${key}`,
+                  ttl,
+                  retryDelay: 10,
+                  retryAttempts: Math.ceil(waitMs / 10),
+                });
           const handle = await lock.acquire();
-          const owner = lock;
-          return { release: () => owner.release(handle) };
+          return { release: () => lock.release(handle) };
         },
         close: async () => {},
       };

@@ -74,6 +74,14 @@ const PLANS: WorkloadPlan[] = [
     processes: 2,
     job: { pairs: 0, durationMs: 5_000, workers: 50, thinkMs: 0 },
   },
+  {
+    id: 'memory',
+    title:
+      '6. Memory: 100,000 distinct keys acquired and released (heap growth, Redis bytes and keys left per key), then 1,000 locks held (heap per lock)',
+    workload: 'memory',
+    processes: 1,
+    job: { pairs: 100_000, durationMs: 0, workers: 100, thinkMs: 0 },
+  },
 ];
 
 /** The figures of one run of one contender on one workload. */
@@ -126,7 +134,7 @@ async function runOnce(plan: WorkloadPlan, contender: string): Promise<BenchResu
         ...plan.job,
       };
       return new Promise<BenchResult>((resolve, reject) => {
-        const child = spawn(process.execPath, [worker, JSON.stringify(job)], {
+        const child = spawn(process.execPath, ['--expose-gc', worker, JSON.stringify(job)], {
           stdio: ['ignore', 'pipe', 'inherit'],
         });
         let output = '';
@@ -161,6 +169,8 @@ function measure(plan: WorkloadPlan, outputs: BenchResult[], counter: number): F
       };
     case 'idle':
       return { commandsPerSec: commands / seconds };
+    case 'memory':
+      return { ...outputs[0].memory!, keysLeftPerKey: outputs[0].memory!.keysLeft / ops };
     case 'hot': {
       const sections = outputs.flatMap((r) => r.sections ?? []).sort((a, b) => a.enter - b.enter);
       const gaps = sections.slice(1).map((s, i) => s.enter - sections[i].exit);
@@ -221,6 +231,14 @@ function render(seconds: number): string {
           return [c.name, cell('opsPerSec', true), cell('cpuUsPerOp', true), cell('commandsPerOp')];
         case 'idle':
           return [c.name, cell('commandsPerSec')];
+        case 'memory':
+          return [
+            c.name,
+            cell('heapGrowthPct'),
+            cell('heapPerHeldLock'),
+            cell('redisBytesPerKey'),
+            cell('keysLeftPerKey'),
+          ];
         case 'hot':
           return [
             c.name,
@@ -248,7 +266,20 @@ function render(seconds: number): string {
           ]
         : plan.workload === 'idle'
           ? ['contender', 'commands/s']
-          : ['contender', 'pairs/s (ratio)', 'client CPU µs per pair (ratio)', 'commands per pair'];
+          : plan.workload === 'memory'
+            ? [
+                'contender',
+                'heap growth %',
+                'heap bytes per held lock',
+                'Redis bytes left per key',
+                'Redis keys left per key',
+              ]
+            : [
+                'contender',
+                'pairs/s (ratio)',
+                'client CPU µs per pair (ratio)',
+                'commands per pair',
+              ];
     const table = [header, header.map(() => '---'), ...rows]
       .map((r) => `| ${r.join(' | ')} |`)
       .join('\n');
