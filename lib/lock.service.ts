@@ -243,9 +243,9 @@ export class LockService implements OnApplicationShutdown {
   ): Promise<AcquireAttempt> {
     const pending = this.backend.tryAcquire(key, token, opts.ttl);
     return this.reply(key, 'acquire', pending, signals).catch((error: unknown) => {
-      const abandoned =
-        (error instanceof LockBackendError && error.timedOut) ||
-        signals.some((s) => s?.aborted && s.reason === error);
+      // reply() rejects with a LockBackendError, or with a signal's reason when one aborted: the
+      // attempt was given up (no reply in time, or aborted) unless Redis answered with an error.
+      const abandoned = !(error instanceof LockBackendError) || error.timedOut;
       if (abandoned && opts.token === undefined) {
         pending
           .then((late) => {

@@ -69,7 +69,7 @@ export class RedisLockBackend implements LockBackend {
     }
     const client =
       typeof source.connection === 'string'
-        ? new Redis(source.connection, OWN_CONNECTION_OPTIONS)
+        ? new Redis(source.connection, { ...OWN_CONNECTION_DEFAULTS, lazyConnect: true })
         : new Redis({ ...OWN_CONNECTION_DEFAULTS, ...source.connection, lazyConnect: true });
     client.on('error', (error: Error) => logger.warn(`Redis connection: ${error.message}`));
     return new RedisLockBackend(client, keyPrefix, true, commandTimeout, logger);
@@ -162,16 +162,10 @@ const escapeChar = (char: string): string => (char === '%' ? '%25' : '%7D');
  * - The offline queue stays on (the first command must wait for the lazy connection) and the
  *   reconnection strategy is ioredis' own (retry forever, backing off to 2 s): when Redis comes
  *   back, locking resumes by itself.
+ * `lazyConnect: true` is added over your options: no socket is opened before the first lock
+ * command, so an app whose bootstrap fails later never leaks a connection it cannot close.
  */
 const OWN_CONNECTION_DEFAULTS = {
   maxRetriesPerRequest: 0,
   autoResendUnfulfilledCommands: false,
-} as const satisfies RedisOptions;
-/**
- * `lazyConnect` is not negotiable: no socket is opened before the first lock command, so an app
- * whose bootstrap fails later never leaks a connection it cannot close.
- */
-const OWN_CONNECTION_OPTIONS = {
-  ...OWN_CONNECTION_DEFAULTS,
-  lazyConnect: true,
 } as const satisfies RedisOptions;

@@ -76,6 +76,14 @@ export interface Scenario {
    * before it can hear of it, so an unsignalled loss is a figure here, not a violation.
    */
   losesState?: boolean;
+  /**
+   * Two holders may believe at once here: a holder frozen past its TTL, or a Redis that forgot
+   * its locks. Everywhere else (a live holder cut off, latency, resets, a paused Redis, kills) the
+   * lease must prevent any overlap.
+   */
+  overlapPossible?: boolean;
+  /** The control run: no fault, so nothing may fail and no signal may fire. */
+  control?: boolean;
   /** Injects faults until `ctx.active()` turns false; returns how many it injected. */
   inject(ctx: FaultContext): Promise<number>;
 }
@@ -113,13 +121,18 @@ function onHolders(
 }
 
 export const SCENARIOS: Scenario[] = [
-  { name: 'no fault (control)', inject: async (ctx) => repeat(ctx, async () => false, [200, 200]) },
+  {
+    name: 'no fault (control)',
+    control: true,
+    inject: async (ctx) => repeat(ctx, async () => false, [200, 200]),
+  },
   {
     name: 'holder killed (SIGKILL)',
     inject: (ctx) => onHolders(ctx, (slot) => ctx.killWorker(slot), [400, 900]),
   },
   {
     name: 'holder paused beyond its TTL (SIGSTOP)',
+    overlapPossible: true,
     inject: (ctx) =>
       onHolders(ctx, (slot) => ctx.pauseWorker(slot, between(1.5, 2.5) * ctx.ttl), [200, 600]),
   },
@@ -166,6 +179,7 @@ export const SCENARIOS: Scenario[] = [
   {
     name: 'Redis killed, restarted empty',
     losesState: true,
+    overlapPossible: true,
     inject: (ctx) =>
       repeat(ctx, async () => {
         await ctx.restartRedis(between(200, 800));
