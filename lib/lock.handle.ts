@@ -23,9 +23,15 @@ export interface LockOwnerHooks {
  * A held lock and its lease: the expiry timer that aborts `signal` when the TTL runs out
  * unconfirmed, and, with auto-extension, the watchdog that extends it every `ttl / 3`.
  * Extension goes through the owner-checked script, so a lost lock is never re-created.
+ *
+ * What nobody observes costs nothing: the `AbortController` and the expiry timer are created when
+ * `signal` is first read. Until then an overrun lease is noticed by the next thing that asks
+ * (`release()`, `extend()`, re-entry, the watchdog, a reconnect check) through `checkExpiry()`.
  */
 export class LockHandle implements Lock {
-  private readonly controller = new AbortController();
+  private controller: AbortController | undefined;
+  /** Why the lease ended early (lost, or abandoned on shutdown): `signal`'s abort reason. */
+  private endReason: LockLostError | undefined;
   private state: 'held' | 'released' | 'lost' = 'held';
   /** Holders in this call chain: re-entrant uses share the handle, the last release frees it. */
   private depth = 1;
@@ -44,11 +50,16 @@ export class LockHandle implements Lock {
     private readonly owner: LockOwnerHooks,
   ) {
     this.expiry = expiresAt;
-    this.armExpiry();
     if (autoExtend) this.extendWhenDue();
   }
 
   get signal(): AbortSignal {
+    if (!this.controller) {
+      this.controller = new AbortController();
+      this.checkExpiry();
+      if (this.endReason) this.controller.abort(this.endReason);
+      else if (this.state === 'held') this.armExpiry();
+    }
     return this.controller.signal;
   }
 
@@ -68,18 +79,19 @@ export class LockHandle implements Lock {
 
   /** Re-enters the lock from nested code in the same call chain. */
   enter(): this {
-    if (this.state === 'lost') throw this.signal.reason as LockLostError;
+    this.checkExpiry();
+    if (this.state === 'lost') throw this.endReason!;
     this.depth++;
     return this;
   }
 
   async release(): Promise<boolean> {
     if (this.state === 'released') return false;
+    // A lease that ran out unobserved, or while the event loop could not fire its timer (a frozen
+    // process, a blocked loop, I/O handled first after a thaw), is reported now: the signal never
+    // stays silent about an overrun just because the release came first.
+    this.checkExpiry();
     if (--this.depth > 0) return this.state === 'held';
-    // A lease that ran out while the event loop could not fire its timer (a frozen process, a
-    // blocked loop, I/O handled first after a thaw) is reported now: the signal never stays silent
-    // about an overrun just because the release came first.
-    if (this.state === 'held' && performance.now() >= this.expiry) this.expire();
     this.settle('released');
     return this.releaseInRedis();
   }
@@ -88,8 +100,9 @@ export class LockHandle implements Lock {
     const problem = durationProblem(ttl, false);
     if (problem) throw new LockArgumentError('ttl', ttl, problem);
     if (this.state === 'released') throw new LockLostError(this.key, this.token, 'not-held');
-    if (this.state === 'lost') throw this.signal.reason as LockLostError;
-    if (!(await this.renew(ttl))) throw this.signal.reason as LockLostError;
+    this.checkExpiry();
+    if (this.state === 'lost') throw this.endReason!;
+    if (!(await this.renew(ttl))) throw this.endReason!;
   }
 
   /**
@@ -98,6 +111,7 @@ export class LockHandle implements Lock {
    * meanwhile. Changes nothing in Redis. A failed check is left to the watchdog and the expiry.
    */
   async verify(): Promise<void> {
+    this.checkExpiry();
     if (this.state !== 'held') return;
     const { backend, reply } = this.owner;
     const held = await reply(this.key, 'verify', backend.isHeld(this.key, this.token)).catch(
@@ -113,7 +127,7 @@ export class LockHandle implements Lock {
   async abandon(): Promise<boolean> {
     if (this.state !== 'held') return false;
     this.settle('released');
-    this.controller.abort(new LockLostError(this.key, this.token, 'shutdown'));
+    this.end(new LockLostError(this.key, this.token, 'shutdown'));
     return this.releaseInRedis();
   }
 
@@ -127,6 +141,8 @@ export class LockHandle implements Lock {
     const sentAt = performance.now();
     const { backend, reply } = this.owner;
     const extended = await reply(this.key, 'extend', backend.extend(this.key, this.token, ttl));
+    // The lease ran out before Redis confirmed: lost, as if the expiry timer had fired first.
+    this.checkExpiry();
     if (this.state !== 'held') return extended && this.state !== 'lost';
     if (!extended) {
       this.lose('not-held');
@@ -135,7 +151,7 @@ export class LockHandle implements Lock {
     this.ttl = ttl;
     this.expiry = sentAt + ttl;
     this.lastExtendError = undefined;
-    this.armExpiry();
+    if (this.controller) this.armExpiry();
     return true;
   }
 
@@ -155,6 +171,7 @@ export class LockHandle implements Lock {
 
   private async autoExtendOnce(): Promise<void> {
     this.extendTimer = undefined;
+    this.checkExpiry();
     if (this.state !== 'held') return;
     try {
       if (await this.renew(this.ttl)) this.extendWhenDue();
@@ -178,6 +195,11 @@ export class LockHandle implements Lock {
     this.expiryTimer.unref();
   }
 
+  /** Declares the lease lost if it ran out unconfirmed and no timer has said so yet. */
+  private checkExpiry(): void {
+    if (this.state === 'held' && performance.now() >= this.expiry) this.expire();
+  }
+
   /** The lease ran out unconfirmed. */
   private expire(): void {
     this.lose(this.autoExtend ? 'unconfirmed' : 'expired', this.lastExtendError);
@@ -186,9 +208,14 @@ export class LockHandle implements Lock {
   private lose(reason: LockLostReason, cause?: unknown): void {
     if (this.state !== 'held') return;
     this.settle('lost');
-    this.controller.abort(
+    this.end(
       new LockLostError(this.key, this.token, reason, cause === undefined ? undefined : { cause }),
     );
+  }
+
+  private end(reason: LockLostError): void {
+    this.endReason = reason;
+    this.controller?.abort(reason);
   }
 
   private settle(state: 'released' | 'lost'): void {

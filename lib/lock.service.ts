@@ -29,7 +29,11 @@ import {
 } from './redis-lock.options.js';
 import { RedisLockBackend } from './redis/redis-lock.backend.js';
 import { freshToken } from './utils/token.js';
+import { ReplyDeadlines } from './utils/reply-deadlines.js';
 import { DEADLINE, ignoreDeadline, within } from './utils/within.js';
+
+/** What a caller that queues behind this process's waiters starts from: no attempt made yet. */
+const QUEUED: AcquireAttempt = { acquired: false, retryAfter: undefined };
 
 /**
  * Takes, watches and releases distributed locks. Every public method, `@WithLock` included,
@@ -41,6 +45,8 @@ export class LockService implements OnApplicationShutdown {
   private readonly backend: LockBackend;
   private readonly defaults: ResolvedDefaults;
   private readonly commandTimeout: number;
+  /** Bounds every Redis reply by `commandTimeout`. */
+  private readonly deadlines: ReplyDeadlines;
   /** Locks taken through this service and neither released nor lost. */
   private readonly held = new Set<LockHandle>();
   private readonly stopping = new AbortController();
@@ -55,6 +61,7 @@ export class LockService implements OnApplicationShutdown {
     const resolved = resolveModuleOptions(options);
     this.defaults = resolved.defaults;
     this.commandTimeout = resolved.commandTimeout;
+    this.deadlines = new ReplyDeadlines(resolved.commandTimeout);
     this.timeoutResponse = resolved.timeoutResponse;
     this.backend = RedisLockBackend.create(resolved, this.logger);
     this.hooks = {
@@ -80,8 +87,8 @@ export class LockService implements OnApplicationShutdown {
    * const lock = await locks.acquire(`order:${id}`, { ttl: 5_000 });
    * try { await pay(id, lock.fence); } finally { await lock.release(); }
    */
-  async acquire(key: string, options?: AcquireOptions): Promise<Lock> {
-    return (await this.obtain(key, options, 'acquire'))!;
+  acquire(key: string, options?: AcquireOptions): Promise<Lock> {
+    return this.obtain(key, options, 'acquire') as Promise<Lock>;
   }
 
   /**
@@ -143,6 +150,7 @@ export class LockService implements OnApplicationShutdown {
   async onApplicationShutdown(): Promise<void> {
     if (this.stopping.signal.aborted) return;
     this.stopping.abort(new RedisLockShutdownError('*'));
+    this.deadlines.interrupt(this.stopping.signal.reason as Error);
     this.stopWatchingReconnects();
     const locks = [...this.held];
     const results = await Promise.allSettled(locks.map((lock) => lock.abandon()));
@@ -167,17 +175,23 @@ export class LockService implements OnApplicationShutdown {
     if (chained) return chained.enter();
 
     const token = opts.token ?? freshToken();
-    const signals = [opts.signal, this.stopping.signal];
     const started = performance.now();
     const deadline = started + opts.acquireTimeout;
     let subscription: ReleaseSubscription | undefined;
     let handle: LockHandle | undefined;
+    let signals: (AbortSignal | undefined)[] | undefined;
+    // Callers in this process already wait for the key: queue behind them instead of trying at
+    // once, so that a holder that releases and asks again cannot barge in ahead of the waiter its
+    // release wakes (see Waiting in the README).
+    let queueFirst = opts.acquireTimeout > 0 && this.backend.hasWaiters(key);
+    if (queueFirst) subscription = this.backend.watchReleases(key);
     try {
       for (;;) {
         this.throwIfStopped(key, opts.signal);
         const seen = subscription?.seen ?? 0;
         const sentAt = performance.now();
-        const attempt = await this.attempt(key, token, opts, signals);
+        const attempt = queueFirst ? QUEUED : await this.attempt(key, token, opts);
+        queueFirst = false;
         if (attempt.acquired) {
           handle = this.hold(key, token, attempt, sentAt, opts);
           if (this.stopping.signal.aborted) {
@@ -197,6 +211,7 @@ export class LockService implements OnApplicationShutdown {
             attempt.retryAfter,
           );
         }
+        signals ??= [opts.signal, this.stopping.signal];
         if (!subscription) {
           // Subscribe, then try again at once: a release between the failed attempt and the
           // subscription would otherwise go unnoticed until the timer. A subscription that is
@@ -212,11 +227,7 @@ export class LockService implements OnApplicationShutdown {
           Math.random() * this.defaults.retryJitter;
         // A wait cut short by the deadline ends just past it (timers have millisecond grain and
         // may fire a fraction early): the attempt after it is the last, not one of several.
-        await subscription.wait(
-          seen,
-          pause < remaining ? pause : Math.ceil(remaining) + 1,
-          signals,
-        );
+        await subscription.wait(seen, pause, Math.ceil(remaining) + 1, signals);
       }
     } catch (error) {
       if (opts.signal?.aborted && error === opts.signal.reason) {
@@ -235,16 +246,18 @@ export class LockService implements OnApplicationShutdown {
    * was given up and says we got the lock is answered with a release, so an abandoned attempt
    * never leaves a lock behind (unless the token is the caller's, which may hold it already).
    */
-  private attempt(
+  private async attempt(
     key: string,
     token: string,
     opts: ResolvedAcquireOptions,
-    signals: readonly (AbortSignal | undefined)[],
   ): Promise<AcquireAttempt> {
     const pending = this.backend.tryAcquire(key, token, opts.ttl);
-    return this.reply(key, 'acquire', pending, signals).catch((error: unknown) => {
-      // reply() rejects with a LockBackendError, or with a signal's reason when one aborted: the
-      // attempt was given up (no reply in time, or aborted) unless Redis answered with an error.
+    try {
+      return await this.reply(key, 'acquire', pending, opts.signal, true);
+    } catch (error) {
+      // reply() rejects with a LockBackendError, or with an abort reason (the caller's signal, or
+      // shutdown): the attempt was given up (no reply in time, or aborted) unless Redis answered
+      // with an error.
       const abandoned = !(error instanceof LockBackendError) || error.timedOut;
       if (abandoned && opts.token === undefined) {
         pending
@@ -256,28 +269,32 @@ export class LockService implements OnApplicationShutdown {
           });
       }
       throw error;
-    });
+    }
   }
 
   /**
-   * Waits for one Redis reply for at most `commandTimeout`, or until one of `signals` aborts
-   * (rejecting with its reason). Every other failure becomes a `LockBackendError` naming the
-   * operation; a reply that never comes is one with `timedOut: true`.
+   * Waits for one Redis reply for at most `commandTimeout`, or until `signal` aborts or, for an
+   * `interruptible` one (an acquisition attempt), shutdown begins: then it rejects with the abort
+   * reason. Every other failure becomes a `LockBackendError` naming the operation; a reply that
+   * never comes is one with `timedOut: true`.
    */
   private async reply<T>(
     key: string,
     operation: LockOperation,
     pending: Promise<T>,
-    signals: readonly (AbortSignal | undefined)[] = [],
+    signal?: AbortSignal,
+    interruptible = false,
   ): Promise<T> {
     try {
-      return await within(pending, this.commandTimeout, signals);
+      return await this.deadlines.bound(pending, signal, interruptible);
     } catch (error) {
       if (error === DEADLINE) {
         const silence = new Error(`no reply within commandTimeout (${this.commandTimeout} ms)`);
         throw new LockBackendError(key, operation, silence, true);
       }
-      if (signals.some((s) => s?.aborted && s.reason === error)) throw error;
+      if (error === this.stopping.signal.reason || (signal?.aborted && error === signal.reason)) {
+        throw error;
+      }
       throw new LockBackendError(key, operation, error);
     }
   }

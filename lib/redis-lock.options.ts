@@ -28,6 +28,14 @@ export const DEFAULT_LOCK_DEFAULTS = {
  */
 export const DEFAULT_COMMAND_TIMEOUT = 1_000;
 
+/**
+ * Default `fenceRetention`: a key's fence counter outlives its lock by one minute. Long enough
+ * that fences keep growing through any server clock step of up to a minute (NTP steps are usually
+ * well under a second); short enough that an app locking a thousand new keys a second keeps about
+ * 60,000 counters (~8 MB), not millions.
+ */
+export const DEFAULT_FENCE_RETENTION = 60_000;
+
 /** Largest duration accepted: Node timers fire at once beyond 2^31 - 1 ms (~24.8 days). */
 export const MAX_DURATION = 2_147_483_647;
 
@@ -44,6 +52,7 @@ export interface ResolvedModuleOptions {
   source: RedisSource;
   keyPrefix: string;
   commandTimeout: number;
+  fenceRetention: number;
   defaults: ResolvedDefaults;
   timeoutResponse: LockTimeoutResponse;
 }
@@ -66,6 +75,7 @@ const MODULE_KEYS = [
   'connection',
   'keyPrefix',
   'commandTimeout',
+  'fenceRetention',
   'defaults',
   ...TIMEOUT_RESPONSE_KEYS,
 ];
@@ -141,6 +151,11 @@ export function resolveModuleOptions(raw: RedisLockModuleOptions): ResolvedModul
   const commandTimeoutProblem = durationProblem(commandTimeout, false);
   if (commandTimeoutProblem) fail('commandTimeout', commandTimeout, commandTimeoutProblem);
 
+  const fenceRetention =
+    raw.fenceRetention === undefined ? DEFAULT_FENCE_RETENTION : raw.fenceRetention;
+  const fenceRetentionProblem = durationProblem(fenceRetention, true);
+  if (fenceRetentionProblem) fail('fenceRetention', fenceRetention, fenceRetentionProblem);
+
   const given = raw.defaults === undefined ? {} : raw.defaults;
   if (!isOptionsObject(given)) fail('defaults', given, 'must be an object');
   rejectUnknownKeys(given, DEFAULTS_KEYS, 'defaults.', fail);
@@ -159,7 +174,7 @@ export function resolveModuleOptions(raw: RedisLockModuleOptions): ResolvedModul
     defaults.autoExtend = given.autoExtend;
   }
   const timeoutResponse = checkTimeoutResponse(raw, '', fail);
-  return { source, keyPrefix, commandTimeout, defaults, timeoutResponse };
+  return { source, keyPrefix, commandTimeout, fenceRetention, defaults, timeoutResponse };
 }
 
 /**

@@ -31,6 +31,8 @@ export interface LockBackend {
    * connection). Returns a function that removes the listener.
    */
   onReconnect(listener: () => void): () => void;
+  /** Whether callers in this process already wait for `key` (hold a subscription to it). */
+  hasWaiters(key: string): boolean;
   /** Subscribes to releases of `key`; dispose the subscription when done waiting. */
   watchReleases(key: string): ReleaseSubscription;
   /** Closes the connections this backend owns; never a client the user passed in. */
@@ -44,10 +46,16 @@ export interface ReleaseSubscription {
   /** Count of releases seen so far; pass it to `wait()` so a release in between is not missed. */
   readonly seen: number;
   /**
-   * Resolves when a release newer than `seen` arrives or `ms` pass, whichever is first.
-   * Rejects with the signal's reason when one of `signals` aborts.
+   * Sleeps in this process's queue of waiters for the key until a release newer than `seen` wakes
+   * it (the first in the queue is woken first), or, if it is first, `pause` ms pass, or `limit` ms
+   * pass in any case. Rejects with the signal's reason when one of `signals` aborts.
    */
-  wait(seen: number, ms: number, signals: readonly (AbortSignal | undefined)[]): Promise<void>;
+  wait(
+    seen: number,
+    pause: number,
+    limit: number,
+    signals: readonly (AbortSignal | undefined)[],
+  ): Promise<void>;
   /**
    * Stops watching. `acquired: false` means the waiter gave up: a wake-up it received but did not
    * use is handed to the next waiter.

@@ -65,6 +65,17 @@ export interface RedisLockModuleOptions extends LockTimeoutResponse {
    * @default 1_000
    */
   commandTimeout?: number;
+  /**
+   * How long a key's fence counter outlives the key's last acquisition or extension, in ms.
+   * While the counter lives, every new holder's `fence` is greater than every earlier one's;
+   * after it expires, the next fence is the Redis server's clock in microseconds, which is still
+   * greater unless that clock stepped back by more than the time since the last holder took the
+   * lock. Longer: safe through bigger clock steps. Shorter: fewer keys in Redis for apps that lock
+   * many distinct keys (one counter, ~130 bytes, per key locked within the window). `0`: the
+   * counter lives exactly as long as the lock.
+   * @default 60_000
+   */
+  fenceRetention?: number;
   /** Defaults for every lock taken through this module. */
   defaults?: LockDefaults;
 }

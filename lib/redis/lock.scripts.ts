@@ -5,35 +5,41 @@
  * the lock key and its fence key share a hash tag, hence a slot.
  */
 
-/** How long the fence counter outlives the last acquisition or extension of its lock, in ms. */
-export const FENCE_RETENTION_MS = 24 * 60 * 60 * 1000;
-
 /**
  * KEYS[1] lock key, KEYS[2] fence key; ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fence retention ms.
- * Returns {1, fence} when the caller holds the lock afterwards, {0, pttl} when someone else does.
+ * Returns one integer (one reply to decode, not an array): the fence (> 0) when the caller holds
+ * the lock afterwards; when someone else does, -2 - the holder's remaining TTL in ms (or -1 when
+ * that lock has no TTL).
  *
- * The fence is max(last fence + 1, server TIME in microseconds): strictly increasing while the
- * counter key lives, and still increasing after it is gone as long as the server clock has not
- * gone back by more than the time since the last acquisition.
+ * The fence is the counter's last value + 1 while the counter key lives (it outlives the lock by
+ * the fence retention), so strictly increasing; when the counter is gone it restarts from the
+ * server's TIME in microseconds, which is still greater than every earlier fence unless the server
+ * clock went back by more than the time since the counter was last written. A free key costs
+ * SET NX + INCR + PEXPIRE (TIME and SET instead of PEXPIRE when the counter is new).
  */
 export const ACQUIRE_SCRIPT = `
-local holder = redis.call('GET', KEYS[1])
-if holder == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  local fence = redis.call('GET', KEYS[2])
-  if fence then
-    redis.call('PEXPIRE', KEYS[2], ARGV[2] + ARGV[3])
-    return {1, tonumber(fence)}
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+    local pttl = redis.call('PTTL', KEYS[1])
+    if pttl < 0 then return -1 end
+    return -2 - pttl
   end
-elseif holder then
-  return {0, redis.call('PTTL', KEYS[1])}
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  local held = redis.call('GET', KEYS[2])
+  if held then
+    redis.call('PEXPIRE', KEYS[2], ARGV[2] + ARGV[3])
+    return tonumber(held)
+  end
 end
-local now = redis.call('TIME')
-local fence = math.max(tonumber(redis.call('GET', KEYS[2]) or '0') + 1,
-                       tonumber(now[1]) * 1000000 + tonumber(now[2]))
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-redis.call('SET', KEYS[2], string.format('%.0f', fence), 'PX', ARGV[2] + ARGV[3])
-return {1, fence}
+local fence = redis.call('INCR', KEYS[2])
+if fence == 1 then
+  local now = redis.call('TIME')
+  fence = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  redis.call('SET', KEYS[2], string.format('%.0f', fence), 'PX', ARGV[2] + ARGV[3])
+else
+  redis.call('PEXPIRE', KEYS[2], ARGV[2] + ARGV[3])
+end
+return fence
 `;
 
 /**

@@ -6,13 +6,9 @@ import type {
   LockBackend,
   ReleaseSubscription,
 } from '../interfaces/lock-backend.interface.js';
-import {
-  ACQUIRE_SCRIPT,
-  EXTEND_SCRIPT,
-  FENCE_RETENTION_MS,
-  RELEASE_SCRIPT,
-} from './lock.scripts.js';
+import { ACQUIRE_SCRIPT, EXTEND_SCRIPT, RELEASE_SCRIPT } from './lock.scripts.js';
 import { closeQuietly, ReleaseNotifier } from './release.notifier.js';
+import { WriteBatcher } from './write-batcher.js';
 
 /** The script commands this backend defines on its client (EVALSHA with EVAL fallback). */
 interface LockCommands {
@@ -22,7 +18,7 @@ interface LockCommands {
     token: string,
     ttl: number,
     retention: number,
-  ): Promise<[number, number]>;
+  ): Promise<number>;
   redisLockExtend(
     lockKey: string,
     fenceKey: string,
@@ -44,64 +40,76 @@ interface LockCommands {
 export class RedisLockBackend implements LockBackend {
   private readonly commands: LockCommands;
   private readonly notifier: ReleaseNotifier;
+  private readonly batcher: WriteBatcher | undefined;
+
+  private readonly keyPrefix: string;
+  /** Longest wait for QUIT when closing a connection. */
+  private readonly commandTimeout: number;
+  private readonly fenceRetention: number;
 
   constructor(
     private readonly client: Redis | Cluster,
-    private readonly keyPrefix: string,
+    options: Pick<ResolvedModuleOptions, 'keyPrefix' | 'commandTimeout' | 'fenceRetention'>,
     /** Whether this backend created the client, and so must close it. */
     private readonly ownsClient: boolean,
-    /** Longest wait for QUIT when closing a connection. */
-    private readonly commandTimeout: number,
     logger: Logger,
   ) {
+    ({
+      keyPrefix: this.keyPrefix,
+      commandTimeout: this.commandTimeout,
+      fenceRetention: this.fenceRetention,
+    } = options);
     client.defineCommand('redisLockAcquire', { numberOfKeys: 2, lua: ACQUIRE_SCRIPT });
     client.defineCommand('redisLockExtend', { numberOfKeys: 2, lua: EXTEND_SCRIPT });
     client.defineCommand('redisLockRelease', { numberOfKeys: 1, lua: RELEASE_SCRIPT });
     this.commands = client as unknown as LockCommands;
-    this.notifier = new ReleaseNotifier(client, commandTimeout, logger);
+    this.batcher = WriteBatcher.for(client);
+    this.notifier = new ReleaseNotifier(client, this.commandTimeout, logger);
   }
 
   /** Builds the backend for the module's Redis source, creating (and then owning) the client if asked to. */
   static create(options: ResolvedModuleOptions, logger: Logger): RedisLockBackend {
-    const { source, keyPrefix, commandTimeout } = options;
-    if (source.kind === 'client') {
-      return new RedisLockBackend(source.client, keyPrefix, false, commandTimeout, logger);
-    }
+    const { source } = options;
+    if (source.kind === 'client')
+      return new RedisLockBackend(source.client, options, false, logger);
     const client =
       typeof source.connection === 'string'
         ? new Redis(source.connection, { ...OWN_CONNECTION_DEFAULTS, lazyConnect: true })
         : new Redis({ ...OWN_CONNECTION_DEFAULTS, ...source.connection, lazyConnect: true });
     client.on('error', (error: Error) => logger.warn(`Redis connection: ${error.message}`));
-    return new RedisLockBackend(client, keyPrefix, true, commandTimeout, logger);
+    return new RedisLockBackend(client, options, true, logger);
   }
 
   async tryAcquire(key: string, token: string, ttl: number): Promise<AcquireAttempt> {
     const lockKey = this.lockKey(key);
-    const [acquired, value] = await this.commands.redisLockAcquire(
+    this.batcher?.beforeSend();
+    const reply = await this.commands.redisLockAcquire(
       lockKey,
       `${lockKey}:fence`,
       token,
       ttl,
-      FENCE_RETENTION_MS,
+      this.fenceRetention,
     );
-    if (acquired === 1) return { acquired: true, fence: value, validity: ttl };
-    return { acquired: false, retryAfter: value >= 0 ? value : undefined };
+    if (reply > 0) return { acquired: true, fence: reply, validity: ttl };
+    return { acquired: false, retryAfter: reply <= -2 ? -2 - reply : undefined };
   }
 
   async extend(key: string, token: string, ttl: number): Promise<boolean> {
     const lockKey = this.lockKey(key);
+    this.batcher?.beforeSend();
     const extended = await this.commands.redisLockExtend(
       lockKey,
       `${lockKey}:fence`,
       token,
       ttl,
-      FENCE_RETENTION_MS,
+      this.fenceRetention,
     );
     return extended === 1;
   }
 
   async release(key: string, token: string): Promise<boolean> {
     const lockKey = this.lockKey(key);
+    this.batcher?.beforeSend();
     return (await this.commands.redisLockRelease(lockKey, token, `${lockKey}:released`)) === 1;
   }
 
@@ -124,6 +132,10 @@ export class RedisLockBackend implements LockBackend {
     // Listening changes nothing on a client the app passed in; the listeners go with close().
     this.client.on('close', onClose).on('ready', onReady);
     return () => void this.client.off('close', onClose).off('ready', onReady);
+  }
+
+  hasWaiters(key: string): boolean {
+    return this.notifier.watching && this.notifier.isWatched(`${this.lockKey(key)}:released`);
   }
 
   watchReleases(key: string): ReleaseSubscription {

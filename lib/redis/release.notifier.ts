@@ -1,18 +1,27 @@
 import { Logger } from '@nestjs/common';
 import type { Cluster, Redis } from 'ioredis';
 import type { ReleaseSubscription } from '../interfaces/lock-backend.interface.js';
-import { ignoreDeadline, within } from '../utils/within.js';
+import { within } from '../utils/within.js';
 
 interface Waiter {
+  /** Order of arrival of the caller (kept across its attempts): the queue's sort key. */
+  readonly arrival: number;
+  /** A release came: stop sleeping and try. */
   wake(): void;
+  /** Now first in the queue: retry after a pause even if no release comes. */
+  lead(): void;
+  /** No longer first: sleep until woken, or until the caller's deadline. */
+  follow(): void;
 }
 
 interface ChannelState {
   refs: number;
   /** Releases seen on this channel since it was subscribed. */
   seen: number;
-  /** Sleeping waiters, oldest first: a release wakes one of them. */
+  /** Sleeping waiters in order of arrival: a release wakes the first; only the first polls. */
   waiters: Waiter[];
+  /** Arrivals so far: numbers the callers watching this channel. */
+  arrivals: number;
   ready: Promise<void>;
 }
 
@@ -21,9 +30,12 @@ interface ChannelState {
  * of the command client, created on first use); a channel per lock key, subscribed while at
  * least one waiter in this process wants it.
  *
- * A release wakes the longest-waiting local waiter only: the others would lose the race anyway,
- * and the winner's own release wakes the next. A waiter that is woken but gives up before trying
- * passes its wake-up on. Every wait also has a timer, so a lost message costs time, never a hang.
+ * The waiters of one key in one process form a queue in order of arrival. A release wakes the
+ * first only: the others would lose the race anyway, and the winner's own release wakes the next.
+ * Only the first also retries on a timer (every `retryInterval`), so a lost message costs time,
+ * never a hang, and idle waiters cost one command per pause per process, not per waiter; the
+ * others sleep until woken, promoted to first, or out of time. A waiter that is woken but gives up
+ * before trying passes its wake-up on.
  */
 export class ReleaseNotifier {
   private subscriber: Redis | Cluster | undefined;
@@ -39,11 +51,21 @@ export class ReleaseNotifier {
   watch(channel: string): ReleaseSubscription {
     let state = this.channels.get(channel);
     if (!state) {
-      state = { refs: 0, seen: 0, waiters: [], ready: this.subscribe(channel) };
+      state = { refs: 0, seen: 0, waiters: [], arrivals: 0, ready: this.subscribe(channel) };
       this.channels.set(channel, state);
     }
     state.refs++;
     return new ChannelSubscription(state, () => this.unwatch(channel, state));
+  }
+
+  /** Whether any channel is watched at all (cheaper to ask first than `isWatched`). */
+  get watching(): boolean {
+    return this.channels.size > 0;
+  }
+
+  /** Whether callers in this process are already waiting on `channel`. */
+  isWatched(channel: string): boolean {
+    return this.channels.has(channel);
   }
 
   /** Closes the subscriber connection. Waiters still sleeping wake on their own timers or signals. */
@@ -81,7 +103,7 @@ export class ReleaseNotifier {
       const state = this.channels.get(channel);
       if (!state) return;
       state.seen++;
-      state.waiters.shift()?.wake();
+      state.waiters[0]?.wake();
     });
     subscriber.on('error', (error: Error) => {
       this.logger.warn(`Lock release subscriber: ${error.message}`);
@@ -93,11 +115,14 @@ export class ReleaseNotifier {
 class ChannelSubscription implements ReleaseSubscription {
   private woken = false;
   private disposed = false;
+  private readonly arrival: number;
 
   constructor(
     private readonly state: ChannelState,
     private readonly onDispose: () => void,
-  ) {}
+  ) {
+    this.arrival = state.arrivals++;
+  }
 
   get ready(): Promise<void> {
     return this.state.ready;
@@ -107,33 +132,62 @@ class ChannelSubscription implements ReleaseSubscription {
     return this.state.seen;
   }
 
-  wait(seen: number, ms: number, signals: readonly (AbortSignal | undefined)[]): Promise<void> {
+  wait(
+    seen: number,
+    pause: number,
+    limit: number,
+    signals: readonly (AbortSignal | undefined)[],
+  ): Promise<void> {
     this.woken = false;
     if (this.state.seen !== seen) return Promise.resolve();
-    const waiters = this.state.waiters;
-    let waiter!: Waiter;
-    const woken = new Promise<void>((resolve) => {
-      waiter = {
+    const aborted = signals.find((signal) => signal?.aborted);
+    if (aborted) return Promise.reject(aborted.reason as Error);
+    const { waiters } = this.state;
+    const until = performance.now() + limit;
+    return new Promise<void>((resolve, reject) => {
+      let timer: NodeJS.Timeout | undefined;
+      const leave = (): void => {
+        clearTimeout(timer);
+        for (const signal of signals) signal?.removeEventListener('abort', onAbort);
+        const index = waiters.indexOf(waiter);
+        if (index < 0) return;
+        waiters.splice(index, 1);
+        if (index === 0) waiters[0]?.lead();
+      };
+      const onAbort = function (this: AbortSignal): void {
+        leave();
+        reject(this.reason as Error);
+      };
+      const sleep = (ms: number): void => {
+        clearTimeout(timer);
+        timer = setTimeout(() => (leave(), resolve()), Math.max(0, ms));
+      };
+      const waiter: Waiter = {
+        arrival: this.arrival,
         wake: () => {
           this.woken = true;
+          leave();
           resolve();
         },
+        lead: () => sleep(Math.min(pause, until - performance.now())),
+        follow: () => sleep(until - performance.now()),
       };
+      for (const signal of signals) signal?.addEventListener('abort', onAbort, { once: true });
+      // Back in the queue after a failed attempt: in its place by arrival, not at the end.
+      let at = waiters.length;
+      while (at > 0 && waiters[at - 1].arrival > this.arrival) at--;
+      waiters.splice(at, 0, waiter);
+      if (at > 0) return waiter.follow();
+      waiters[1]?.follow();
+      waiter.lead();
     });
-    waiters.push(waiter);
-    return within(woken, ms, signals)
-      .catch(ignoreDeadline)
-      .finally(() => {
-        const index = waiters.indexOf(waiter);
-        if (index >= 0) waiters.splice(index, 1);
-      });
   }
 
   dispose(acquired: boolean): void {
     if (this.disposed) return;
     this.disposed = true;
     // Woken by a release but leaving without having used it: hand the wake-up to the next waiter.
-    if (this.woken && !acquired) this.state.waiters.shift()?.wake();
+    if (this.woken && !acquired) this.state.waiters[0]?.wake();
     this.onDispose();
   }
 }

@@ -102,6 +102,44 @@ describe('LockService on a single Redis', () => {
       assert.equal(await locks.release(lock), false);
     });
 
+    it('lock commands sent in one tick share socket writes, and the socket is never left corked', async () => {
+      const client = new Redis(server.port, '127.0.0.1');
+      const app = await startLockModule({ client });
+      try {
+        await (await app.locks.acquire(uniqueKey())).release(); // scripts loaded on this connection
+        const socket = client.stream as unknown as {
+          _write: (...args: unknown[]) => void;
+          _writev: (...args: unknown[]) => void;
+          writableCorked: number;
+        };
+        let writes = 0;
+        for (const method of ['_write', '_writev'] as const) {
+          const original = socket[method];
+          socket[method] = function (this: unknown, ...args: unknown[]) {
+            writes++;
+            return original.apply(this, args);
+          };
+        }
+        const keys = Array.from({ length: 40 }, (_, i) => uniqueKey(`batch${i}`));
+        const held = await Promise.all(keys.map((key) => app.locks.acquire(key)));
+        assert.ok(writes <= 5, `${writes} socket writes for 40 acquisitions in one tick`);
+        assert.equal(socket.writableCorked, 0);
+        for (const [i, key] of keys.entries()) {
+          assert.equal(await redis.get(`lock:{${key}}`), held[i].token);
+        }
+        writes = 0;
+        assert.deepEqual(
+          await Promise.all(held.map((lock) => lock.release())),
+          keys.map(() => true),
+        );
+        assert.ok(writes <= 5, `${writes} socket writes for 40 releases in one tick`);
+        assert.equal(socket.writableCorked, 0);
+      } finally {
+        await app.close();
+        client.disconnect();
+      }
+    });
+
     it('rejects a lock object it did not create', async () => {
       const fake = {
         key: 'x',
@@ -228,6 +266,31 @@ describe('LockService on a single Redis', () => {
       assert.equal(lock.fence, ahead + 1);
       assert.ok((await redis.pttl(`lock:{${key}}:fence`)) > 1_000, 'counter outlives the lock');
       await lock.release();
+    });
+
+    it('keep their counter for the TTL plus fenceRetention (default one minute), then let it go', async () => {
+      const key = uniqueKey();
+      const lock = await locks.acquire(key, { ttl: 2_000 });
+      const pttl = await redis.pttl(`lock:{${key}}:fence`);
+      assert.ok(pttl > 61_000 && pttl <= 62_000, `counter PTTL ${pttl}`);
+      await lock.release();
+    });
+
+    it('with fenceRetention 0 the counter goes with the lock, and fences still increase after it', async () => {
+      const app = await startLockModule({ connection: server.url, fenceRetention: 0 });
+      try {
+        const key = uniqueKey();
+        const first = await app.locks.acquire(key, { ttl: 150 });
+        const pttl = await redis.pttl(`lock:{${key}}:fence`);
+        assert.ok(pttl > 0 && pttl <= 150, `counter PTTL ${pttl}`);
+        await sleep(250); // lock and counter expire together; nothing is left
+        assert.equal(await redis.exists(`lock:{${key}}`, `lock:{${key}}:fence`), 0);
+        const second = await app.locks.acquire(key);
+        assert.ok(second.fence > first.fence, `${second.fence} after ${first.fence}`);
+        await second.release();
+      } finally {
+        await app.close();
+      }
     });
 
     it('are independent per key', async () => {

@@ -265,6 +265,16 @@ describe('RedisLockModule', () => {
         'commandTimeout',
       ],
       [
+        'a negative fenceRetention',
+        () => ({ connection: server.url, fenceRetention: -1 }),
+        'fenceRetention',
+      ],
+      [
+        'a fractional fenceRetention',
+        () => ({ connection: server.url, fenceRetention: 1.5 }),
+        'fenceRetention',
+      ],
+      [
         'a URL with a password that is not redis:// (and stays out of the message)',
         () => ({ connection: 'http://user:s3cret@localhost' }),
         'connection',

@@ -147,6 +147,43 @@ describe('waiting for a held lock', () => {
     }
   });
 
+  it('waiters in one process are served in order of arrival, and a releaser that asks again queues behind them', async () => {
+    const key = uniqueKey();
+    const held = await waiter.acquire(key, { ttl: 30_000 });
+    const order: string[] = [];
+    const take = (name: string): Promise<void> =>
+      waiter.using(key, () => void order.push(name), { acquireTimeout: 10_000 });
+    const queued: Promise<void>[] = [];
+    for (let i = 0; i < 5; i++) {
+      queued.push(take(`w${i}`));
+      await sleep(30); // one after another
+    }
+    await held.release();
+    // Asks again at once, while its release is still on its way to the first waiter: without
+    // the queue it would win (its attempt needs no pub/sub round trip) and go first.
+    queued.push(take('again'));
+    await Promise.all(queued);
+    assert.deepEqual(order, ['w0', 'w1', 'w2', 'w3', 'w4', 'again']);
+  });
+
+  it('idle waiters in one process poll as one: an attempt per retryInterval, not one per waiter', async () => {
+    const key = uniqueKey();
+    const held = await holder.acquire(key, { ttl: 30_000 });
+    const parked = Array.from({ length: 50 }, () =>
+      waiter.acquire(key, { acquireTimeout: 20_000 }).then((lock) => lock.release()),
+    );
+    await sleep(300); // every waiter has subscribed and gone to sleep
+    const monitor = await monitorRedis(server.port);
+    await sleep(3_000);
+    monitor.stop();
+    const attempts = scriptCalls(monitor.commands, ACQUIRE_SCRIPT, `lock:{${key}}`);
+    // retryInterval is 1 s (+ up to 50 ms jitter): the first waiter polls about 3 times; fifty
+    // waiters each on their own timer would send about 150 attempts.
+    assert.ok(attempts >= 2 && attempts <= 4, `${attempts} attempts in 3 s from 50 idle waiters`);
+    await held.release();
+    await Promise.all(parked);
+  });
+
   it('a release whose message is lost costs at most retryInterval, never a hang', async () => {
     const app = await startLockModule({
       connection: server.url,

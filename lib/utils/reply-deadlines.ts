@@ -1,0 +1,79 @@
+import { DEADLINE } from './within.js';
+
+interface Pending {
+  readonly due: number;
+  readonly reject: (reason: Error) => void;
+  /** Rejected by `interrupt()` (acquisition attempts; not releases, which shutdown waits for). */
+  readonly interruptible: boolean;
+}
+
+/**
+ * Bounds every Redis reply by the same time, `ms`, with one timer for all of them instead of a
+ * timer per reply. Since every reply gets the same bound, the pending replies' deadlines come in
+ * the order they were registered (a `Set` iterates in insertion order): the timer only ever waits
+ * for the oldest, and a reply that comes in time costs a `Set` insert and delete.
+ */
+export class ReplyDeadlines {
+  private readonly pending = new Set<Pending>();
+  private timer: NodeJS.Timeout | undefined;
+
+  constructor(private readonly ms: number) {}
+
+  /**
+   * Settles like `promise`, unless `ms` pass first (rejects with `DEADLINE`), `signal` aborts
+   * (rejects with its reason) or, if `interruptible`, `interrupt()` is called (rejects with its
+   * reason).
+   */
+  bound<T>(promise: Promise<T>, signal?: AbortSignal, interruptible = false): Promise<T> {
+    if (signal?.aborted) return Promise.reject(signal.reason as Error);
+    return new Promise<T>((resolve, reject) => {
+      let onAbort: (() => void) | undefined;
+      const entry: Pending = {
+        due: performance.now() + this.ms,
+        interruptible,
+        reject: (reason) => {
+          this.pending.delete(entry);
+          if (onAbort) signal!.removeEventListener('abort', onAbort);
+          reject(reason);
+        },
+      };
+      this.pending.add(entry);
+      this.timer ??= this.arm(this.ms);
+      if (signal) {
+        onAbort = () => entry.reject(signal.reason as Error);
+        signal.addEventListener('abort', onAbort, { once: true });
+      }
+      promise.then(
+        (value) => {
+          this.pending.delete(entry);
+          if (onAbort) signal!.removeEventListener('abort', onAbort);
+          resolve(value);
+        },
+        (error: unknown) => entry.reject(error as Error),
+      );
+    });
+  }
+
+  /** Rejects every pending interruptible reply with `reason` now. */
+  interrupt(reason: Error): void {
+    for (const entry of this.pending) if (entry.interruptible) entry.reject(reason);
+  }
+
+  private arm(delay: number): NodeJS.Timeout {
+    // Unreferenced: a pending reply keeps the process alive through its socket, not this timer,
+    // and once nothing is pending the timer is not armed again.
+    return setTimeout(this.expire, delay).unref();
+  }
+
+  private readonly expire = (): void => {
+    this.timer = undefined;
+    const now = performance.now();
+    for (const entry of this.pending) {
+      if (entry.due > now) {
+        this.timer = this.arm(entry.due - now);
+        return;
+      }
+      entry.reject(DEADLINE);
+    }
+  };
+}
