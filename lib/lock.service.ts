@@ -10,6 +10,7 @@ import {
 } from './errors/redis-lock.errors.js';
 import type {
   AcquireAttempt,
+  Handoff,
   LockBackend,
   ReleaseSubscription,
 } from './interfaces/lock-backend.interface.js';
@@ -184,14 +185,24 @@ export class LockService implements OnApplicationShutdown {
     // once, so that a holder that releases and asks again cannot barge in ahead of the waiter its
     // release wakes (see Waiting in the README).
     let queueFirst = opts.acquireTimeout > 0 && this.backend.hasWaiters(key);
-    if (queueFirst) subscription = this.backend.watchReleases(key);
+    // A waiter may be handed the lock by a release in this process (not with the caller's own
+    // token, which may hold the lock already).
+    const claim = opts.token === undefined ? { token, ttl: opts.ttl } : undefined;
+    if (queueFirst) subscription = this.backend.watchReleases(key, claim);
+    let handoff: Handoff | undefined;
     try {
       for (;;) {
-        this.throwIfStopped(key, opts.signal);
         const seen = subscription?.seen ?? 0;
-        const sentAt = performance.now();
-        const attempt = queueFirst ? QUEUED : await this.attempt(key, token, opts);
-        queueFirst = false;
+        let sentAt = performance.now();
+        let attempt: AcquireAttempt;
+        if (handoff) {
+          attempt = { acquired: true, fence: handoff.fence, validity: handoff.validity };
+          sentAt = handoff.sentAt;
+        } else {
+          this.throwIfStopped(key, opts.signal);
+          attempt = queueFirst ? QUEUED : await this.attempt(key, token, opts);
+          queueFirst = false;
+        }
         if (attempt.acquired) {
           handle = this.hold(key, token, attempt, sentAt, opts);
           if (this.stopping.signal.aborted) {
@@ -216,7 +227,7 @@ export class LockService implements OnApplicationShutdown {
           // Subscribe, then try again at once: a release between the failed attempt and the
           // subscription would otherwise go unnoticed until the timer. A subscription that is
           // not confirmed in time leaves the waiter on timers; the next attempt tells the rest.
-          subscription = this.backend.watchReleases(key);
+          subscription = this.backend.watchReleases(key, claim);
           await within(subscription.ready, Math.min(remaining, this.commandTimeout), signals).catch(
             ignoreDeadline,
           );
@@ -227,7 +238,7 @@ export class LockService implements OnApplicationShutdown {
           Math.random() * this.defaults.retryJitter;
         // A wait cut short by the deadline ends just past it (timers have millisecond grain and
         // may fire a fraction early): the attempt after it is the last, not one of several.
-        await subscription.wait(seen, pause, Math.ceil(remaining) + 1, signals);
+        handoff = await subscription.wait(seen, pause, Math.ceil(remaining) + 1, signals);
       }
     } catch (error) {
       if (opts.signal?.aborted && error === opts.signal.reason) {

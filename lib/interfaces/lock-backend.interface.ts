@@ -13,6 +13,21 @@ export type AcquireAttempt =
       retryAfter: number | undefined;
     };
 
+/** A lock handed straight to a waiter by the holder's release, without it being free in between. */
+export interface Handoff {
+  fence: number;
+  /** How long the lock is known to be valid, counted from `sentAt`, in ms. */
+  validity: number;
+  /** When the release that handed it over was sent (`performance.now()`). */
+  sentAt: number;
+}
+
+/** What a waiter needs to be handed a lock directly: the token and TTL it would acquire with. */
+export interface HandoffClaim {
+  token: string;
+  ttl: number;
+}
+
 /**
  * Where locks live. The lock service drives acquire / watch / release through this interface
  * only, whatever the topology behind it.
@@ -21,7 +36,11 @@ export interface LockBackend {
   tryAcquire(key: string, token: string, ttl: number): Promise<AcquireAttempt>;
   /** Resets the TTL. Resolves false when the token no longer holds the key. */
   extend(key: string, token: string, ttl: number): Promise<boolean>;
-  /** Deletes the lock and wakes waiters. Resolves false when the token no longer held the key. */
+  /**
+   * Gives the lock up: to the first waiter of this process if it takes handoffs (see
+   * `watchReleases`), otherwise deletes it and wakes waiters. Resolves false when the token no
+   * longer held the key.
+   */
   release(key: string, token: string): Promise<boolean>;
   isLocked(key: string): Promise<boolean>;
   /** Whether `token` still holds `key`. Changes nothing. */
@@ -33,8 +52,11 @@ export interface LockBackend {
   onReconnect(listener: () => void): () => void;
   /** Whether callers in this process already wait for `key` (hold a subscription to it). */
   hasWaiters(key: string): boolean;
-  /** Subscribes to releases of `key`; dispose the subscription when done waiting. */
-  watchReleases(key: string): ReleaseSubscription;
+  /**
+   * Subscribes to releases of `key`; dispose the subscription when done waiting. With a `claim`,
+   * a release in this process may hand the lock straight to this waiter (see `wait`).
+   */
+  watchReleases(key: string, claim?: HandoffClaim): ReleaseSubscription;
   /** Closes the connections this backend owns; never a client the user passed in. */
   close(): Promise<void>;
 }
@@ -48,14 +70,16 @@ export interface ReleaseSubscription {
   /**
    * Sleeps in this process's queue of waiters for the key until a release newer than `seen` wakes
    * it (the first in the queue is woken first), or, if it is first, `pause` ms pass, or `limit` ms
-   * pass in any case. Rejects with the signal's reason when one of `signals` aborts.
+   * pass in any case. Resolves with the `Handoff` when a release in this process handed the lock
+   * to this waiter (it holds it then), otherwise with `undefined` (try again). Rejects with the
+   * signal's reason when one of `signals` aborts.
    */
   wait(
     seen: number,
     pause: number,
     limit: number,
     signals: readonly (AbortSignal | undefined)[],
-  ): Promise<void>;
+  ): Promise<Handoff | undefined>;
   /**
    * Stops watching. `acquired: false` means the waiter gave up: a wake-up it received but did not
    * use is handed to the next waiter.

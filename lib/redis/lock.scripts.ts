@@ -6,16 +6,31 @@
  */
 
 /**
+ * The fence of a new holder, as a Lua snippet shared by the acquire and handoff scripts (KEYS[2]
+ * fence key; `ttl` and `retention` are Lua expressions): the counter's last value + 1 while the
+ * counter key lives (it outlives the lock by the fence retention), so strictly increasing; when
+ * the counter is gone it restarts from the server's TIME in microseconds, which is still greater
+ * than every earlier fence unless the server clock went back by more than the time since the
+ * counter was last written.
+ */
+const NEXT_FENCE = (ttl: string, retention: string): string => `
+local fence = redis.call('INCR', KEYS[2])
+if fence == 1 then
+  local now = redis.call('TIME')
+  fence = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  redis.call('SET', KEYS[2], string.format('%.0f', fence), 'PX', ${ttl} + ${retention})
+else
+  redis.call('PEXPIRE', KEYS[2], ${ttl} + ${retention})
+end
+return fence
+`;
+
+/**
  * KEYS[1] lock key, KEYS[2] fence key; ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fence retention ms.
  * Returns one integer (one reply to decode, not an array): the fence (> 0) when the caller holds
  * the lock afterwards; when someone else does, -2 - the holder's remaining TTL in ms (or -1 when
- * that lock has no TTL).
- *
- * The fence is the counter's last value + 1 while the counter key lives (it outlives the lock by
- * the fence retention), so strictly increasing; when the counter is gone it restarts from the
- * server's TIME in microseconds, which is still greater than every earlier fence unless the server
- * clock went back by more than the time since the counter was last written. A free key costs
- * SET NX + INCR + PEXPIRE (TIME and SET instead of PEXPIRE when the counter is new).
+ * that lock has no TTL). A free key costs SET NX + INCR + PEXPIRE (TIME and SET instead of PEXPIRE
+ * when the counter is new).
  */
 export const ACQUIRE_SCRIPT = `
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
@@ -31,16 +46,20 @@ if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
     return tonumber(held)
   end
 end
-local fence = redis.call('INCR', KEYS[2])
-if fence == 1 then
-  local now = redis.call('TIME')
-  fence = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  redis.call('SET', KEYS[2], string.format('%.0f', fence), 'PX', ARGV[2] + ARGV[3])
-else
-  redis.call('PEXPIRE', KEYS[2], ARGV[2] + ARGV[3])
-end
-return fence
-`;
+${NEXT_FENCE('ARGV[2]', 'ARGV[3]')}`;
+
+/**
+ * KEYS[1] lock key, KEYS[2] fence key; ARGV[1] releasing token, ARGV[2] heir's token, ARGV[3]
+ * heir's ttl ms, ARGV[4] fence retention ms.
+ * Releases the lock straight to a waiter: if the releasing token still holds it, the heir's token
+ * takes its place with the heir's TTL and a new fence, in one step, so the lock is never free in
+ * between (nobody is woken: nobody else could take it). Returns the heir's fence, or 0 if the
+ * releasing token no longer held the lock (then nothing changed).
+ */
+export const HANDOFF_SCRIPT = `
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+${NEXT_FENCE('ARGV[3]', 'ARGV[4]')}`;
 
 /**
  * KEYS[1] lock key, KEYS[2] fence key; ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fence retention ms.

@@ -3,11 +3,12 @@ import { Redis, type Cluster, type RedisOptions } from 'ioredis';
 import type { ResolvedModuleOptions } from '../redis-lock.options.js';
 import type {
   AcquireAttempt,
+  HandoffClaim,
   LockBackend,
   ReleaseSubscription,
 } from '../interfaces/lock-backend.interface.js';
-import { ACQUIRE_SCRIPT, EXTEND_SCRIPT, RELEASE_SCRIPT } from './lock.scripts.js';
-import { closeQuietly, ReleaseNotifier } from './release.notifier.js';
+import { ACQUIRE_SCRIPT, EXTEND_SCRIPT, HANDOFF_SCRIPT, RELEASE_SCRIPT } from './lock.scripts.js';
+import { closeQuietly, ReleaseNotifier, type Heir } from './release.notifier.js';
 import { WriteBatcher } from './write-batcher.js';
 
 /** The script commands this backend defines on its client (EVALSHA with EVAL fallback). */
@@ -27,6 +28,14 @@ interface LockCommands {
     retention: number,
   ): Promise<number>;
   redisLockRelease(lockKey: string, token: string, channel: string): Promise<number>;
+  redisLockHandoff(
+    lockKey: string,
+    fenceKey: string,
+    token: string,
+    heirToken: string,
+    heirTtl: number,
+    retention: number,
+  ): Promise<number>;
 }
 
 /**
@@ -62,6 +71,7 @@ export class RedisLockBackend implements LockBackend {
     client.defineCommand('redisLockAcquire', { numberOfKeys: 2, lua: ACQUIRE_SCRIPT });
     client.defineCommand('redisLockExtend', { numberOfKeys: 2, lua: EXTEND_SCRIPT });
     client.defineCommand('redisLockRelease', { numberOfKeys: 1, lua: RELEASE_SCRIPT });
+    client.defineCommand('redisLockHandoff', { numberOfKeys: 2, lua: HANDOFF_SCRIPT });
     this.commands = client as unknown as LockCommands;
     this.batcher = WriteBatcher.for(client);
     this.notifier = new ReleaseNotifier(client, this.commandTimeout, logger);
@@ -109,8 +119,46 @@ export class RedisLockBackend implements LockBackend {
 
   async release(key: string, token: string): Promise<boolean> {
     const lockKey = this.lockKey(key);
+    const channel = `${lockKey}:released`;
+    const heir = this.notifier.watching ? this.notifier.takeHeir(channel) : undefined;
     this.batcher?.beforeSend();
-    return (await this.commands.redisLockRelease(lockKey, token, `${lockKey}:released`)) === 1;
+    if (heir) return this.handOff(key, lockKey, token, heir);
+    return (await this.commands.redisLockRelease(lockKey, token, channel)) === 1;
+  }
+
+  /**
+   * Releases the lock straight to `heir`, the first waiter of this process: one command instead of
+   * a release, a message and the waiter's attempt. If the lock was no longer ours, or Redis did not
+   * answer, the heir goes back to trying by itself; if the heir gave up meanwhile without the
+   * lock, the lock it was handed is released for it.
+   */
+  private async handOff(key: string, lockKey: string, token: string, heir: Heir): Promise<boolean> {
+    const { token: heirToken, ttl } = heir.claim;
+    const sentAt = performance.now();
+    let fence: number;
+    try {
+      fence = await this.commands.redisLockHandoff(
+        lockKey,
+        `${lockKey}:fence`,
+        token,
+        heirToken,
+        ttl,
+        this.fenceRetention,
+      );
+    } catch (error) {
+      heir.wake();
+      throw error;
+    }
+    if (fence === 0) {
+      heir.wake();
+      return false;
+    }
+    heir.grant({ fence, validity: ttl, sentAt }, () => {
+      this.release(key, heirToken).catch(() => {
+        // It expires after its TTL.
+      });
+    });
+    return true;
   }
 
   async isLocked(key: string): Promise<boolean> {
@@ -138,8 +186,8 @@ export class RedisLockBackend implements LockBackend {
     return this.notifier.watching && this.notifier.isWatched(`${this.lockKey(key)}:released`);
   }
 
-  watchReleases(key: string): ReleaseSubscription {
-    return this.notifier.watch(`${this.lockKey(key)}:released`);
+  watchReleases(key: string, claim?: HandoffClaim): ReleaseSubscription {
+    return this.notifier.watch(`${this.lockKey(key)}:released`, claim);
   }
 
   async close(): Promise<void> {

@@ -1,11 +1,36 @@
 import { Logger } from '@nestjs/common';
 import type { Cluster, Redis } from 'ioredis';
-import type { ReleaseSubscription } from '../interfaces/lock-backend.interface.js';
+import type {
+  Handoff,
+  HandoffClaim,
+  ReleaseSubscription,
+} from '../interfaces/lock-backend.interface.js';
 import { within } from '../utils/within.js';
+
+/** A waiter taken out of the queue to be handed the lock by a release in this process. */
+export interface Heir {
+  readonly claim: HandoffClaim;
+  /**
+   * Hands it the lock (Redis already did). If the caller stopped waiting meanwhile and ends
+   * without holding the lock, `orphaned` is called to release it.
+   */
+  grant(handoff: Handoff, orphaned: () => void): void;
+  /** The handoff did not happen: let it try by itself. */
+  wake(): void;
+}
+
+/**
+ * Most handoffs in a row on one key in one process. Then a release frees the lock and publishes it,
+ * so that waiters in other processes get their chance: without the limit, a busy process would
+ * pass a hot lock among its own workers forever.
+ */
+const HANDOFF_LIMIT = 4;
 
 interface Waiter {
   /** Order of arrival of the caller (kept across its attempts): the queue's sort key. */
   readonly arrival: number;
+  /** Its caller, which takes handoffs if it has a claim. */
+  readonly subscription: ChannelSubscription;
   /** A release came: stop sleeping and try. */
   wake(): void;
   /** Now first in the queue: retry after a pause even if no release comes. */
@@ -22,6 +47,8 @@ interface ChannelState {
   waiters: Waiter[];
   /** Arrivals so far: numbers the callers watching this channel. */
   arrivals: number;
+  /** Handoffs in a row since the last release that freed the lock. */
+  handoffs: number;
   ready: Promise<void>;
 }
 
@@ -48,19 +75,44 @@ export class ReleaseNotifier {
     private readonly logger: Logger,
   ) {}
 
-  watch(channel: string): ReleaseSubscription {
+  watch(channel: string, claim?: HandoffClaim): ReleaseSubscription {
     let state = this.channels.get(channel);
     if (!state) {
-      state = { refs: 0, seen: 0, waiters: [], arrivals: 0, ready: this.subscribe(channel) };
+      state = {
+        refs: 0,
+        seen: 0,
+        waiters: [],
+        arrivals: 0,
+        handoffs: 0,
+        ready: this.subscribe(channel),
+      };
       this.channels.set(channel, state);
     }
     state.refs++;
-    return new ChannelSubscription(state, () => this.unwatch(channel, state));
+    return new ChannelSubscription(state, claim, () => this.unwatch(channel, state));
   }
 
   /** Whether any channel is watched at all (cheaper to ask first than `isWatched`). */
   get watching(): boolean {
     return this.channels.size > 0;
+  }
+
+  /**
+   * Takes the first waiter of `channel` out of the queue so that a release can hand it the lock
+   * directly, or returns undefined: nobody waits, the first waiter takes no handoffs, or
+   * `HANDOFF_LIMIT` handoffs in a row were made (this release then frees the lock).
+   */
+  takeHeir(channel: string): Heir | undefined {
+    const state = this.channels.get(channel);
+    if (!state) return undefined;
+    const heir = state.waiters[0]?.subscription;
+    if (!heir?.claim || state.handoffs >= HANDOFF_LIMIT) {
+      state.handoffs = 0;
+      return undefined;
+    }
+    state.handoffs++;
+    heir.reserve();
+    return heir as Heir;
   }
 
   /** Whether callers in this process are already waiting on `channel`. */
@@ -112,13 +164,32 @@ export class ReleaseNotifier {
   }
 }
 
-class ChannelSubscription implements ReleaseSubscription {
+/** A wait in progress: its place in the queue and how to end it. */
+interface WaitInProgress {
+  readonly waiter: Waiter;
+  /** Ends the wait with `outcome`; false if it had already ended. */
+  end(outcome: Handoff | undefined): boolean;
+  /** Taken out of the queue as an heir: waits for its handoff until its deadline only. */
+  reserved(): void;
+}
+
+/**
+ * One caller's view of a channel, across all its waits. As an heir (see `takeHeir`) it takes the
+ * lock from a release: during the wait it is in, or, if that wait ended first (deadline, abort),
+ * at its next wait; if the caller ends without holding the lock, the orphaned lock is released.
+ */
+class ChannelSubscription implements ReleaseSubscription, Partial<Heir> {
   private woken = false;
   private disposed = false;
+  private acquired = false;
   private readonly arrival: number;
+  private current: WaitInProgress | undefined;
+  /** A handoff that came while no wait was in progress. */
+  private pending: { handoff: Handoff; orphaned: () => void } | undefined;
 
   constructor(
     private readonly state: ChannelState,
+    readonly claim: HandoffClaim | undefined,
     private readonly onDispose: () => void,
   ) {
     this.arrival = state.arrivals++;
@@ -137,41 +208,50 @@ class ChannelSubscription implements ReleaseSubscription {
     pause: number,
     limit: number,
     signals: readonly (AbortSignal | undefined)[],
-  ): Promise<void> {
+  ): Promise<Handoff | undefined> {
     this.woken = false;
-    if (this.state.seen !== seen) return Promise.resolve();
+    if (this.pending) {
+      const { handoff } = this.pending;
+      this.pending = undefined;
+      return Promise.resolve(handoff);
+    }
+    if (this.state.seen !== seen) return Promise.resolve(undefined);
     const aborted = signals.find((signal) => signal?.aborted);
     if (aborted) return Promise.reject(aborted.reason as Error);
     const { waiters } = this.state;
     const until = performance.now() + limit;
-    return new Promise<void>((resolve, reject) => {
+    return new Promise<Handoff | undefined>((resolve, reject) => {
       let timer: NodeJS.Timeout | undefined;
-      const leave = (): void => {
-        clearTimeout(timer);
-        for (const signal of signals) signal?.removeEventListener('abort', onAbort);
-        const index = waiters.indexOf(waiter);
-        if (index < 0) return;
-        waiters.splice(index, 1);
-        if (index === 0) waiters[0]?.lead();
-      };
-      const onAbort = function (this: AbortSignal): void {
-        leave();
-        reject(this.reason as Error);
-      };
       const sleep = (ms: number): void => {
         clearTimeout(timer);
-        timer = setTimeout(() => (leave(), resolve()), Math.max(0, ms));
+        timer = setTimeout(() => current.end(undefined), Math.max(0, ms));
       };
       const waiter: Waiter = {
         arrival: this.arrival,
+        subscription: this,
         wake: () => {
-          this.woken = true;
-          leave();
-          resolve();
+          if (current.end(undefined)) this.woken = true;
         },
         lead: () => sleep(Math.min(pause, until - performance.now())),
         follow: () => sleep(until - performance.now()),
       };
+      const finish = (): boolean => {
+        if (this.current !== current) return false;
+        this.current = undefined;
+        clearTimeout(timer);
+        for (const signal of signals) signal?.removeEventListener('abort', onAbort);
+        this.dequeue(waiter);
+        return true;
+      };
+      const current: WaitInProgress = {
+        waiter,
+        end: (outcome) => finish() && (resolve(outcome), true),
+        reserved: () => sleep(until - performance.now()),
+      };
+      const onAbort = function (this: AbortSignal): void {
+        if (finish()) reject(this.reason as Error);
+      };
+      this.current = current;
       for (const signal of signals) signal?.addEventListener('abort', onAbort, { once: true });
       // Back in the queue after a failed attempt: in its place by arrival, not at the end.
       let at = waiters.length;
@@ -183,12 +263,43 @@ class ChannelSubscription implements ReleaseSubscription {
     });
   }
 
+  /** Heir: leaves the queue (the next waiter leads) and waits for its handoff. */
+  reserve(): void {
+    const current = this.current!;
+    this.dequeue(current.waiter);
+    current.reserved();
+  }
+
+  /** Heir: the lock is ours. */
+  grant(handoff: Handoff, orphaned: () => void): void {
+    if (this.current?.end(handoff)) return;
+    if (!this.disposed) this.pending = { handoff, orphaned };
+    else if (!this.acquired) orphaned();
+  }
+
+  /** Heir: the handoff did not happen. */
+  wake(): void {
+    this.current?.waiter.wake();
+  }
+
   dispose(acquired: boolean): void {
     if (this.disposed) return;
     this.disposed = true;
+    this.acquired = acquired;
+    // Handed the lock after its wait ended, and leaving without it: give it back.
+    if (this.pending && !acquired) this.pending.orphaned();
+    this.pending = undefined;
     // Woken by a release but leaving without having used it: hand the wake-up to the next waiter.
     if (this.woken && !acquired) this.state.waiters[0]?.wake();
     this.onDispose();
+  }
+
+  private dequeue(waiter: Waiter): void {
+    const { waiters } = this.state;
+    const index = waiters.indexOf(waiter);
+    if (index < 0) return;
+    waiters.splice(index, 1);
+    if (index === 0) waiters[0]?.lead();
   }
 }
 

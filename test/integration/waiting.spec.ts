@@ -1,4 +1,5 @@
 import assert from 'node:assert/strict';
+import { createHash } from 'node:crypto';
 import { after, before, describe, it } from 'node:test';
 import { Redis } from 'ioredis';
 import {
@@ -16,7 +17,8 @@ import {
 } from '../support/lock-module.js';
 import { monitorRedis, scriptCalls } from '../support/redis-monitor.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
-import { ACQUIRE_SCRIPT } from '../../lib/redis/lock.scripts.js';
+import { ACQUIRE_SCRIPT, HANDOFF_SCRIPT, RELEASE_SCRIPT } from '../../lib/redis/lock.scripts.js';
+import { FaultProxy } from '../support/fault-proxy.js';
 
 describe('waiting for a held lock', () => {
   let server: RedisServer;
@@ -164,6 +166,83 @@ describe('waiting for a held lock', () => {
     queued.push(take('again'));
     await Promise.all(queued);
     assert.deepEqual(order, ['w0', 'w1', 'w2', 'w3', 'w4', 'again']);
+  });
+
+  it('a release hands the lock straight to the first waiter of its process: one command, no message', async () => {
+    const key = uniqueKey();
+    const held = await waiter.acquire(key, { ttl: 30_000 });
+    const queued = waiter.acquire(key, { ttl: 7_000, acquireTimeout: 10_000 });
+    await sleep(100); // queued and asleep
+    const monitor = await monitorRedis(server.port);
+    try {
+      assert.equal(await held.release(), true);
+      const next = await queued;
+      await sleep(20);
+      const calls = (script: string): number =>
+        scriptCalls(monitor.commands, script, `lock:{${key}}`);
+      assert.equal(calls(HANDOFF_SCRIPT), 1);
+      assert.equal(calls(RELEASE_SCRIPT) + calls(ACQUIRE_SCRIPT), 0, 'no release, no attempt');
+      assert.ok(!monitor.commands.some(({ args }) => args[0] === 'publish'));
+      assert.ok(next.fence > held.fence);
+      assert.equal(await redis.get(`lock:{${key}}`), next.token);
+      const pttl = await redis.pttl(`lock:{${key}}`);
+      assert.ok(pttl > 6_000 && pttl <= 7_000, `the heir's own TTL: ${pttl}`);
+      assert.ok(next.expiresAt <= performance.now() + 7_000);
+      assert.equal(await next.release(), true);
+    } finally {
+      monitor.stop();
+    }
+  });
+
+  it('after four handoffs in a row a release frees the lock, so waiters in other processes get a turn', async () => {
+    const key = uniqueKey();
+    const held = await waiter.acquire(key, { ttl: 30_000 });
+    const local = Array.from({ length: 6 }, () =>
+      waiter.using(key, () => sleep(5), { acquireTimeout: 10_000 }),
+    );
+    await sleep(100);
+    const monitor = await monitorRedis(server.port);
+    try {
+      await held.release();
+      await Promise.all(local);
+      await sleep(20);
+      const scripts = monitor.commands
+        .filter(({ args }) => args[0] === 'evalsha' && args[3] === `lock:{${key}}`)
+        .map(({ args }) => args[1]);
+      const sha = (script: string): string => createHash('sha1').update(script).digest('hex');
+      const kinds = scripts.map((s) =>
+        s === sha(HANDOFF_SCRIPT) ? 'H' : s === sha(RELEASE_SCRIPT) ? 'R' : 'A',
+      );
+      // Six sections after the first: four handed over, then a release that publishes and an
+      // attempt by the woken waiter, then handoffs again, then the last release.
+      assert.deepEqual(kinds.join(''), 'HHHHRAHR');
+    } finally {
+      monitor.stop();
+    }
+  });
+
+  it('a waiter that gives up while the lock is being handed to it leaves nothing behind', async () => {
+    const proxy = await FaultProxy.start(() => server.port);
+    const slow = await startLockModule({ connection: `redis://127.0.0.1:${proxy.port}` });
+    try {
+      const key = uniqueKey();
+      await (await slow.locks.acquire(uniqueKey())).release(); // connection and scripts ready
+      const held = await slow.locks.acquire(key, { ttl: 30_000 });
+      const giveUp = new AbortController();
+      const queued = slow.locks.acquire(key, { acquireTimeout: 10_000, signal: giveUp.signal });
+      await sleep(100);
+      proxy.setLatency(150);
+      const released = held.release(); // the handoff is on its way
+      await sleep(50);
+      giveUp.abort();
+      await assert.rejects(queued, LockAcquireAbortedError);
+      assert.equal(await released, true);
+      // The handoff went through after the heir left: its lock is released for it.
+      assert.ok(await eventually(async () => (await redis.exists(`lock:{${key}}`)) === 0, 2_000));
+    } finally {
+      await slow.close();
+      await proxy.close();
+    }
   });
 
   it('idle waiters in one process poll as one: an attempt per retryInterval, not one per waiter', async () => {
