@@ -67,6 +67,11 @@ export class LockHandle implements Lock {
     return this.expiry;
   }
 
+  /** @internal Why the lease ended early (`signal`'s abort reason), without creating the signal. */
+  get lossReason(): LockLostError | undefined {
+    return this.endReason;
+  }
+
   /** True once `release()` has taken the lock's last holder away. */
   get released(): boolean {
     return this.state === 'released';

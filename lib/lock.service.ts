@@ -333,10 +333,10 @@ export class LockService implements OnApplicationShutdown {
   private async releaseQuietly(lock: LockHandle): Promise<void> {
     try {
       const released = await lock.release();
-      if (lock.signal.aborted) {
-        this.logger.warn(
-          `Lock "${lock.key}" was lost before the work finished: ${String(lock.signal.reason)}`,
-        );
+      // Read without creating the signal, which nobody may have asked for.
+      const lost = lock.lossReason;
+      if (lost) {
+        this.logger.warn(`Lock "${lock.key}" was lost before the work finished: ${String(lost)}`);
       } else if (!released) {
         this.logger.warn(`Lock "${lock.key}" was no longer held when the work finished.`);
       }

@@ -8,7 +8,7 @@ export class SampleConfig {
   readonly microservicePort: number = Number(process.env.MICROSERVICE_PORT ?? 3001);
   /** How often the stock report job runs, in ms; 0 turns it off. */
   readonly reportInterval: number = Number(process.env.REPORT_INTERVAL ?? 30_000);
-  /** Simulated payment authorisation time inside a purchase, in ms: the window a race needs. */
+  /** Simulated payment authorisation time inside a purchase, in ms: the window a race needs (0: none). */
   readonly paymentDelay: number = Number(process.env.PAYMENT_DELAY ?? 20);
   /** TTL of the purchase locks, in ms (the module's `defaults.ttl`; they are auto-extended). */
   readonly lockTtl: number = Number(process.env.LOCK_TTL ?? 5_000);

@@ -76,11 +76,11 @@ return 1
 /**
  * KEYS[1] lock key; ARGV[1] token, ARGV[2] release channel.
  * Deletes the lock only if the token still holds it, and announces the release to waiters in the
- * same step. Returns 1 if deleted, 0 if the lock was no longer this token's.
+ * same step. Returns 0 if the lock was no longer this token's, otherwise 1 + the number of
+ * subscriber connections the announcement reached (on Cluster: on this node).
  */
 export const RELEASE_SCRIPT = `
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', ARGV[2], '')
-return 1
+return 1 + redis.call('PUBLISH', ARGV[2], '')
 `;

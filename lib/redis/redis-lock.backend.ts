@@ -123,7 +123,14 @@ export class RedisLockBackend implements LockBackend {
     const heir = this.notifier.watching ? this.notifier.takeHeir(channel) : undefined;
     this.batcher?.beforeSend();
     if (heir) return this.handOff(key, lockKey, token, heir);
-    return (await this.commands.redisLockRelease(lockKey, token, channel)) === 1;
+    let reply = 0;
+    try {
+      reply = await this.commands.redisLockRelease(lockKey, token, channel);
+    } finally {
+      // Yielding (see takeHeir): another subscriber than this process's own got the message.
+      if (this.notifier.watching) this.notifier.endYield(channel, reply > 2);
+    }
+    return reply > 0;
   }
 
   /**

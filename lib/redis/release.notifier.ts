@@ -26,6 +26,14 @@ export interface Heir {
  */
 const HANDOFF_LIMIT = 4;
 
+/**
+ * How long this process's waiters hold back after such a release when other processes wait too:
+ * they would otherwise win the race for it (their process is already running, the others must be
+ * woken), and the lock would never leave a busy process. Past it they try anyway, in case nobody
+ * else took the lock.
+ */
+const YIELD_MS = 5;
+
 interface Waiter {
   /** Order of arrival of the caller (kept across its attempts): the queue's sort key. */
   readonly arrival: number;
@@ -49,6 +57,10 @@ interface ChannelState {
   arrivals: number;
   /** Handoffs in a row since the last release that freed the lock. */
   handoffs: number;
+  /** This process freed the lock after `HANDOFF_LIMIT` handoffs: its release message waits. */
+  yielding: boolean;
+  /** The held-back wake-up of the first waiter. */
+  deferred: NodeJS.Timeout | undefined;
   ready: Promise<void>;
 }
 
@@ -84,6 +96,8 @@ export class ReleaseNotifier {
         waiters: [],
         arrivals: 0,
         handoffs: 0,
+        yielding: false,
+        deferred: undefined,
         ready: this.subscribe(channel),
       };
       this.channels.set(channel, state);
@@ -100,19 +114,37 @@ export class ReleaseNotifier {
   /**
    * Takes the first waiter of `channel` out of the queue so that a release can hand it the lock
    * directly, or returns undefined: nobody waits, the first waiter takes no handoffs, or
-   * `HANDOFF_LIMIT` handoffs in a row were made (this release then frees the lock).
+   * `HANDOFF_LIMIT` handoffs in a row were made. In that last case this release frees the lock
+   * and this process yields it: its waiters hold back when the release message comes, until
+   * `endYield()` says that no other process waits, or for `YIELD_MS`.
    */
   takeHeir(channel: string): Heir | undefined {
     const state = this.channels.get(channel);
     if (!state) return undefined;
     const heir = state.waiters[0]?.subscription;
     if (!heir?.claim || state.handoffs >= HANDOFF_LIMIT) {
+      state.yielding = heir !== undefined && state.handoffs >= HANDOFF_LIMIT;
       state.handoffs = 0;
       return undefined;
     }
     state.handoffs++;
     heir.reserve();
     return heir as Heir;
+  }
+
+  /**
+   * The yielding release of `channel` is done: if no other process got its message, this
+   * process's first waiter tries now instead of holding back.
+   */
+  endYield(channel: string, othersWaiting: boolean): void {
+    const state = this.channels.get(channel);
+    if (!state || othersWaiting) return;
+    state.yielding = false;
+    if (state.deferred) {
+      clearTimeout(state.deferred);
+      state.deferred = undefined;
+      state.waiters[0]?.wake();
+    }
   }
 
   /** Whether callers in this process are already waiting on `channel`. */
@@ -124,6 +156,7 @@ export class ReleaseNotifier {
   async close(): Promise<void> {
     const subscriber = this.subscriber;
     this.subscriber = undefined;
+    for (const state of this.channels.values()) clearTimeout(state.deferred);
     this.channels.clear();
     if (subscriber) await closeQuietly(subscriber, this.commandTimeout);
   }
@@ -143,6 +176,7 @@ export class ReleaseNotifier {
   private unwatch(channel: string, state: ChannelState): void {
     if (--state.refs > 0 || this.channels.get(channel) !== state) return;
     this.channels.delete(channel);
+    clearTimeout(state.deferred);
     this.subscriber?.unsubscribe(channel).catch(() => {
       // The connection is gone; there is nothing left to unsubscribe from.
     });
@@ -155,7 +189,13 @@ export class ReleaseNotifier {
       const state = this.channels.get(channel);
       if (!state) return;
       state.seen++;
-      state.waiters[0]?.wake();
+      if (!state.yielding) return void state.waiters[0]?.wake();
+      state.yielding = false;
+      clearTimeout(state.deferred);
+      state.deferred = setTimeout(() => {
+        state.deferred = undefined;
+        state.waiters[0]?.wake();
+      }, YIELD_MS);
     });
     subscriber.on('error', (error: Error) => {
       this.logger.warn(`Lock release subscriber: ${error.message}`);

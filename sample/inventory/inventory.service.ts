@@ -39,7 +39,7 @@ export class InventoryService {
     const available = await this.stock(sku);
     if (available < quantity)
       throw new UnprocessableEntityException(`Only ${available} of ${sku} left`);
-    await sleep(this.config.paymentDelay); // authorise the payment
+    if (this.config.paymentDelay > 0) await sleep(this.config.paymentDelay); // authorise the payment
     const remaining = available - quantity;
     await this.redis.client.set(stockKey(sku), remaining);
     return { sku, quantity, remaining, fence: getCurrentLock()?.fence };

@@ -24,6 +24,8 @@ export interface Locker {
 
 export interface Contender {
   name: string;
+  /** A library's second configuration, with a ~10 ms retry: differs from the defaults only when waiting. */
+  retryVariant?: boolean;
   create(client: Redis): Locker;
 }
 
@@ -84,6 +86,7 @@ const redisSemaphore: Contender = {
 function sesame(retry: 'defaults' | '10 ms'): Contender {
   return {
     name: `@sesamecare-oss/redlock (${retry})`,
+    retryVariant: retry === '10 ms',
     create(client) {
       const base = retry === 'defaults' ? {} : { retryDelay: 10, retryJitter: 5 };
       const redlock = new SesameRedlock([client], base);
@@ -107,6 +110,7 @@ function sesame(retry: 'defaults' | '10 ms'): Contender {
 function redlock4(retry: 'defaults' | '10 ms'): Contender {
   return {
     name: `redlock 4 (${retry})`,
+    retryVariant: retry === '10 ms',
     create(client) {
       const options =
         retry === 'defaults' ? {} : { retryDelay: 10, retryJitter: 5, retryCount: -1 };
@@ -126,6 +130,7 @@ function redlock4(retry: 'defaults' | '10 ms'): Contender {
 function universal(retry: 'defaults' | '10 ms'): Contender {
   return {
     name: `redlock-universal (${retry})`,
+    retryVariant: retry === '10 ms',
     create(client) {
       const adapter = IoredisAdapter.from(client);
       return {

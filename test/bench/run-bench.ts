@@ -5,17 +5,20 @@
  * ratios to the hand-written minimum (medians of per-round ratios: the machine is shared and noisy).
  *
  * Options: --rounds N (3), --only <text in a contender name>, --workloads a,b (all),
- * --report <path> (test/bench/REPORT.md; `-` for none).
+ * --report <path> (test/bench/REPORT.md, and chart.svg beside it; `-` for none).
  */
+import autocannon from 'autocannon';
 import { spawn } from 'node:child_process';
 import { writeFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { Redis } from 'ioredis';
 import { percentile } from '../chaos/chaos-checker.js';
 import { startRedis } from '../support/redis-server.js';
 import type { BenchJob, BenchResult, Workload } from './bench-protocol.js';
-import { CONTENDERS } from './contenders.js';
+import { renderChart } from './bench-chart.js';
+import { CONTENDERS, type Contender } from './contenders.js';
 
 const { values } = parseArgs({
   options: {
@@ -27,6 +30,7 @@ const { values } = parseArgs({
 });
 const rounds = Number(values.rounds);
 const worker = fileURLToPath(new URL('./bench-worker.js', import.meta.url));
+const appServer = fileURLToPath(new URL('./bench-app.js', import.meta.url));
 const BASELINE = CONTENDERS[0].name;
 
 interface WorkloadPlan {
@@ -84,15 +88,41 @@ const PLANS: WorkloadPlan[] = [
   },
 ];
 
+/** Workload 5: the sample app's purchase route, locked and unlocked, under autocannon. */
+interface HttpVariant {
+  id: string;
+  route: 'purchase' | 'purchase-unlocked';
+  /** `distinct`: a different SKU per request (1,000 in turn); `hot`: every request on one. */
+  keys: 'distinct' | 'hot';
+  connections: number;
+}
+const HTTP_SECONDS = 5;
+const HTTP_VARIANTS: HttpVariant[] = [
+  { id: 'distinct-unlocked', route: 'purchase-unlocked', keys: 'distinct', connections: 1 },
+  { id: 'distinct-locked', route: 'purchase', keys: 'distinct', connections: 1 },
+  { id: 'hot-unlocked', route: 'purchase-unlocked', keys: 'hot', connections: 10 },
+  { id: 'hot-locked', route: 'purchase', keys: 'hot', connections: 10 },
+];
+const HTTP_TITLE = `5. \`@WithLock\` overhead: the sample app's \`POST /products/:sku/purchase\` (locked) against \`purchase-unlocked\` (the same handler, no lock), autocannon, ${HTTP_SECONDS} s each`;
+
 /** The figures of one run of one contender on one workload. */
 type Figures = Record<string, number>;
 
-const plans = PLANS.filter(
-  (p) => values.workloads === undefined || values.workloads.split(',').includes(p.id),
-);
+const wanted = (id: string): boolean =>
+  values.workloads === undefined || values.workloads.split(',').includes(id);
+const plans = PLANS.filter((p) => wanted(p.id));
+const runHttp = wanted('http');
+/** httpResults[variant] = figures of each round */
+const httpResults = new Map<string, Figures[]>();
 const contenders = CONTENDERS.filter(
   (c) => c.name === BASELINE || values.only === undefined || c.name.includes(values.only),
 );
+/**
+ * A retry variant differs from its library's defaults only in how it waits: where nobody waits
+ * (workloads 1, 2 and 6) it runs the same code, so it is not run again there.
+ */
+const runs = (plan: WorkloadPlan, contender: Contender): boolean =>
+  contender.retryVariant !== true || plan.workload === 'hot' || plan.workload === 'idle';
 const server = await startRedis();
 const admin = new Redis(server.port, server.host);
 /** results[plan][contender] = figures of each round */
@@ -101,7 +131,9 @@ const started = performance.now();
 try {
   for (let round = 0; round < rounds; round++) {
     for (const plan of plans) {
-      const order = contenders.map((_, i) => contenders[(i + round) % contenders.length]);
+      const order = contenders
+        .map((_, i) => contenders[(i + round) % contenders.length])
+        .filter((c) => runs(plan, c));
       for (const contender of order) {
         await admin.flushall();
         const outputs = await runOnce(plan, contender.name);
@@ -112,6 +144,7 @@ try {
         console.log(`round ${round + 1} ${plan.id} ${contender.name}: ${JSON.stringify(figures)}`);
       }
     }
+    if (runHttp) await httpRound(round);
   }
 } finally {
   admin.disconnect();
@@ -119,10 +152,25 @@ try {
 }
 const report = render((performance.now() - started) / 1_000);
 console.log(`\n${report}`);
-if (values.report !== '-') writeFileSync(values.report, report);
+if (values.report !== '-') {
+  writeFileSync(values.report, report);
+  const hot = plans.find((p) => p.id === 'hot-5');
+  if (hot) {
+    const chart = renderChart(
+      contenders.map((c) => ({
+        name: c.name,
+        handoffP50: summarize(hot, c.name, 'handoffP50').median,
+        handoffP99: summarize(hot, c.name, 'handoffP99').median,
+        commandsPerSection: summarize(hot, c.name, 'commandsPerSection').median,
+      })),
+      `npm run bench, ${new Date().toISOString().slice(0, 10)}: medians of ${rounds} rounds, redis-server 7 on loopback, 2 cores`,
+    );
+    writeFileSync(join(dirname(values.report), 'chart.svg'), chart);
+  }
+}
 
 async function runOnce(plan: WorkloadPlan, contender: string): Promise<BenchResult[]> {
-  const startAt = Date.now() + 1_500;
+  const startAt = Date.now() + 800;
   return Promise.all(
     Array.from({ length: plan.processes }, (_, proc) => {
       const job: BenchJob = {
@@ -152,6 +200,81 @@ async function runOnce(plan: WorkloadPlan, contender: string): Promise<BenchResu
       });
     }),
   );
+}
+
+/** One round of workload 5: a fresh app process, the variants in rotated order. */
+async function httpRound(round: number): Promise<void> {
+  await admin.flushall();
+  const app = spawn(process.execPath, [appServer, String(server.port)], {
+    stdio: ['pipe', 'pipe', 'inherit'],
+  });
+  try {
+    const port = await new Promise<number>((resolve, reject) => {
+      let output = '';
+      app.stdout.on('data', (chunk: Buffer) => {
+        output += chunk.toString();
+        const line = /^\{.*\}$/m.exec(output);
+        if (line) resolve((JSON.parse(line[0]) as { port: number }).port);
+      });
+      app.once('exit', (code) => reject(new Error(`bench app exited ${code}: ${output}`)));
+    });
+    for (const variant of HTTP_VARIANTS) await load(port, variant, 1); // warm up
+    // The floor under any lock's cost: the round trip to Redis from this machine, right now.
+    const rtts: number[] = [];
+    for (let i = 0; i < 500; i++) {
+      const sent = performance.now();
+      await admin.ping();
+      rtts.push(performance.now() - sent);
+    }
+    httpResults.set('rtt', [...(httpResults.get('rtt') ?? []), { p50: percentile(rtts, 50) }]);
+    const order = HTTP_VARIANTS.map((_, i) => HTTP_VARIANTS[(i + round) % HTTP_VARIANTS.length]);
+    for (const variant of order) {
+      const figures = await load(port, variant, HTTP_SECONDS);
+      httpResults.set(variant.id, [...(httpResults.get(variant.id) ?? []), figures]);
+      console.log(`round ${round + 1} http ${variant.id}: ${JSON.stringify(figures)}`);
+    }
+  } finally {
+    app.stdin.end();
+    await new Promise((resolve) => app.once('exit', resolve));
+  }
+}
+
+/** Drives one variant for `seconds`; latencies are taken exactly (autocannon's histogram rounds to whole ms). */
+function load(port: number, variant: HttpVariant, seconds: number): Promise<Figures> {
+  const latencies: number[] = [];
+  let next = 0;
+  return new Promise<Figures>((resolve, reject) => {
+    const instance = autocannon(
+      {
+        url: `http://127.0.0.1:${port}`,
+        connections: variant.connections,
+        duration: seconds,
+        requests: [
+          {
+            method: 'POST',
+            headers: { 'content-type': 'application/json' },
+            body: '{"quantity":1}',
+            setupRequest: (request) => ({
+              ...request,
+              path: `/products/${variant.keys === 'hot' ? 'hot' : `d${next++ % 1_000}`}/${variant.route}`,
+            }),
+          },
+        ],
+      },
+      (error, result) => {
+        if (error) return reject(error as Error);
+        resolve({
+          reqPerSec: latencies.length / result.duration,
+          p50: percentile(latencies, 50),
+          p99: percentile(latencies, 99),
+          failed: result.non2xx + result.errors,
+        });
+      },
+    );
+    instance.on('response', (_client, status, _bytes, time) => {
+      if (status < 300) latencies.push(time);
+    });
+  });
 }
 
 function measure(plan: WorkloadPlan, outputs: BenchResult[], counter: number): Figures {
@@ -218,9 +341,53 @@ function summarize(
   };
 }
 
+function renderHttp(): string {
+  const m = (id: string, field: string): number =>
+    median(httpResults.get(id)!.map((f) => f[field]));
+  /** Median over rounds of locked minus unlocked (each round's pair measured in one app). */
+  const added = (keys: string, field: string): number =>
+    median(
+      httpResults
+        .get(`${keys}-locked`)!
+        .map((f, i) => f[field] - httpResults.get(`${keys}-unlocked`)![i][field]),
+    );
+  const rows = (['distinct', 'hot'] as const).map((keys) => {
+    const variant = HTTP_VARIANTS.find((v) => v.keys === keys)!;
+    const ratio = median(
+      httpResults
+        .get(`${keys}-locked`)!
+        .map((f, i) => f.reqPerSec / httpResults.get(`${keys}-unlocked`)![i].reqPerSec),
+    );
+    return [
+      `${keys === 'hot' ? 'one hot SKU' : 'a different SKU per request'}, ${variant.connections} connection${variant.connections > 1 ? 's' : ''}`,
+      fmt(m(`${keys}-unlocked`, 'reqPerSec')),
+      `${fmt(m(`${keys}-locked`, 'reqPerSec'))} (${fmt(ratio)}×)`,
+      `${fmt(m(`${keys}-unlocked`, 'p50'))} / ${fmt(m(`${keys}-unlocked`, 'p99'))}`,
+      `${fmt(m(`${keys}-locked`, 'p50'))} / ${fmt(m(`${keys}-locked`, 'p99'))}`,
+      `${fmt(added(keys, 'p50'))} / ${fmt(added(keys, 'p99'))}`,
+      fmt(m(`${keys}-locked`, 'failed') + m(`${keys}-unlocked`, 'failed')),
+    ];
+  });
+  const header = [
+    'requests',
+    'unlocked req/s',
+    'locked req/s (ratio)',
+    'unlocked p50 / p99 ms',
+    'locked p50 / p99 ms',
+    'added p50 / p99 ms',
+    'failed requests',
+  ];
+  const table = [header, header.map(() => '---'), ...rows]
+    .map((r) => `| ${r.join(' | ')} |`)
+    .join('\n');
+  const rtt = fmt(m('rtt', 'p50'), 3);
+  return `### ${HTTP_TITLE}\n\n${table}\n\nA Redis round trip (\`PING\` from the load generator's process, p50) took ${rtt} ms in this run: a locked request makes two more (acquire, release), so the added latency cannot be below about twice that. On one hot SKU the unlocked route oversells (its read-modify-write races); the locked one serializes the purchases, so its rate is that of one purchase at a time.\n`;
+}
+
 function render(seconds: number): string {
   const sections = plans.map((plan) => {
     const rows = contenders.map((c) => {
+      if (!runs(plan, c)) return [c.name, 'same code as its defaults when nobody waits: not run'];
       const cell = (field: string, withRatio = false): string => {
         const { median: m, ratio } = summarize(plan, c.name, field);
         return withRatio ? `${fmt(m)} (${fmt(ratio)}×)` : fmt(m);
@@ -285,6 +452,7 @@ function render(seconds: number): string {
       .join('\n');
     return `### ${plan.title}\n\n${table}\n`;
   });
+  if (runHttp) sections.push(renderHttp());
   return `# Benchmark report
 
 \`npm run bench\` on ${new Date().toISOString().slice(0, 10)}: ${rounds} rounds, contender order rotated each round, every run in

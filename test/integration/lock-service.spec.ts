@@ -180,6 +180,27 @@ describe('LockService on a single Redis', () => {
       await lock.release();
     });
 
+    it('a signal read while the lock is held aborts on its own at the end of the lease', async () => {
+      const lock = await locks.acquire(uniqueKey(), { ttl: 150 });
+      const abortedAt = await new Promise<number>((resolve) =>
+        lock.signal.addEventListener('abort', () => resolve(performance.now()), { once: true }),
+      );
+      assert.ok(abortedAt >= lock.expiresAt - 1, 'not before the lease ends');
+      assert.ok(abortedAt < lock.expiresAt + 100, `${abortedAt - lock.expiresAt} ms late`);
+      assert.equal((lock.signal.reason as LockLostError).reason, 'expired');
+      await lock.release(); // true or false: Redis's own TTL ends a moment after the lease
+    });
+
+    it('a lease that ran out while nobody watched its signal is reported by extend() and re-entry', async () => {
+      const lock = await locks.acquire(uniqueKey(), { ttl: 100 });
+      await sleep(150);
+      const error = await lock.extend().catch((e: unknown) => e);
+      assert.ok(error instanceof LockLostError);
+      assert.equal(error.reason, 'expired');
+      assert.equal(lock.signal.reason, error, 'the signal, read now, tells the same');
+      await lock.release();
+    });
+
     it('a release after the lease ran out unnoticed (event loop blocked past the expiry) aborts the signal first', async () => {
       const lock = await locks.acquire(uniqueKey(), { ttl: 100 });
       const until = performance.now() + 150;

@@ -221,6 +221,26 @@ describe('waiting for a held lock', () => {
     }
   });
 
+  it('after four handoffs the releasing process holds back, and a waiter in another process takes its turn', async () => {
+    const key = uniqueKey();
+    const held = await waiter.acquire(key, { ttl: 30_000 });
+    const order: string[] = [];
+    const section = (name: string) => async (): Promise<void> => {
+      order.push(name);
+      await sleep(2);
+    };
+    const local = Array.from({ length: 6 }, (_, i) =>
+      waiter.using(key, section(`local${i}`), { acquireTimeout: 10_000 }),
+    );
+    const remote = holder.using(key, section('remote'), { acquireTimeout: 10_000 });
+    await sleep(150); // all queued: six in this process, one in the other
+    await held.release();
+    await Promise.all([...local, remote]);
+    // Four handed over in this process, then the lock is freed and this process yields it.
+    assert.deepEqual(order.slice(0, 5), ['local0', 'local1', 'local2', 'local3', 'remote']);
+    assert.equal(order.length, 7);
+  });
+
   it('a waiter that gives up while the lock is being handed to it leaves nothing behind', async () => {
     const proxy = await FaultProxy.start(() => server.port);
     const slow = await startLockModule({ connection: `redis://127.0.0.1:${proxy.port}` });
