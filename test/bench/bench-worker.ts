@@ -14,6 +14,8 @@ import { CONTENDERS } from './contenders.js';
 
 const job = JSON.parse(process.argv[2]) as BenchJob;
 const LOCK_CONNECTION = 'bench-lock';
+/** Workload 6: locks held at once to measure the heap per held lock. */
+const HELD = 10_000;
 let commands = 0;
 const send = Redis.prototype.sendCommand;
 Redis.prototype.sendCommand = function (this: Redis, ...args: Parameters<Redis['sendCommand']>) {
@@ -195,8 +197,6 @@ async function memory(): Promise<BenchResult> {
     },
   };
 }
-
-const HELD = 10_000;
 
 function cpuMs(since: NodeJS.CpuUsage): number {
   const used = process.cpuUsage(since);
