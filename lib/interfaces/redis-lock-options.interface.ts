@@ -21,7 +21,8 @@ export interface LockDefaults {
    */
   autoExtend?: boolean;
   /**
-   * Longest pause between two attempts while waiting, in ms. Waiters are woken by the
+   * Longest pause between two attempts of the first waiter of a key in a process, in ms (the
+   * others sleep until a release reaches them or they become first). Waiters are woken by the
    * release itself (pub/sub); this only bounds what a lost wake-up or a holder that keeps
    * extending can cost.
    * @default 1_000

@@ -81,7 +81,7 @@ const PLANS: WorkloadPlan[] = [
   {
     id: 'memory',
     title:
-      '6. Memory: 100,000 distinct keys acquired and released (heap growth, Redis bytes and keys left per key), then 1,000 locks held (heap per lock)',
+      '6. Memory: 100,000 distinct keys acquired and released (heap growth, Redis bytes and keys left per key), then 10,000 locks held (heap per lock)',
     workload: 'memory',
     processes: 1,
     job: { pairs: 100_000, durationMs: 0, workers: 100, thinkMs: 0 },
