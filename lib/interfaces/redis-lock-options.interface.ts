@@ -73,7 +73,7 @@ export interface RedisLockModuleOptions extends LockTimeoutResponse {
    * greater unless that clock stepped back by more than the time since the last holder took the
    * lock. Longer: safe through bigger clock steps. Shorter: fewer keys in Redis for apps that lock
    * many distinct keys (one counter, ~130 bytes, per key locked within the window). `0`: the
-   * counter lives exactly as long as the lock.
+   * counter lives exactly as long as the lock, and is deleted with it on release.
    * @default 60_000
    */
   fenceRetention?: number;

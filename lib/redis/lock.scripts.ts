@@ -74,13 +74,21 @@ return 1
 `;
 
 /**
- * KEYS[1] lock key; ARGV[1] token, ARGV[2] release channel.
  * Deletes the lock only if the token still holds it, and announces the release to waiters in the
  * same step. Returns 0 if the lock was no longer this token's, otherwise 1 + the number of
  * subscriber connections the announcement reached (on Cluster: on this node).
  */
-export const RELEASE_SCRIPT = `
+const release = (deleted: string): string => `
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[1])
+redis.call('DEL', ${deleted})
 return 1 + redis.call('PUBLISH', ARGV[2], '')
 `;
+
+/** KEYS[1] lock key; ARGV[1] token, ARGV[2] release channel. See `release`. */
+export const RELEASE_SCRIPT = release('KEYS[1]');
+
+/**
+ * KEYS[1] lock key, KEYS[2] fence key; ARGV[1] token, ARGV[2] release channel. The release with
+ * `fenceRetention: 0`: the fence counter goes with the lock, nothing of the key stays in Redis.
+ */
+export const RELEASE_FORGETTING_SCRIPT = release('KEYS[1], KEYS[2]');

@@ -7,7 +7,13 @@ import type {
   LockBackend,
   ReleaseSubscription,
 } from '../interfaces/lock-backend.interface.js';
-import { ACQUIRE_SCRIPT, EXTEND_SCRIPT, HANDOFF_SCRIPT, RELEASE_SCRIPT } from './lock.scripts.js';
+import {
+  ACQUIRE_SCRIPT,
+  EXTEND_SCRIPT,
+  HANDOFF_SCRIPT,
+  RELEASE_FORGETTING_SCRIPT,
+  RELEASE_SCRIPT,
+} from './lock.scripts.js';
 import { closeQuietly, ReleaseNotifier, type Heir } from './release.notifier.js';
 import { WriteBatcher } from './write-batcher.js';
 
@@ -28,6 +34,12 @@ interface LockCommands {
     retention: number,
   ): Promise<number>;
   redisLockRelease(lockKey: string, token: string, channel: string): Promise<number>;
+  redisLockReleaseForgetting(
+    lockKey: string,
+    fenceKey: string,
+    token: string,
+    channel: string,
+  ): Promise<number>;
   redisLockHandoff(
     lockKey: string,
     fenceKey: string,
@@ -71,6 +83,10 @@ export class RedisLockBackend implements LockBackend {
     client.defineCommand('redisLockAcquire', { numberOfKeys: 2, lua: ACQUIRE_SCRIPT });
     client.defineCommand('redisLockExtend', { numberOfKeys: 2, lua: EXTEND_SCRIPT });
     client.defineCommand('redisLockRelease', { numberOfKeys: 1, lua: RELEASE_SCRIPT });
+    client.defineCommand('redisLockReleaseForgetting', {
+      numberOfKeys: 2,
+      lua: RELEASE_FORGETTING_SCRIPT,
+    });
     client.defineCommand('redisLockHandoff', { numberOfKeys: 2, lua: HANDOFF_SCRIPT });
     this.commands = client as unknown as LockCommands;
     this.batcher = WriteBatcher.for(client);
@@ -125,7 +141,9 @@ export class RedisLockBackend implements LockBackend {
     if (heir) return this.handOff(key, lockKey, token, heir);
     let reply = 0;
     try {
-      reply = await this.commands.redisLockRelease(lockKey, token, channel);
+      reply = await (this.fenceRetention === 0
+        ? this.commands.redisLockReleaseForgetting(lockKey, `${lockKey}:fence`, token, channel)
+        : this.commands.redisLockRelease(lockKey, token, channel));
     } finally {
       // Yielding (see takeHeir): another subscriber than this process's own got the message.
       if (this.notifier.watching) this.notifier.endYield(channel, reply > 2);

@@ -297,7 +297,7 @@ describe('LockService on a single Redis', () => {
       await lock.release();
     });
 
-    it('with fenceRetention 0 the counter goes with the lock, and fences still increase after it', async () => {
+    it('with fenceRetention 0 the counter goes with the lock (expired or released), and fences still increase after it', async () => {
       const app = await startLockModule({ connection: server.url, fenceRetention: 0 });
       try {
         const key = uniqueKey();
@@ -308,7 +308,12 @@ describe('LockService on a single Redis', () => {
         assert.equal(await redis.exists(`lock:{${key}}`, `lock:{${key}}:fence`), 0);
         const second = await app.locks.acquire(key);
         assert.ok(second.fence > first.fence, `${second.fence} after ${first.fence}`);
-        await second.release();
+        assert.equal(await second.release(), true);
+        // Released: the counter is deleted with the lock, nothing of the key stays behind.
+        assert.equal(await redis.exists(`lock:{${key}}`, `lock:{${key}}:fence`), 0);
+        const third = await app.locks.acquire(key);
+        assert.ok(third.fence > second.fence, `${third.fence} after ${second.fence}`);
+        await third.release();
       } finally {
         await app.close();
       }
