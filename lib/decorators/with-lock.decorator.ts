@@ -7,7 +7,7 @@ import { WithLockInterceptor } from '../interceptors/with-lock.interceptor.js';
 import { LockService } from '../lock.service.js';
 import { WITH_LOCK_METADATA } from '../redis-lock.constants.js';
 import { validateWithLockOptions } from '../redis-lock.options.js';
-import { compileLockKey, type LockKeyResolver } from './lock-key.resolver.js';
+import { compileLockKey, type LockKeyResolver, type LockKeySource } from './lock-key.resolver.js';
 
 /** Nest's `@Sse()` marker (the same in NestJS 11 and 12): SSE handlers return an Observable. */
 const NEST_SSE_METADATA = '__sse__';
@@ -35,9 +35,25 @@ const LOCK_SERVICE = Symbol('nestjs-redis-lock:LockService');
  * \@WithLock({ key: 'order:{0}', ttl: 10_000, acquireTimeout: 2_000 })
  * pay(@Param('id') id: string, @Body() dto: PayDto) { ... }
  */
-export function WithLock(options: WithLockOptions): MethodDecorator {
+export function WithLock(options: WithLockOptions): MethodDecorator;
+/**
+ * The short form: `@WithLock(key, ttl?, acquireTimeout?)` is `@WithLock({ key, ttl, acquireTimeout })`
+ * (an omitted or `undefined` duration takes the module's default). Same key syntax, same checks.
+ * @example
+ * \@WithLock('order:{0}', 10_000, 2_000)
+ */
+export function WithLock(
+  key: LockKeySource,
+  ttl?: number,
+  acquireTimeout?: number,
+): MethodDecorator;
+export function WithLock(
+  optionsOrKey: WithLockOptions | LockKeySource,
+  ...durations: unknown[]
+): MethodDecorator {
   return (target, propertyKey, descriptor) => {
     const method = `${target.constructor.name}.${String(propertyKey)}`;
+    const options = withLockOptions(optionsOrKey, durations, method);
     validateWithLockOptions(options, method);
     const resolveKey = compileLockKey(options.key, method);
     const original: unknown = descriptor.value;
@@ -75,6 +91,36 @@ export function WithLock(options: WithLockOptions): MethodDecorator {
     UseInterceptors(WithLockInterceptor)(target, propertyKey, descriptor);
     Inject(LockService)(target, LOCK_SERVICE);
     return descriptor;
+  };
+}
+
+/** The options object of either form of `@WithLock`. */
+function withLockOptions(
+  optionsOrKey: WithLockOptions | LockKeySource,
+  durations: unknown[],
+  method: string,
+): WithLockOptions {
+  const shortForm = typeof optionsOrKey === 'string' || typeof optionsOrKey === 'function';
+  if (!shortForm && durations.length > 0) {
+    throw new RedisLockConfigurationError(
+      `@WithLock(${method})`,
+      durations,
+      'give either an options object or (key, ttl?, acquireTimeout?), not both',
+    );
+  }
+  if (!shortForm) return optionsOrKey;
+  if (durations.length > 2) {
+    throw new RedisLockConfigurationError(
+      `@WithLock(${method})`,
+      durations,
+      'the short form takes (key, ttl?, acquireTimeout?): use the options object for more',
+    );
+  }
+  const [ttl, acquireTimeout] = durations as [number | undefined, number | undefined];
+  return {
+    key: optionsOrKey,
+    ...(ttl !== undefined && { ttl }),
+    ...(acquireTimeout !== undefined && { acquireTimeout }),
   };
 }
 

@@ -92,6 +92,19 @@ class AccountsService {
   async failing(_name: string): Promise<never> {
     throw new TypeError('domain failure');
   }
+
+  /** The short form: (key, ttl, acquireTimeout). */
+  @WithLock('short:{0}', 7_000, 150)
+  async short(_name: string): Promise<{ key: string; ttl: number }> {
+    const lock = getCurrentLock()!;
+    return { key: lock.key, ttl: Math.round(lock.expiresAt - performance.now()) };
+  }
+
+  /** The short form with the key alone: the module's defaults. */
+  @WithLock((name: string) => `short-fn:${name}`)
+  async shortKeyOnly(_name: string): Promise<string> {
+    return getCurrentLock()!.key;
+  }
 }
 
 /** Records what reaches the gateway's filter and sends it to native ws clients (NestJS 11's default filter does not). */
@@ -405,6 +418,23 @@ describe('@WithLock', () => {
       assert.equal(await accounts.invoice('acme', 7), 'acme/invoice/7|acme/7');
     });
 
+    it('the short form @WithLock(key, ttl, acquireTimeout) locks like the options object', async () => {
+      const name = uniqueKey();
+      const result = await accounts.short(name);
+      assert.equal(result.key, `short:${name}`);
+      assert.ok(result.ttl > 6_500 && result.ttl <= 7_000, `ttl ${result.ttl}`);
+      assert.equal(await accounts.shortKeyOnly(name), `short-fn:${name}`);
+      const held = await locks.acquire(`short:${name}`);
+      const started = performance.now();
+      await assert.rejects(accounts.short(name), LockAcquireTimeoutError);
+      const waited = performance.now() - started;
+      assert.ok(
+        waited >= 140 && waited < 1_000,
+        `waited ${waited.toFixed(0)} ms for a 150 ms acquireTimeout`,
+      );
+      await held.release();
+    });
+
     it('concurrent calls on one key run one at a time; a timeout throws LockAcquireTimeoutError', async () => {
       const id = uniqueKey();
       const results = await Promise.allSettled([
@@ -554,6 +584,47 @@ describe('@WithLock', () => {
         assert.ok(thrown.option.startsWith(`@WithLock(Billing.charge).${option}`), thrown.option);
       });
     }
+
+    const shortCases: [string, () => MethodDecorator, string][] = [
+      ['a short-form empty key', () => WithLock(''), 'key'],
+      ['a short-form zero ttl', () => WithLock('k', 0), 'ttl'],
+      ['a short-form negative acquireTimeout', () => WithLock('k', 1_000, -5), 'acquireTimeout'],
+      ['a short-form template error', () => WithLock('k:{0'), 'key'],
+      [
+        'a fourth short-form argument',
+        () => (WithLock as never as (...a: unknown[]) => MethodDecorator)('k', 1, 2, 3),
+        '',
+      ],
+      [
+        'durations after an options object',
+        () => (WithLock as never as (...a: unknown[]) => MethodDecorator)({ key: 'k' }, 1_000),
+        '',
+      ],
+    ];
+    for (const [name, decorate, option] of shortCases) {
+      it(`${name} → RedisLockConfigurationError naming ${option || 'the decorator'}`, () => {
+        const descriptor: PropertyDescriptor = { value: async () => 1 };
+        let thrown: unknown;
+        try {
+          decorate()(class Billing {}.prototype, 'charge', descriptor);
+        } catch (error) {
+          thrown = error;
+        }
+        assert.ok(thrown instanceof RedisLockConfigurationError, String(thrown));
+        const expected = option
+          ? `@WithLock(Billing.charge).${option}`
+          : '@WithLock(Billing.charge)';
+        assert.ok(thrown.option.startsWith(expected), thrown.option);
+      });
+    }
+
+    it('the overloads are type-checked: a short form with a string ttl does not compile, and throws', () => {
+      assert.throws(
+        // @ts-expect-error a ttl is a number of milliseconds
+        () => WithLock('k', '1000')(class Billing {}.prototype, 'charge', { value: async () => 1 }),
+        RedisLockConfigurationError,
+      );
+    });
 
     it('a synchronous method is refused (a lock would make it asynchronous behind its back)', () => {
       assert.throws(() => {
