@@ -1,5 +1,4 @@
 export { WithLock } from './decorators/with-lock.decorator.js';
-export type { LockKeySource } from './decorators/lock-key.resolver.js';
 export {
   LockAcquireAbortedError,
   LockAcquireTimeoutError,
@@ -19,6 +18,7 @@ export type {
   RedisLockModuleOptions,
 } from './interfaces/redis-lock-options.interface.js';
 export type {
+  LockKeySource,
   LockTimeoutExceptionFactory,
   LockTimeoutResponse,
   WithLockOptions,

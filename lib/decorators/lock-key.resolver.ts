@@ -3,9 +3,6 @@ import {
   RedisLockConfigurationError,
 } from '../errors/redis-lock.errors.js';
 
-/** A key for `@WithLock`: a template over the method's arguments, or a function of them. */
-export type LockKeySource = string | ((...args: never[]) => string);
-
 /** Builds the lock key from a call's arguments. */
 export type LockKeyResolver = (args: readonly unknown[]) => string;
 

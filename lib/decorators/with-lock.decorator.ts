@@ -2,12 +2,12 @@ import { Inject, UseInterceptors } from '@nestjs/common';
 import { from, isObservable, Observable, type Subscription } from 'rxjs';
 import { RedisLockConfigurationError } from '../errors/redis-lock.errors.js';
 import type { AcquireOptions } from '../interfaces/lock.interface.js';
-import type { WithLockOptions } from '../interfaces/with-lock-options.interface.js';
+import type { LockKeySource, WithLockOptions } from '../interfaces/with-lock-options.interface.js';
 import { WithLockInterceptor } from '../interceptors/with-lock.interceptor.js';
 import { LockService } from '../lock.service.js';
 import { WITH_LOCK_METADATA } from '../redis-lock.constants.js';
 import { validateWithLockOptions } from '../redis-lock.options.js';
-import { compileLockKey, type LockKeyResolver, type LockKeySource } from './lock-key.resolver.js';
+import { compileLockKey, type LockKeyResolver } from './lock-key.resolver.js';
 
 /** Nest's `@Sse()` marker (the same in NestJS 11 and 12): SSE handlers return an Observable. */
 const NEST_SSE_METADATA = '__sse__';

@@ -1,5 +1,4 @@
 import type { ExecutionContext } from '@nestjs/common';
-import type { LockKeySource } from '../decorators/lock-key.resolver.js';
 import type { LockAcquireTimeoutError } from '../errors/redis-lock.errors.js';
 import type { AcquireOptions } from './lock.interface.js';
 
@@ -24,6 +23,9 @@ export interface LockTimeoutResponse {
   /** Builds the error to throw instead, for every transport (no `Retry-After` header is added). */
   timeoutException?: LockTimeoutExceptionFactory;
 }
+
+/** A key for `@WithLock`: a template over the method's arguments, or a function of them. */
+export type LockKeySource = string | ((...args: never[]) => string);
 
 /** Options of `@WithLock`. Unset durations take the module's `defaults`. */
 export interface WithLockOptions
