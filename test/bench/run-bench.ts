@@ -341,6 +341,10 @@ function summarize(
   };
 }
 
+function markdownTable(header: string[], rows: string[][]): string {
+  return [header, header.map(() => '---'), ...rows].map((r) => `| ${r.join(' | ')} |`).join('\n');
+}
+
 function renderHttp(): string {
   const m = (id: string, field: string): number =>
     median(httpResults.get(id)!.map((f) => f[field]));
@@ -377,9 +381,7 @@ function renderHttp(): string {
     'added p50 / p99 ms',
     'failed requests',
   ];
-  const table = [header, header.map(() => '---'), ...rows]
-    .map((r) => `| ${r.join(' | ')} |`)
-    .join('\n');
+  const table = markdownTable(header, rows);
   const rtt = fmt(m('rtt', 'p50'), 3);
   return `### ${HTTP_TITLE}\n\n${table}\n\nA Redis round trip (\`PING\` from the load generator's process, p50) took ${rtt} ms in this run: a locked request makes two more (acquire, release), so the added latency cannot be below about twice that. On one hot SKU the unlocked route oversells (its read-modify-write races); the locked one serializes the purchases, so its rate is that of one purchase at a time.\n`;
 }
@@ -447,10 +449,7 @@ function render(seconds: number): string {
                 'client CPU µs per pair (ratio)',
                 'commands per pair',
               ];
-    const table = [header, header.map(() => '---'), ...rows]
-      .map((r) => `| ${r.join(' | ')} |`)
-      .join('\n');
-    return `### ${plan.title}\n\n${table}\n`;
+    return `### ${plan.title}\n\n${markdownTable(header, rows)}\n`;
   });
   if (runHttp) sections.push(renderHttp());
   return `# Benchmark report
