@@ -6,6 +6,7 @@ export {
   LockBackendError,
   LockKeyResolutionError,
   LockLostError,
+  LockQuorumError,
   RedisLockConfigurationError,
   RedisLockError,
   RedisLockShutdownError,

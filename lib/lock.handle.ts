@@ -154,7 +154,7 @@ export class LockHandle implements Lock {
       return false;
     }
     this.ttl = ttl;
-    this.expiry = sentAt + ttl;
+    this.expiry = sentAt + backend.validity(ttl);
     this.lastExtendError = undefined;
     if (this.controller) this.armExpiry();
     return true;

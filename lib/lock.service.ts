@@ -28,7 +28,7 @@ import {
   type ResolvedAcquireOptions,
   type ResolvedDefaults,
 } from './redis-lock.options.js';
-import { RedisLockBackend } from './redis/redis-lock.backend.js';
+import { createLockBackend } from './redis/lock-backend.factory.js';
 import { freshToken } from './utils/token.js';
 import { ReplyDeadlines } from './utils/reply-deadlines.js';
 import { DEADLINE, ignoreDeadline, within } from './utils/within.js';
@@ -62,9 +62,9 @@ export class LockService implements OnApplicationShutdown {
     const resolved = resolveModuleOptions(options);
     this.defaults = resolved.defaults;
     this.commandTimeout = resolved.commandTimeout;
-    this.deadlines = new ReplyDeadlines(resolved.commandTimeout);
     this.timeoutResponse = resolved.timeoutResponse;
-    this.backend = RedisLockBackend.create(resolved, this.logger);
+    this.backend = createLockBackend(resolved, this.logger);
+    this.deadlines = new ReplyDeadlines(this.backend.replyTimeout);
     this.hooks = {
       backend: this.backend,
       logger: this.logger,
@@ -300,7 +300,11 @@ export class LockService implements OnApplicationShutdown {
       return await this.deadlines.bound(pending, signal, interruptible);
     } catch (error) {
       if (error === DEADLINE) {
-        const silence = new Error(`no reply within commandTimeout (${this.commandTimeout} ms)`);
+        const silence = new Error(
+          this.backend.replyTimeout === this.commandTimeout
+            ? `no reply within commandTimeout (${this.commandTimeout} ms)`
+            : `no answer within ${this.backend.replyTimeout} ms (Redlock: two rounds of commandTimeout)`,
+        );
         throw new LockBackendError(key, operation, silence, true);
       }
       if (error === this.stopping.signal.reason || (signal?.aborted && error === signal.reason)) {

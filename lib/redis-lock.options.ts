@@ -36,6 +36,15 @@ export const DEFAULT_COMMAND_TIMEOUT = 1_000;
  */
 export const DEFAULT_FENCE_RETENTION = 60_000;
 
+/**
+ * Default `driftFactor` in Redlock mode: a lock's validity is `ttl - ttl * driftFactor - 2 ms`,
+ * the margin the Redlock description gives for clocks of the nodes running at different rates.
+ */
+export const DEFAULT_DRIFT_FACTOR = 0.01;
+
+/** Fewest independent masters in Redlock mode: with fewer, one node down stops all locking. */
+export const MIN_REDLOCK_NODES = 3;
+
 /** Largest duration accepted: Node timers fire at once beyond 2^31 - 1 ms (~24.8 days). */
 export const MAX_DURATION = 2_147_483_647;
 
@@ -46,7 +55,8 @@ export type ResolvedDefaults = Omit<Required<LockDefaults>, 'autoExtend'> & {
 /** Where the Redis connection comes from; exactly one source. */
 export type RedisSource =
   | { kind: 'client'; client: Redis | Cluster }
-  | { kind: 'connection'; connection: string | RedisOptions };
+  | { kind: 'connection'; connection: string | RedisOptions }
+  | { kind: 'nodes'; nodes: readonly (Redis | string | RedisOptions)[]; driftFactor: number };
 
 export interface ResolvedModuleOptions {
   source: RedisSource;
@@ -73,6 +83,8 @@ const TIMEOUT_RESPONSE_KEYS = ['timeoutStatus', 'timeoutException'];
 const MODULE_KEYS = [
   'client',
   'connection',
+  'nodes',
+  'driftFactor',
   'keyPrefix',
   'commandTimeout',
   'fenceRetention',
@@ -107,35 +119,7 @@ export function resolveModuleOptions(raw: RedisLockModuleOptions): ResolvedModul
   }
   rejectUnknownKeys(raw, MODULE_KEYS, '', fail);
 
-  const hasClient = raw.client !== undefined;
-  const hasConnection = raw.connection !== undefined;
-  if (hasClient === hasConnection) {
-    fail(
-      hasClient ? 'client + connection' : 'client | connection',
-      undefined,
-      hasClient
-        ? 'give either your own client or connection settings, not both'
-        : 'give exactly one of `client` (your ioredis client) or `connection` (a URL or ioredis options)',
-    );
-  }
-  let source: RedisSource;
-  if (hasClient) {
-    if (!isRedisClient(raw.client)) {
-      fail('client', raw.client, 'must be an ioredis Redis or Cluster instance');
-    }
-    source = { kind: 'client', client: raw.client! };
-  } else {
-    const connection = raw.connection;
-    if (typeof connection === 'string') {
-      if (!/^rediss?:\/\/./.test(connection)) {
-        fail('connection', connection, 'a URL must start with redis:// or rediss://');
-      }
-    } else if (connection === null || typeof connection !== 'object') {
-      fail('connection', connection, 'must be a redis:// URL or an ioredis options object');
-    }
-    source = { kind: 'connection', connection: connection! };
-  }
-
+  const source = resolveSource(raw, fail);
   const keyPrefix = raw.keyPrefix === undefined ? DEFAULT_KEY_PREFIX : raw.keyPrefix;
   if (typeof keyPrefix !== 'string') fail('keyPrefix', keyPrefix, 'must be a string');
   if (/[{}]/.test(keyPrefix)) {
@@ -175,6 +159,111 @@ export function resolveModuleOptions(raw: RedisLockModuleOptions): ResolvedModul
   }
   const timeoutResponse = checkTimeoutResponse(raw, '', fail);
   return { source, keyPrefix, commandTimeout, fenceRetention, defaults, timeoutResponse };
+}
+
+/** Checks that exactly one of `client`, `connection` and `nodes` is given, and that it is usable. */
+function resolveSource(
+  raw: RedisLockModuleOptions,
+  fail: (option: string, value: unknown, problem: string) => never,
+): RedisSource {
+  const given = SOURCE_KEYS.filter((name) => raw[name] !== undefined);
+  if (given.length !== 1) {
+    fail(
+      given.length === 0 ? SOURCE_KEYS.join(' | ') : given.join(' + '),
+      undefined,
+      given.length === 0
+        ? 'give exactly one of `client` (your ioredis client), `connection` (a URL or ioredis options) or `nodes` (Redlock: independent masters)'
+        : `give exactly one of them, not ${given.length}`,
+    );
+  }
+  if (raw.driftFactor !== undefined && raw.nodes === undefined) {
+    fail(
+      `driftFactor + ${given[0]}`,
+      raw.driftFactor,
+      'driftFactor applies to Redlock mode only: give `nodes`, or drop driftFactor',
+    );
+  }
+  if (raw.client !== undefined) {
+    if (!isRedisClient(raw.client)) {
+      fail('client', raw.client, 'must be an ioredis Redis or Cluster instance');
+    }
+    return { kind: 'client', client: raw.client };
+  }
+  if (raw.connection !== undefined) {
+    checkConnection('connection', raw.connection, fail);
+    return { kind: 'connection', connection: raw.connection };
+  }
+  const nodes = raw.nodes;
+  if (!Array.isArray(nodes) || nodes.length < MIN_REDLOCK_NODES) {
+    fail(
+      'nodes',
+      nodes,
+      `Redlock needs at least ${MIN_REDLOCK_NODES} independent Redis masters (an odd count such as 3 or 5): ` +
+        'a lock is granted by a majority of them',
+    );
+  }
+  const seen = new Map<string, number>();
+  nodes.forEach((node, i) => {
+    const option = `nodes[${i}]`;
+    if (isRedisClient(node)) {
+      if ((node as unknown as Partial<Cluster>).isCluster) {
+        fail(option, node, 'must be a standalone master: a Cluster is one deployment, not a node');
+      }
+    } else {
+      checkConnection(option, node, fail);
+    }
+    const address = nodeAddress(node);
+    const earlier = seen.get(address);
+    if (earlier !== undefined) {
+      fail(
+        `nodes[${earlier}] + ${option}`,
+        address,
+        'name the same server twice: Redlock needs independent masters, or one server counts for two votes',
+      );
+    }
+    seen.set(address, i);
+  });
+  const driftFactor = raw.driftFactor === undefined ? DEFAULT_DRIFT_FACTOR : raw.driftFactor;
+  if (
+    typeof driftFactor !== 'number' ||
+    !Number.isFinite(driftFactor) ||
+    driftFactor < 0 ||
+    driftFactor >= 0.5
+  ) {
+    fail('driftFactor', driftFactor, 'must be a number >= 0 and < 0.5 (the default is 0.01)');
+  }
+  return { kind: 'nodes', nodes: nodes, driftFactor };
+}
+
+const SOURCE_KEYS = ['client', 'connection', 'nodes'] as const;
+
+function checkConnection(
+  option: string,
+  connection: unknown,
+  fail: (option: string, value: unknown, problem: string) => never,
+): void {
+  if (typeof connection === 'string') {
+    if (!/^rediss?:\/\/./.test(connection)) {
+      fail(option, connection, 'a URL must start with redis:// or rediss://');
+    }
+  } else if (!isOptionsObject(connection)) {
+    fail(option, connection, 'must be a redis:// URL or an ioredis options object');
+  }
+}
+
+/** `host:port` of a Redlock node, to catch one server given twice. */
+function nodeAddress(node: Redis | string | RedisOptions): string {
+  if (typeof node === 'string') {
+    try {
+      const url = new URL(node);
+      return `${url.hostname.toLowerCase()}:${url.port || 6379}`;
+    } catch {
+      return node;
+    }
+  }
+  const options = isRedisClient(node) ? node.options : node;
+  if (options.path) return options.path;
+  return `${(options.host ?? 'localhost').toLowerCase()}:${options.port ?? 6379}`;
 }
 
 /**
@@ -320,7 +409,7 @@ function rejectUnknownKeys(
   }
 }
 
-function isRedisClient(value: unknown): value is Redis | Cluster {
+export function isRedisClient(value: unknown): value is Redis | Cluster {
   // Duck-typed so that a client from another copy of ioredis (a different version in the
   // app's node_modules) is still accepted.
   return (

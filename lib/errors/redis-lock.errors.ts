@@ -190,6 +190,28 @@ export class LockBackendError extends RedisLockError {
   }
 }
 
+/**
+ * Redlock mode: too few nodes answered for a majority to decide (they are down, paused or slow),
+ * so the lock state is unknown for this call. The `cause` of a `LockBackendError`; `failures`
+ * says what happened on each node that did not answer.
+ */
+export class LockQuorumError extends RedisLockError {
+  constructor(
+    /** Nodes in the deployment. */
+    readonly nodes: number,
+    /** Nodes that must agree: a majority. */
+    readonly quorum: number,
+    /** Nodes that answered. */
+    readonly answered: number,
+    /** `node <index>: <what went wrong>` for each node that did not answer. */
+    readonly failures: readonly string[],
+  ) {
+    super(
+      `only ${answered} of ${nodes} Redis nodes answered and ${quorum} must agree (${failures.join('; ')})`,
+    );
+  }
+}
+
 /** How a value is shown in a message: short, and never a secret (owner tokens, URL passwords). */
 function describe(value: unknown, name?: string): string {
   if (name === 'token' && typeof value === 'string')

@@ -33,6 +33,16 @@ export interface HandoffClaim {
  * only, whatever the topology behind it.
  */
 export interface LockBackend {
+  /**
+   * Longest any one call may take, in ms, before the lock service gives up on it: the module's
+   * `commandTimeout`, or, in Redlock mode, the two rounds of an acquisition.
+   */
+  readonly replyTimeout: number;
+  /**
+   * How long a lock taken or extended with `ttl` is known to be valid, counted from when the
+   * command was sent: `ttl`, less the clock drift allowed for in Redlock mode.
+   */
+  validity(ttl: number): number;
   tryAcquire(key: string, token: string, ttl: number): Promise<AcquireAttempt>;
   /** Resets the TTL. Resolves false when the token no longer holds the key. */
   extend(key: string, token: string, ttl: number): Promise<boolean>;

@@ -38,7 +38,7 @@ export interface LockDefaults {
 
 /**
  * Options of `RedisLockModule.forRoot()` and the factory of `forRootAsync()`. Give exactly one of
- * `client` or `connection`. `timeoutStatus` / `timeoutException` set how `@WithLock` handlers answer
+ * `client`, `connection` or `nodes`. `timeoutStatus` / `timeoutException` set how `@WithLock` handlers answer
  * a lock timeout (default: HTTP 409 with `Retry-After`).
  */
 export interface RedisLockModuleOptions extends LockTimeoutResponse {
@@ -52,6 +52,19 @@ export interface RedisLockModuleOptions extends LockTimeoutResponse {
    * @example 'redis://127.0.0.1:6379'
    */
   connection?: string | RedisOptions;
+  /**
+   * Redlock mode: at least 3 independent Redis masters (an odd count: 3 or 5), each an ioredis
+   * client (used, never closed), a URL or ioredis options (the module creates and closes those).
+   * A lock is granted when a majority of the nodes grant it in time; see "Topologies" in the README.
+   * @example ['redis://10.0.0.1:6379', 'redis://10.0.0.2:6379', 'redis://10.0.0.3:6379']
+   */
+  nodes?: Array<Redis | string | RedisOptions>;
+  /**
+   * Redlock mode only: the clock drift allowed for, as a share of the TTL. A lock taken with
+   * `ttl` is valid for `ttl - ttl * driftFactor - 2 ms` after its attempt was sent.
+   * @default 0.01
+   */
+  driftFactor?: number;
   /**
    * Prepended to every lock key in Redis. May not contain `{` or `}`: the library puts each
    * key in a hash tag of its own so that its fencing counter lives in the same cluster slot.

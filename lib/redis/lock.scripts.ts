@@ -74,21 +74,39 @@ return 1
 `;
 
 /**
+ * Redlock mode, after a majority of nodes granted the lock with different fences (KEYS[1] lock
+ * key, KEYS[2] fence key; ARGV[1] token, ARGV[2] the highest of those fences, ARGV[3] ttl ms,
+ * ARGV[4] fence retention ms): where the token holds the lock, raises the node's counter to that
+ * fence, so that every later holder, whose majority shares a node with this one's, gets a higher
+ * fence. Returns 1 where the token holds the lock, 0 elsewhere (nothing changed).
+ */
+export const RAISE_FENCE_SCRIPT = `
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+local counter = tonumber(redis.call('GET', KEYS[2]) or '0')
+if counter < tonumber(ARGV[2]) then
+  redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3] + ARGV[4])
+end
+return 1
+`;
+
+/**
  * Deletes the lock only if the token still holds it, and announces the release to waiters in the
- * same step. Returns 0 if the lock was no longer this token's, otherwise 1 + the number of
+ * same step (message ARGV[3]: empty, or in Redlock mode an id of the release, which is announced
+ * on every node). Returns 0 if the lock was no longer this token's, otherwise 1 + the number of
  * subscriber connections the announcement reached (on Cluster: on this node).
  */
 const release = (deleted: string): string => `
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', ${deleted})
-return 1 + redis.call('PUBLISH', ARGV[2], '')
+return 1 + redis.call('PUBLISH', ARGV[2], ARGV[3])
 `;
 
-/** KEYS[1] lock key; ARGV[1] token, ARGV[2] release channel. See `release`. */
+/** KEYS[1] lock key; ARGV[1] token, ARGV[2] release channel, ARGV[3] message. See `release`. */
 export const RELEASE_SCRIPT = release('KEYS[1]');
 
 /**
- * KEYS[1] lock key, KEYS[2] fence key; ARGV[1] token, ARGV[2] release channel. The release with
- * `fenceRetention: 0`: the fence counter goes with the lock, nothing of the key stays in Redis.
+ * KEYS[1] lock key, KEYS[2] fence key; ARGV[1] token, ARGV[2] release channel, ARGV[3] message.
+ * The release with `fenceRetention: 0`: the fence counter goes with the lock, nothing of the key
+ * stays in Redis.
  */
 export const RELEASE_FORGETTING_SCRIPT = release('KEYS[1], KEYS[2]');

@@ -11,6 +11,7 @@ import {
   ACQUIRE_SCRIPT,
   EXTEND_SCRIPT,
   HANDOFF_SCRIPT,
+  RAISE_FENCE_SCRIPT,
   RELEASE_FORGETTING_SCRIPT,
   RELEASE_SCRIPT,
 } from './lock.scripts.js';
@@ -33,12 +34,26 @@ interface LockCommands {
     ttl: number,
     retention: number,
   ): Promise<number>;
-  redisLockRelease(lockKey: string, token: string, channel: string): Promise<number>;
+  redisLockRelease(
+    lockKey: string,
+    token: string,
+    channel: string,
+    message: string,
+  ): Promise<number>;
   redisLockReleaseForgetting(
     lockKey: string,
     fenceKey: string,
     token: string,
     channel: string,
+    message: string,
+  ): Promise<number>;
+  redisLockRaiseFence(
+    lockKey: string,
+    fenceKey: string,
+    token: string,
+    fence: number,
+    ttl: number,
+    retention: number,
   ): Promise<number>;
   redisLockHandoff(
     lockKey: string,
@@ -62,6 +77,7 @@ export class RedisLockBackend implements LockBackend {
   private readonly commands: LockCommands;
   private readonly notifier: ReleaseNotifier;
   private readonly batcher: WriteBatcher | undefined;
+  readonly replyTimeout: number;
 
   private readonly keyPrefix: string;
   /** Longest wait for QUIT when closing a connection. */
@@ -88,22 +104,15 @@ export class RedisLockBackend implements LockBackend {
       lua: RELEASE_FORGETTING_SCRIPT,
     });
     client.defineCommand('redisLockHandoff', { numberOfKeys: 2, lua: HANDOFF_SCRIPT });
+    client.defineCommand('redisLockRaiseFence', { numberOfKeys: 2, lua: RAISE_FENCE_SCRIPT });
     this.commands = client as unknown as LockCommands;
     this.batcher = WriteBatcher.for(client);
-    this.notifier = new ReleaseNotifier(client, this.commandTimeout, logger);
+    this.notifier = new ReleaseNotifier([client], this.commandTimeout, logger);
+    this.replyTimeout = this.commandTimeout;
   }
 
-  /** Builds the backend for the module's Redis source, creating (and then owning) the client if asked to. */
-  static create(options: ResolvedModuleOptions, logger: Logger): RedisLockBackend {
-    const { source } = options;
-    if (source.kind === 'client')
-      return new RedisLockBackend(source.client, options, false, logger);
-    const client =
-      typeof source.connection === 'string'
-        ? new Redis(source.connection, { ...OWN_CONNECTION_DEFAULTS, lazyConnect: true })
-        : new Redis({ ...OWN_CONNECTION_DEFAULTS, ...source.connection, lazyConnect: true });
-    client.on('error', (error: Error) => logger.warn(`Redis connection: ${error.message}`));
-    return new RedisLockBackend(client, options, true, logger);
+  validity(ttl: number): number {
+    return ttl;
   }
 
   async tryAcquire(key: string, token: string, ttl: number): Promise<AcquireAttempt> {
@@ -133,7 +142,8 @@ export class RedisLockBackend implements LockBackend {
     return extended === 1;
   }
 
-  async release(key: string, token: string): Promise<boolean> {
+  /** See `LockBackend.release`; `message` is what the release announces (see `RELEASE_SCRIPT`). */
+  async release(key: string, token: string, message = ''): Promise<boolean> {
     const lockKey = this.lockKey(key);
     const channel = `${lockKey}:released`;
     const heir = this.notifier.watching ? this.notifier.takeHeir(channel) : undefined;
@@ -142,8 +152,14 @@ export class RedisLockBackend implements LockBackend {
     let reply = 0;
     try {
       reply = await (this.fenceRetention === 0
-        ? this.commands.redisLockReleaseForgetting(lockKey, `${lockKey}:fence`, token, channel)
-        : this.commands.redisLockRelease(lockKey, token, channel));
+        ? this.commands.redisLockReleaseForgetting(
+            lockKey,
+            `${lockKey}:fence`,
+            token,
+            channel,
+            message,
+          )
+        : this.commands.redisLockRelease(lockKey, token, channel, message));
     } finally {
       // Yielding (see takeHeir): another subscriber than this process's own got the message.
       if (this.notifier.watching) this.notifier.endYield(channel, reply > 2);
@@ -186,6 +202,24 @@ export class RedisLockBackend implements LockBackend {
     return true;
   }
 
+  /**
+   * Redlock mode: raises this node's fence counter of `key` to at least `fence` if `token` holds
+   * the lock here (see `RAISE_FENCE_SCRIPT`). Resolves whether it does.
+   */
+  async raiseFence(key: string, token: string, fence: number, ttl: number): Promise<boolean> {
+    const lockKey = this.lockKey(key);
+    this.batcher?.beforeSend();
+    const raised = await this.commands.redisLockRaiseFence(
+      lockKey,
+      `${lockKey}:fence`,
+      token,
+      fence,
+      ttl,
+      this.fenceRetention,
+    );
+    return raised === 1;
+  }
+
   async isLocked(key: string): Promise<boolean> {
     return (await this.client.exists(this.lockKey(key))) === 1;
   }
@@ -208,11 +242,16 @@ export class RedisLockBackend implements LockBackend {
   }
 
   hasWaiters(key: string): boolean {
-    return this.notifier.watching && this.notifier.isWatched(`${this.lockKey(key)}:released`);
+    return this.notifier.watching && this.notifier.isWatched(this.releaseChannel(key));
   }
 
   watchReleases(key: string, claim?: HandoffClaim): ReleaseSubscription {
-    return this.notifier.watch(`${this.lockKey(key)}:released`, claim);
+    return this.notifier.watch(this.releaseChannel(key), claim);
+  }
+
+  /** The channel on which releases of `key` are announced. */
+  releaseChannel(key: string): string {
+    return `${this.lockKey(key)}:released`;
   }
 
   async close(): Promise<void> {
@@ -235,6 +274,19 @@ export class RedisLockBackend implements LockBackend {
 const ESCAPED = /[%}]/;
 const ESCAPED_ALL = /[%}]/g;
 const escapeChar = (char: string): string => (char === '%' ? '%25' : '%7D');
+
+/**
+ * Creates a client the module owns for a `connection` (or a Redlock node given as a URL or
+ * options), with `OWN_CONNECTION_DEFAULTS` under the caller's options and no socket opened yet.
+ */
+export function createClient(connection: string | RedisOptions, logger: Logger): Redis {
+  const client =
+    typeof connection === 'string'
+      ? new Redis(connection, { ...OWN_CONNECTION_DEFAULTS, lazyConnect: true })
+      : new Redis({ ...OWN_CONNECTION_DEFAULTS, ...connection, lazyConnect: true });
+  client.on('error', (error: Error) => logger.warn(`Redis connection: ${error.message}`));
+  return client;
+}
 
 /**
  * What the module sets on connections it creates (a `client` you pass is never reconfigured;

@@ -61,13 +61,16 @@ interface ChannelState {
   yielding: boolean;
   /** The held-back wake-up of the first waiter. */
   deferred: NodeJS.Timeout | undefined;
+  /** The last release message: one release announced on several Redlock nodes counts once. */
+  lastMessage: string;
   ready: Promise<void>;
 }
 
 /**
- * Wakes waiters when a lock is released. One subscriber connection per module (a `duplicate()`
- * of the command client, created on first use); a channel per lock key, subscribed while at
- * least one waiter in this process wants it.
+ * Wakes waiters when a lock is released. One subscriber connection per module and Redis node (a
+ * `duplicate()` of each command client, created on first use); a channel per lock key,
+ * subscribed while at least one waiter in this process wants it. In Redlock mode a release is
+ * announced on every node with the same non-empty message, which wakes waiters once.
  *
  * The waiters of one key in one process form a queue in order of arrival. A release wakes the
  * first only: the others would lose the race anyway, and the winner's own release wakes the next.
@@ -77,11 +80,12 @@ interface ChannelState {
  * before trying passes its wake-up on.
  */
 export class ReleaseNotifier {
-  private subscriber: Redis | Cluster | undefined;
+  private subscribers: (Redis | Cluster)[] | undefined;
   private readonly channels = new Map<string, ChannelState>();
 
   constructor(
-    private readonly source: Redis | Cluster,
+    /** The command clients: one, or one per Redlock node. */
+    private readonly sources: readonly (Redis | Cluster)[],
     /** Longest wait for QUIT when closing the subscriber connection. */
     private readonly commandTimeout: number,
     private readonly logger: Logger,
@@ -98,6 +102,7 @@ export class ReleaseNotifier {
         handoffs: 0,
         yielding: false,
         deferred: undefined,
+        lastMessage: '',
         ready: this.subscribe(channel),
       };
       this.channels.set(channel, state);
@@ -154,40 +159,54 @@ export class ReleaseNotifier {
 
   /** Closes the subscriber connection. Waiters still sleeping wake on their own timers or signals. */
   async close(): Promise<void> {
-    const subscriber = this.subscriber;
-    this.subscriber = undefined;
+    const subscribers = this.subscribers ?? [];
+    this.subscribers = undefined;
     for (const state of this.channels.values()) clearTimeout(state.deferred);
     this.channels.clear();
-    if (subscriber) await closeQuietly(subscriber, this.commandTimeout);
+    await Promise.all(
+      subscribers.map((subscriber) => closeQuietly(subscriber, this.commandTimeout)),
+    );
   }
 
   private subscribe(channel: string): Promise<void> {
-    const subscriber = (this.subscriber ??= this.createSubscriber());
-    return subscriber.subscribe(channel).then(
-      () => undefined,
-      (error: unknown) => {
-        this.logger.warn(
-          `Could not subscribe to lock releases on "${channel}"; waiters fall back to polling: ${String(error)}`,
-        );
-      },
-    );
+    const subscribers = (this.subscribers ??= this.sources.map((source) =>
+      this.createSubscriber(source),
+    ));
+    return Promise.all(
+      subscribers.map((subscriber) =>
+        subscriber.subscribe(channel).then(
+          () => undefined,
+          (error: unknown) => {
+            this.logger.warn(
+              `Could not subscribe to lock releases on "${channel}"; waiters fall back to polling: ${String(error)}`,
+            );
+          },
+        ),
+      ),
+    ).then(() => undefined);
   }
 
   private unwatch(channel: string, state: ChannelState): void {
     if (--state.refs > 0 || this.channels.get(channel) !== state) return;
     this.channels.delete(channel);
     clearTimeout(state.deferred);
-    this.subscriber?.unsubscribe(channel).catch(() => {
-      // The connection is gone; there is nothing left to unsubscribe from.
-    });
+    for (const subscriber of this.subscribers ?? []) {
+      subscriber.unsubscribe(channel).catch(() => {
+        // The connection is gone; there is nothing left to unsubscribe from.
+      });
+    }
   }
 
-  private createSubscriber(): Redis | Cluster {
+  private createSubscriber(source: Redis | Cluster): Redis | Cluster {
     // Redis#duplicate and Cluster#duplicate take different arguments; neither needs any here.
-    const subscriber = (this.source as Redis).duplicate();
-    subscriber.on('message', (channel: string) => {
+    const subscriber = (source as Redis).duplicate();
+    subscriber.on('message', (channel: string, message: string) => {
       const state = this.channels.get(channel);
       if (!state) return;
+      if (message !== '') {
+        if (message === state.lastMessage) return;
+        state.lastMessage = message;
+      }
       state.seen++;
       if (!state.yielding) return void state.waiters[0]?.wake();
       state.yielding = false;

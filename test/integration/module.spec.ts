@@ -11,7 +11,7 @@ import {
   RedisLockShutdownError,
   type RedisLockModuleOptions,
 } from '../../lib/index.js';
-import { RedisLockBackend } from '../../lib/redis/redis-lock.backend.js';
+import { createLockBackend } from '../../lib/redis/lock-backend.factory.js';
 import { resolveModuleOptions } from '../../lib/redis-lock.options.js';
 import { eventually, sleep, startLockModule, uniqueKey } from '../support/lock-module.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
@@ -68,7 +68,7 @@ describe('RedisLockModule', () => {
 
     it('sets its documented ioredis options on connections it creates, lets yours win (but lazyConnect), and never touches a given client', async () => {
       const optionsOf = (options: RedisLockModuleOptions): RedisOptions => {
-        const backend = RedisLockBackend.create(resolveModuleOptions(options), new Logger('test'));
+        const backend = createLockBackend(resolveModuleOptions(options), new Logger('test'));
         void backend.close();
         return (backend as unknown as { client: Redis }).client.options;
       };
@@ -215,7 +215,7 @@ describe('RedisLockModule', () => {
 
   describe('bad configuration fails at bootstrap', () => {
     const cases: [string, () => RedisLockModuleOptions, string][] = [
-      ['neither client nor connection', () => ({}), 'client | connection'],
+      ['none of client, connection, nodes', () => ({}), 'client | connection | nodes'],
       [
         'both client and connection',
         () => ({ client: redis, connection: server.url }),

@@ -1,0 +1,251 @@
+import type { Logger } from '@nestjs/common';
+import type { Redis } from 'ioredis';
+import { LockQuorumError } from '../errors/redis-lock.errors.js';
+import type {
+  AcquireAttempt,
+  LockBackend,
+  ReleaseSubscription,
+} from '../interfaces/lock-backend.interface.js';
+import {
+  isRedisClient,
+  type RedisSource,
+  type ResolvedModuleOptions,
+} from '../redis-lock.options.js';
+import { freshToken } from '../utils/token.js';
+import { ReplyDeadlines } from '../utils/reply-deadlines.js';
+import { DEADLINE } from '../utils/within.js';
+import { createClient, RedisLockBackend } from './redis-lock.backend.js';
+import { ReleaseNotifier } from './release.notifier.js';
+
+/** What the nodes answered in one round. */
+interface Tally<T> {
+  yes: { node: number; value: T }[];
+  no: { node: number; value: T }[];
+  failed: { node: number; error: unknown }[];
+}
+
+/** One command sent to every node: the raw replies, and the tally once the round is decided. */
+interface Round<T> {
+  replies: Promise<T>[];
+  decided: Promise<Tally<T>>;
+}
+
+/**
+ * Redlock: one lock across N independent Redis masters, granted when a majority grants it.
+ *
+ * Each node keeps the same keys as a standalone deployment (lock, fence counter, release
+ * channel), written by the same scripts. Every operation goes to all nodes at once, each reply
+ * bounded by `commandTimeout`, and is decided as soon as a majority agrees or can no longer agree,
+ * so a paused or dead minority costs no time. A lock is valid for `ttl - drift` from when its
+ * attempt was sent; an attempt that does not win a majority within that is undone on every node,
+ * including nodes that answer late.
+ *
+ * Fences: each node counts its own. A holder's fence is the highest count among the majority that
+ * granted it; where those counts differ, a second round raises the counters of a majority to it
+ * before the lock is granted. Any later holder's majority shares a node with that majority, where
+ * the counter is already at least this fence, so its fence is higher.
+ */
+export class RedlockBackend implements LockBackend {
+  readonly replyTimeout: number;
+  private readonly quorum: number;
+  private readonly deadlines: ReplyDeadlines;
+  private readonly notifier: ReleaseNotifier;
+  /** Release messages are `<id>:<n>`: one release, announced on every node, wakes waiters once. */
+  private readonly id = freshToken().slice(0, 12);
+  private releases = 0;
+
+  constructor(
+    private readonly nodes: readonly RedisLockBackend[],
+    clients: readonly Redis[],
+    private readonly driftFactor: number,
+    commandTimeout: number,
+    logger: Logger,
+  ) {
+    this.quorum = Math.floor(nodes.length / 2) + 1;
+    this.deadlines = new ReplyDeadlines(commandTimeout);
+    // An acquisition takes two rounds when the nodes' fences differ (see the class comment).
+    this.replyTimeout = 2 * commandTimeout + 100;
+    this.notifier = new ReleaseNotifier(clients, commandTimeout, logger);
+  }
+
+  /** Builds the backend for the module's `nodes`, creating (and then owning) the clients given as URL or options. */
+  static create(
+    { nodes, driftFactor }: Extract<RedisSource, { kind: 'nodes' }>,
+    options: ResolvedModuleOptions,
+    logger: Logger,
+  ): RedlockBackend {
+    const clients = nodes.map((node) =>
+      isRedisClient(node)
+        ? { client: node, owned: false }
+        : { client: createClient(node, logger), owned: true },
+    );
+    if (nodes.length % 2 === 0) {
+      logger.warn(
+        `Redlock with ${nodes.length} nodes tolerates no more failures than with ${nodes.length - 1}: ` +
+          'use an odd number of nodes.',
+      );
+    }
+    logger.log(
+      `Redlock mode: ${nodes.length} nodes, a lock needs ${Math.floor(nodes.length / 2) + 1} of them.`,
+    );
+    return new RedlockBackend(
+      clients.map(({ client, owned }) => new RedisLockBackend(client, options, owned, logger)),
+      clients.map(({ client }) => client),
+      driftFactor,
+      options.commandTimeout,
+      logger,
+    );
+  }
+
+  validity(ttl: number): number {
+    return ttl - ttl * this.driftFactor - 2;
+  }
+
+  async tryAcquire(key: string, token: string, ttl: number): Promise<AcquireAttempt> {
+    const sentAt = performance.now();
+    const round = this.ask(
+      (node) => node.tryAcquire(key, token, ttl),
+      (attempt) => attempt.acquired,
+    );
+    const tally = await round.decided;
+    if (tally.yes.length >= this.quorum) {
+      const fences = tally.yes.map(({ value }) => (value.acquired ? value.fence : 0));
+      const fence = Math.max(...fences);
+      const agreed = fences.filter((each) => each === fence).length >= this.quorum;
+      const validity = this.validity(ttl);
+      if (
+        (agreed || (await this.raiseFences(key, token, fence, ttl))) &&
+        performance.now() - sentAt < validity
+      ) {
+        return { acquired: true, fence, validity };
+      }
+    }
+    // Not granted: undo it wherever it was granted, now or when a late reply says so.
+    round.replies.forEach((reply, i) => {
+      reply
+        .then((attempt) => (attempt.acquired ? this.nodes[i].release(key, token) : undefined))
+        .catch(() => {
+          // That copy expires after its TTL.
+        });
+    });
+    if (tally.failed.length > this.nodes.length - this.quorum) throw this.noQuorum(tally);
+    const waits = tally.no.flatMap(({ value }) =>
+      !value.acquired && value.retryAfter !== undefined ? [value.retryAfter] : [],
+    );
+    return { acquired: false, retryAfter: waits.length > 0 ? Math.min(...waits) : undefined };
+  }
+
+  /** The second round of an acquisition: resolves whether a majority now counts at least `fence`. */
+  private async raiseFences(key: string, token: string, fence: number, ttl: number) {
+    const round = this.ask(
+      (node) => node.raiseFence(key, token, fence, ttl),
+      (raised) => raised,
+    );
+    return (await round.decided).yes.length >= this.quorum;
+  }
+
+  extend(key: string, token: string, ttl: number): Promise<boolean> {
+    return this.majority((node) => node.extend(key, token, ttl));
+  }
+
+  /**
+   * Resolves true once a majority has released it, false when it was no longer held on a majority.
+   * Nodes that answer later (or never: their copy expires after its TTL) do not hold it up.
+   */
+  async release(key: string, token: string): Promise<boolean> {
+    const message = `${this.id}:${++this.releases}`;
+    const tally = await this.ask(
+      (node) => node.release(key, token, message),
+      (released) => released,
+    ).decided;
+    if (tally.yes.length >= this.quorum) return true;
+    if (tally.failed.length === 0) return false;
+    throw this.noQuorum(tally);
+  }
+
+  isLocked(key: string): Promise<boolean> {
+    return this.majority((node) => node.isLocked(key));
+  }
+
+  isHeld(key: string, token: string): Promise<boolean> {
+    return this.majority((node) => node.isHeld(key, token));
+  }
+
+  onReconnect(listener: () => void): () => void {
+    const stops = this.nodes.map((node) => node.onReconnect(listener));
+    return () => stops.forEach((stop) => stop());
+  }
+
+  hasWaiters(key: string): boolean {
+    return this.notifier.watching && this.notifier.isWatched(this.nodes[0].releaseChannel(key));
+  }
+
+  /** No handoffs in Redlock mode (a release would have to hand over on a majority): `claim` is unused. */
+  watchReleases(key: string): ReleaseSubscription {
+    return this.notifier.watch(this.nodes[0].releaseChannel(key));
+  }
+
+  async close(): Promise<void> {
+    await Promise.all([this.notifier.close(), ...this.nodes.map((node) => node.close())]);
+  }
+
+  /**
+   * A yes/no question to every node: true when a majority says yes, false when a majority says no
+   * (or more than a minority, so that yes can no longer win), and `LockQuorumError` when too few
+   * answered to tell.
+   */
+  private async majority(call: (node: RedisLockBackend) => Promise<boolean>): Promise<boolean> {
+    const tally = await this.ask(call, (yes) => yes).decided;
+    if (tally.yes.length >= this.quorum) return true;
+    if (tally.no.length > this.nodes.length - this.quorum) return false;
+    throw this.noQuorum(tally);
+  }
+
+  /**
+   * Sends `call` to every node at once, each reply bounded by `commandTimeout`. The round is
+   * decided when a majority says yes, when so many said no or failed that a majority can no longer
+   * say yes, or when every node has answered.
+   */
+  private ask<T>(call: (node: RedisLockBackend) => Promise<T>, isYes: (value: T) => boolean) {
+    const replies = this.nodes.map((node) => call(node));
+    const decided = new Promise<Tally<T>>((resolve) => {
+      const tally: Tally<T> = { yes: [], no: [], failed: [] };
+      let open = replies.length;
+      const counted = (): void => {
+        open--;
+        if (
+          open === 0 ||
+          tally.yes.length >= this.quorum ||
+          tally.no.length + tally.failed.length > this.nodes.length - this.quorum
+        ) {
+          resolve({ yes: [...tally.yes], no: [...tally.no], failed: [...tally.failed] });
+        }
+      };
+      replies.forEach((reply, node) => {
+        this.deadlines.bound(reply).then(
+          (value) => {
+            (isYes(value) ? tally.yes : tally.no).push({ node, value });
+            counted();
+          },
+          (error: unknown) => {
+            tally.failed.push({ node, error });
+            counted();
+          },
+        );
+      });
+    });
+    return { replies, decided } satisfies Round<T>;
+  }
+
+  private noQuorum(tally: Tally<unknown>): LockQuorumError {
+    return new LockQuorumError(
+      this.nodes.length,
+      this.quorum,
+      tally.yes.length + tally.no.length,
+      tally.failed.map(
+        ({ node, error }) =>
+          `node ${node}: ${error === DEADLINE ? 'no reply within commandTimeout' : String((error as Error)?.message ?? error)}`,
+      ),
+    );
+  }
+}

@@ -1,0 +1,338 @@
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { once } from 'node:events';
+import { after, before, describe, it } from 'node:test';
+import { fileURLToPath } from 'node:url';
+import { Redis } from 'ioredis';
+import {
+  LockBackendError,
+  LockLostError,
+  LockQuorumError,
+  RedisLockConfigurationError,
+  type LockService,
+} from '../../lib/index.js';
+import {
+  eventually,
+  sleep,
+  startLockModule,
+  uniqueKey,
+  type LockModuleFixture,
+} from '../support/lock-module.js';
+import { startRedis, type RedisServer } from '../support/redis-server.js';
+
+const worker = fileURLToPath(new URL('../fixtures/lock-worker.js', import.meta.url));
+const NODES = 5;
+
+describe('Redlock mode (nodes: 5 independent masters)', () => {
+  let servers: RedisServer[];
+  let direct: Redis[];
+  let app: LockModuleFixture;
+  let other: LockModuleFixture;
+  let locks: LockService;
+
+  before(async () => {
+    servers = await Promise.all(Array.from({ length: NODES }, () => startRedis()));
+    direct = servers.map((server) =>
+      // Nodes crash in these tests: the test's own clients reconnect quietly.
+      new Redis(server.port, server.host).on('error', () => {}),
+    );
+    const nodes = servers.map((server) => server.url);
+    app = await startLockModule({ nodes });
+    other = await startLockModule({ nodes });
+    locks = app.locks;
+  });
+  after(async () => {
+    for (const server of servers ?? []) server.signal('SIGCONT');
+    await app?.close();
+    await other?.close();
+    for (const client of direct ?? []) client.disconnect();
+    await Promise.all((servers ?? []).map((server) => server.stop()));
+  });
+
+  /** The module's own connections to the nodes. */
+  const nodeClients = (fixture: LockModuleFixture): Redis[] =>
+    (fixture.locks as unknown as { backend: { nodes: { client: Redis }[] } }).backend.nodes.map(
+      (node) => node.client,
+    );
+
+  /** The nodes on which `key` is held by `token` right now. */
+  const holders = async (key: string, token: string, among = servers.keys()): Promise<number> => {
+    let count = 0;
+    for (const i of among) if ((await direct[i].get(`lock:{${key}}`)) === token) count++;
+    return count;
+  };
+
+  /** Runs `fn` while the given nodes are frozen (SIGSTOP). */
+  async function pausing<T>(indexes: number[], fn: () => Promise<T>): Promise<T> {
+    for (const i of indexes) servers[i].signal('SIGSTOP');
+    try {
+      return await fn();
+    } finally {
+      for (const i of indexes) servers[i].signal('SIGCONT');
+    }
+  }
+
+  /** Crashes the given nodes; `revive()` starts them again, empty, on the same ports. */
+  async function crash(indexes: number[]): Promise<{ revive(): Promise<void> }> {
+    await Promise.all(indexes.map((i) => servers[i].kill()));
+    return {
+      revive: async () => {
+        await Promise.all(
+          indexes.map(async (i) => {
+            servers[i] = await servers[i].restart();
+          }),
+        );
+        // Every client reconnects by itself (ioredis backs off up to 2 s); wait until they have.
+        const clients = [...direct, ...[app, other].flatMap(nodeClients)];
+        assert.ok(await eventually(() => clients.every((client) => client.status === 'ready')));
+      },
+    };
+  }
+
+  it('writes the lock on every node, excludes a second app and wakes its waiter on release', async () => {
+    const key = uniqueKey();
+    const lock = await locks.acquire(key);
+    // Granted once three nodes said yes; the other two follow.
+    assert.ok(await eventually(async () => (await holders(key, lock.token)) === NODES));
+    assert.equal(await other.locks.tryAcquire(key), null);
+    assert.equal(await other.locks.isLocked(key), true);
+    const waiting = other.locks.acquire(key, { acquireTimeout: 5_000 });
+    await sleep(100);
+    const releasedAt = performance.now();
+    assert.equal(await lock.release(), true);
+    const next = await waiting;
+    const gap = performance.now() - releasedAt;
+    assert.ok(gap < 100, `the waiter took ${gap.toFixed(0)} ms`);
+    assert.ok(next.fence > lock.fence);
+    assert.equal(await holders(key, lock.token), 0);
+    await next.release();
+    assert.equal(await locks.isLocked(key), false);
+  });
+
+  it('counts the clock drift: a lock is valid for ttl - 1% - 2 ms from when it was asked for', async () => {
+    const before = performance.now();
+    const lock = await locks.acquire(uniqueKey(), { ttl: 10_000 });
+    const after = performance.now();
+    assert.ok(lock.expiresAt >= before + 9_898 && lock.expiresAt <= after + 9_898);
+    await lock.release();
+  });
+
+  it('auto-extends on a majority while the work runs', async () => {
+    const key = uniqueKey();
+    await locks.using(
+      key,
+      async (lock) => {
+        await sleep(700);
+        assert.equal(lock.signal.aborted, false);
+        assert.equal(await other.locks.tryAcquire(key), null);
+      },
+      { ttl: 300 },
+    );
+    assert.equal(await locks.isLocked(key), false);
+  });
+
+  it('keeps fences increasing when the majorities of two holders differ', async () => {
+    const key = uniqueKey();
+    const fenceKey = `lock:{${key}}:fence`;
+    const counters = async (): Promise<number[]> =>
+      (await Promise.all(direct.map((client) => client.get(fenceKey)))).map(Number);
+    // Node 0 has counted far ahead of the others (it was in every majority for a long time).
+    const ahead = 8_000_000_000_000_000;
+    await direct[0].set(fenceKey, ahead);
+    await Promise.all(direct.slice(1).map((client) => client.set(fenceKey, 5)));
+    // The first holder's majority is nodes 0, 1 and 2 (3 and 4 are paused): fences ahead + 1, 6, 6.
+    const first = await pausing([3, 4], () => locks.acquire(key));
+    assert.equal(first.fence, ahead + 1);
+    // Before the lock was granted, the counters where it is held were raised to its fence ...
+    assert.ok(await eventually(async () => (await counters()).every((n) => n === ahead + 1)));
+    await first.release();
+    // ... so a holder whose majority leaves node 0 out still gets a higher fence.
+    const second = await pausing([0], () => other.locks.acquire(key));
+    assert.ok(second.fence > first.fence, `${second.fence} after ${first.fence}`);
+    await second.release();
+    // Once raised, the counters agree, and a holder needs one round: every node counts one fence.
+    const third = await locks.acquire(key);
+    assert.ok(await eventually(async () => (await counters()).every((n) => n === third.fence)));
+    await third.release();
+  });
+
+  it('works with 2 of 5 nodes down: acquire, extend, release', async () => {
+    const down = await crash([3, 4]);
+    try {
+      const key = uniqueKey();
+      const lock = await locks.acquire(key, { ttl: 2_000 });
+      assert.equal(await holders(key, lock.token, [0, 1, 2].values()), 3);
+      await lock.extend(5_000);
+      assert.ok((await direct[0].pttl(`lock:{${key}}`)) > 2_000);
+      assert.equal(await other.locks.tryAcquire(key), null);
+      assert.equal(await lock.release(), true);
+      const next = await other.locks.acquire(key, { acquireTimeout: 0 });
+      assert.ok(next.fence > lock.fence);
+      await next.release();
+    } finally {
+      await down.revive();
+    }
+  });
+
+  it('fails with a typed error within its bound when 3 of 5 nodes are down, leaving nothing on the live nodes', async () => {
+    const down = await crash([0, 1, 2]);
+    try {
+      const key = uniqueKey();
+      const started = performance.now();
+      const error = await locks.acquire(key, { acquireTimeout: 3_000 }).then(
+        () => assert.fail('acquired without a majority'),
+        (error: unknown) => error,
+      );
+      const took = performance.now() - started;
+      assert.ok(error instanceof LockBackendError, String(error));
+      assert.ok(error.cause instanceof LockQuorumError, String(error.cause));
+      assert.equal(error.cause.quorum, 3);
+      // Decided as soon as three nodes failed, whether or not the live two had answered yet.
+      assert.equal(error.cause.failures.length, 3);
+      assert.ok(error.cause.answered <= 2);
+      assert.ok(took < 2_100, `took ${took.toFixed(0)} ms`);
+      assert.ok(
+        await eventually(async () => (await direct[3].exists(`lock:{${key}}`)) === 0),
+        'the partial lock is undone on node 3',
+      );
+      assert.equal(await direct[4].exists(`lock:{${key}}`), 0);
+      await assert.rejects(locks.isLocked(key), LockBackendError);
+    } finally {
+      await down.revive();
+    }
+  });
+
+  it('aborts the signal when no majority confirms an extension before the validity ends', async () => {
+    const key = uniqueKey();
+    let down: { revive(): Promise<void> } | undefined;
+    try {
+      const reason = await locks.using(
+        key,
+        async (lock) => {
+          down = await crash([0, 1, 2]);
+          await once(lock.signal, 'abort');
+          return lock.signal.reason as unknown;
+        },
+        { ttl: 600 },
+      );
+      assert.ok(reason instanceof LockLostError);
+      assert.equal(reason.reason, 'unconfirmed');
+    } finally {
+      await down?.revive();
+    }
+  });
+
+  it('a paused node (SIGSTOP) costs an acquisition and a release no time', async () => {
+    const key = uniqueKey();
+    await pausing([2], async () => {
+      const started = performance.now();
+      const lock = await locks.acquire(key);
+      assert.equal(await lock.release(), true);
+      const took = performance.now() - started;
+      assert.ok(took < 300, `took ${took.toFixed(0)} ms with a paused node`);
+    });
+    // The paused node runs the queued release when it wakes: nothing is left behind.
+    assert.ok(await eventually(async () => (await direct[2].exists(`lock:{${key}}`)) === 0));
+  });
+
+  it('nodes restarted empty while a lock is held: the holder keeps it while a majority still has it, and learns when not', async () => {
+    const key = uniqueKey();
+    const lock = await locks.acquire(key, { ttl: 30_000 });
+    // Granted by the first three to answer; the other two follow.
+    assert.ok(await eventually(async () => (await holders(key, lock.token)) === NODES));
+    const signal = lock.signal;
+    // Two nodes crash and come back without the lock: three still hold it, nobody else gets it.
+    await (await crash([0, 1])).revive();
+    assert.equal(await other.locks.tryAcquire(key), null);
+    await sleep(300); // the holder's connections come back and it checks its locks
+    assert.equal(signal.aborted, false);
+    // A third node restarts empty before the TTL ran out: the majority is gone. Another app can
+    // take the lock (why restarts must be delayed by the longest TTL, see the README), and the
+    // holder's check after reconnecting tells it through its signal.
+    await (await crash([2])).revive();
+    const intruder = await other.locks.acquire(key, { acquireTimeout: 5_000 });
+    assert.ok(
+      await eventually(() => signal.aborted, 5_000),
+      'the first holder learns it lost the lock',
+    );
+    assert.equal((signal.reason as LockLostError).reason, 'not-held');
+    assert.equal(await lock.release(), false);
+    await intruder.release();
+  });
+
+  it('control: 3 processes incrementing without the lock lose updates; under it the count is exact', async () => {
+    const ports = servers.map((server) => server.port).join(',');
+    const count = async (locking: 'lock' | 'nolock', iterations: number): Promise<number> => {
+      const counter = uniqueKey('counter');
+      const key = uniqueKey();
+      const children = Array.from({ length: 3 }, () =>
+        spawn(
+          process.execPath,
+          [worker, 'increment', ports, key, counter, String(iterations), locking],
+          {
+            stdio: ['ignore', 'ignore', 'inherit'],
+          },
+        ),
+      );
+      const codes = await Promise.all(
+        children.map(async (child) => (await once(child, 'exit'))[0]),
+      );
+      assert.deepEqual(codes, [0, 0, 0]);
+      return Number(await direct[0].get(counter));
+    };
+    // Without the lock the processes overlap once all three are up (they boot at different times).
+    assert.ok((await count('nolock', 300)) < 900);
+    assert.equal(await count('lock', 25), 75);
+  });
+
+  it('closes the clients it created on shutdown, never the ones it was given', async () => {
+    const given = servers
+      .slice(0, 2)
+      .map((server) => new Redis(server.port, server.host).on('error', () => {}));
+    const fixture = await startLockModule({
+      nodes: [...given, servers[2].url, { host: servers[3].host, port: servers[3].port }],
+    });
+    const countClients = async (): Promise<number> =>
+      String(await direct[2].call('CLIENT', 'LIST'))
+        .trim()
+        .split('\n').length;
+    try {
+      const baseline = await countClients();
+      const key = uniqueKey();
+      const lock = await fixture.locks.acquire(key);
+      assert.ok(
+        await eventually(async () => (await holders(key, lock.token, [0, 1, 2, 3].values())) === 4),
+      );
+      await lock.release();
+      assert.ok((await countClients()) > baseline);
+      await fixture.close();
+      assert.ok(await eventually(async () => (await countClients()) === baseline));
+      for (const client of given) assert.equal(await client.ping(), 'PONG');
+    } finally {
+      await fixture.close();
+      for (const client of given) client.disconnect();
+    }
+  });
+
+  it('rejects Redlock options that cannot work, naming them', async () => {
+    const urls = servers.map((server) => server.url);
+    const cases: [object, RegExp][] = [
+      [{ nodes: urls.slice(0, 2) }, /"nodes".*at least 3/],
+      [{ nodes: [] }, /"nodes"/],
+      [{ nodes: 'redis://x:1' }, /"nodes"/],
+      [{ nodes: urls, connection: urls[0] }, /"connection \+ nodes"/],
+      [{ nodes: [urls[0], urls[1], urls[0]] }, /"nodes\[0\] \+ nodes\[2\]".*same server/],
+      [{ nodes: [urls[0], urls[1], 'http://x'] }, /"nodes\[2\]".*redis:\/\//],
+      [{ nodes: [urls[0], urls[1], 42] }, /"nodes\[2\]"/],
+      [{ nodes: urls, driftFactor: 0.7 }, /"driftFactor"/],
+      [{ connection: urls[0], driftFactor: 0.01 }, /"driftFactor \+ connection"/],
+    ];
+    for (const [options, message] of cases) {
+      await assert.rejects(startLockModule(options), (error: unknown) => {
+        assert.ok(error instanceof RedisLockConfigurationError, String(error));
+        assert.match(error.message, message);
+        return true;
+      });
+    }
+  });
+});
