@@ -235,6 +235,26 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     assert.ok(await eventually(async () => (await direct[2].exists(`lock:{${key}}`)) === 0));
   });
 
+  it('a paused majority fails an acquisition within commandTimeout, not at its deadline', async () => {
+    const key = uniqueKey();
+    const error = await pausing([0, 1, 2], async () => {
+      const started = performance.now();
+      const outcome = await locks.acquire(key, { acquireTimeout: 10_000 }).then(
+        () => assert.fail('acquired without a majority'),
+        (error: unknown) => error,
+      );
+      const took = performance.now() - started;
+      assert.ok(took >= 900 && took < 1_500, `took ${took.toFixed(0)} ms`);
+      return outcome;
+    });
+    assert.ok(error instanceof LockBackendError && error.cause instanceof LockQuorumError);
+    assert.match(error.cause.message, /no reply within commandTimeout/);
+    // The paused nodes run the attempt when they wake; its late grants are undone there.
+    for (const i of [0, 1, 2]) {
+      assert.ok(await eventually(async () => (await direct[i].exists(`lock:{${key}}`)) === 0));
+    }
+  });
+
   it('nodes restarted empty while a lock is held: the holder keeps it while a majority still has it, and learns when not', async () => {
     const key = uniqueKey();
     const lock = await locks.acquire(key, { ttl: 30_000 });

@@ -1,0 +1,110 @@
+/**
+ * The key layout, as pure logic: every script gets its keys (and the release channel it publishes
+ * on) from one cluster hash slot, whatever the key and prefix. Redis Cluster refuses a script
+ * whose keys span slots, and sharded pub/sub needs the channel in the keys' slot.
+ */
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import { Logger } from '@nestjs/common';
+import fc from 'fast-check';
+import type { Redis } from 'ioredis';
+import { RedisLockBackend } from '../../lib/redis/redis-lock.backend.js';
+
+/**
+ * What Redis hashes to find a key's slot: the part between the first `{` and the first `}` after
+ * it, if that part is not empty; otherwise the whole key (Redis Cluster specification, "Hash tags").
+ */
+function hashed(key: string): string {
+  const open = key.indexOf('{');
+  if (open < 0) return key;
+  const close = key.indexOf('}', open + 1);
+  if (close < 0 || close === open + 1) return key;
+  return key.slice(open + 1, close);
+}
+
+interface Call {
+  command: string;
+  keys: string[];
+  channel: string | undefined;
+}
+
+/** A stand-in client that records the scripts the backend defines and the calls it makes. */
+function recordingClient(calls: Call[]): Redis {
+  const numberOfKeys = new Map<string, number>();
+  const client: Record<string, unknown> = {
+    isCluster: true, // no write batching: nothing to flush
+    defineCommand(name: string, { numberOfKeys: count }: { numberOfKeys: number }) {
+      numberOfKeys.set(name, count);
+      client[name] = (...args: unknown[]) => {
+        const keys = args.slice(0, count).map(String);
+        const argv = args.slice(count).map(String);
+        // The release scripts publish on their channel: the argument that ends in ':released'.
+        const channel = argv.find((arg) => arg.endsWith(':released'));
+        calls.push({ command: name, keys, channel });
+        return Promise.resolve(1);
+      };
+    },
+    exists: (key: string) => (
+      calls.push({ command: 'exists', keys: [key], channel: undefined }),
+      0
+    ),
+    get: (key: string) => (calls.push({ command: 'get', keys: [key], channel: undefined }), null),
+  };
+  return client as unknown as Redis;
+}
+
+describe('key layout', () => {
+  it('every script call has all its keys, and its release channel, in one hash slot', async () => {
+    const text = fc.string({ unit: 'grapheme', minLength: 1, maxLength: 12 });
+    const braces = fc.constantFrom('{', '}', '%', '{}', '}{', '%7D', '%25', 'a', ':');
+    const key = fc
+      .array(fc.oneof(text, braces), { minLength: 1, maxLength: 6 })
+      .map((parts) => parts.join(''));
+    const prefix = fc.constantFrom('lock:', '', 'app:locks:', '%');
+    await fc.assert(
+      fc.asyncProperty(key, prefix, fc.constantFrom(0, 60_000), async (k, keyPrefix, retention) => {
+        const calls: Call[] = [];
+        const backend = new RedisLockBackend(
+          recordingClient(calls),
+          { keyPrefix, commandTimeout: 1_000, fenceRetention: retention },
+          false,
+          new Logger('test'),
+        );
+        await backend.tryAcquire(k, 't', 1_000);
+        await backend.extend(k, 't', 1_000);
+        await backend.raiseFence(k, 't', 5, 1_000);
+        await backend.release(k, 't');
+        await backend.isLocked(k);
+        await backend.isHeld(k, 't');
+        assert.ok(calls.length >= 6);
+        const slots = new Set<string>();
+        for (const call of calls) {
+          const names = call.channel ? [...call.keys, call.channel] : call.keys;
+          for (const name of names) slots.add(hashed(name));
+        }
+        // One hash tag for everything about the key, and it is never the whole name.
+        assert.equal(slots.size, 1, `${JSON.stringify(calls)}`);
+        assert.ok(calls.every((call) => call.keys.every((name) => hashed(name) !== name)));
+      }),
+      { numRuns: 300 },
+    );
+  });
+
+  it('two different keys never share a lock', () => {
+    fc.assert(
+      fc.property(fc.string({ minLength: 1 }), fc.string({ minLength: 1 }), (a, b) => {
+        fc.pre(a !== b);
+        const calls: Call[] = [];
+        const backend = new RedisLockBackend(
+          recordingClient(calls),
+          { keyPrefix: 'lock:', commandTimeout: 1_000, fenceRetention: 0 },
+          false,
+          new Logger('test'),
+        );
+        void backend.isLocked(a);
+        void backend.isLocked(b);
+        assert.notEqual(calls[0].keys[0], calls[1].keys[0]);
+      }),
+    );
+  });
+});
