@@ -7,6 +7,7 @@ export {
   LockKeyResolutionError,
   LockLostError,
   LockQuorumError,
+  LockReplicationError,
   RedisLockConfigurationError,
   RedisLockError,
   RedisLockShutdownError,
@@ -17,6 +18,7 @@ export type { AcquireOptions, Lock } from './interfaces/lock.interface.js';
 export type {
   LockDefaults,
   RedisLockModuleOptions,
+  ReplicaAck,
 } from './interfaces/redis-lock-options.interface.js';
 export type {
   LockKeySource,

@@ -307,7 +307,11 @@ export class LockService implements OnApplicationShutdown {
         );
         throw new LockBackendError(key, operation, silence, true);
       }
-      if (error === this.stopping.signal.reason || (signal?.aborted && error === signal.reason)) {
+      if (
+        error === this.stopping.signal.reason ||
+        (signal?.aborted && error === signal.reason) ||
+        error instanceof LockBackendError
+      ) {
         throw error;
       }
       throw new LockBackendError(key, operation, error);

@@ -8,6 +8,7 @@ import type {
 import type {
   LockDefaults,
   RedisLockModuleOptions,
+  ReplicaAck,
 } from './interfaces/redis-lock-options.interface.js';
 
 /** The built-in defaults: the single place they are written down. */
@@ -63,6 +64,7 @@ export interface ResolvedModuleOptions {
   keyPrefix: string;
   commandTimeout: number;
   fenceRetention: number;
+  replicaAck: ReplicaAck | undefined;
   defaults: ResolvedDefaults;
   timeoutResponse: LockTimeoutResponse;
 }
@@ -88,6 +90,7 @@ const MODULE_KEYS = [
   'keyPrefix',
   'commandTimeout',
   'fenceRetention',
+  'replicaAck',
   'defaults',
   ...TIMEOUT_RESPONSE_KEYS,
 ];
@@ -140,6 +143,8 @@ export function resolveModuleOptions(raw: RedisLockModuleOptions): ResolvedModul
   const fenceRetentionProblem = durationProblem(fenceRetention, true);
   if (fenceRetentionProblem) fail('fenceRetention', fenceRetention, fenceRetentionProblem);
 
+  const replicaAck = checkReplicaAck(raw, commandTimeout, fail);
+
   const given = raw.defaults === undefined ? {} : raw.defaults;
   if (!isOptionsObject(given)) fail('defaults', given, 'must be an object');
   rejectUnknownKeys(given, DEFAULTS_KEYS, 'defaults.', fail);
@@ -158,7 +163,15 @@ export function resolveModuleOptions(raw: RedisLockModuleOptions): ResolvedModul
     defaults.autoExtend = given.autoExtend;
   }
   const timeoutResponse = checkTimeoutResponse(raw, '', fail);
-  return { source, keyPrefix, commandTimeout, fenceRetention, defaults, timeoutResponse };
+  return {
+    source,
+    keyPrefix,
+    commandTimeout,
+    fenceRetention,
+    replicaAck,
+    defaults,
+    timeoutResponse,
+  };
 }
 
 /** Checks that exactly one of `client`, `connection` and `nodes` is given, and that it is usable. */
@@ -236,6 +249,37 @@ function resolveSource(
 }
 
 const SOURCE_KEYS = ['client', 'connection', 'nodes'] as const;
+
+function checkReplicaAck(
+  raw: RedisLockModuleOptions,
+  commandTimeout: number,
+  fail: (option: string, value: unknown, problem: string) => never,
+): ReplicaAck | undefined {
+  const ack = raw.replicaAck;
+  if (ack === undefined) return undefined;
+  if (raw.nodes !== undefined) {
+    fail(
+      'replicaAck + nodes',
+      ack,
+      'Redlock nodes are independent masters: their majority, not replicas, keeps a lock; drop replicaAck',
+    );
+  }
+  if (!isOptionsObject(ack)) fail('replicaAck', ack, 'must be an object { replicas, timeout }');
+  rejectUnknownKeys(ack, ['replicas', 'timeout'], 'replicaAck.', fail);
+  if (typeof ack.replicas !== 'number' || !Number.isInteger(ack.replicas) || ack.replicas < 1) {
+    fail('replicaAck.replicas', ack.replicas, 'must be a whole number >= 1');
+  }
+  const problem = durationProblem(ack.timeout, false);
+  if (problem) fail('replicaAck.timeout', ack.timeout, problem);
+  if (ack.timeout >= commandTimeout) {
+    fail(
+      'replicaAck.timeout + commandTimeout',
+      ack.timeout,
+      `must be shorter than commandTimeout (${commandTimeout} ms): the acknowledgement is part of the reply that commandTimeout bounds`,
+    );
+  }
+  return { replicas: ack.replicas, timeout: ack.timeout };
+}
 
 function checkConnection(
   option: string,

@@ -191,6 +191,32 @@ export class LockBackendError extends RedisLockError {
 }
 
 /**
+ * With `replicaAck`: fewer replicas than asked for confirmed a lock write in time. An acquisition
+ * was undone (the lock is not held); an extension was made on the master but is not known to be
+ * on enough replicas. A `LockBackendError` with `operation` 'acquire' or 'extend'.
+ */
+export class LockReplicationError extends LockBackendError {
+  constructor(
+    key: string,
+    operation: 'acquire' | 'extend',
+    /** Replicas that had to confirm. */
+    readonly replicas: number,
+    /** Replicas that did. */
+    readonly acknowledged: number,
+    /** How long they were given, in ms. */
+    readonly timeout: number,
+  ) {
+    super(
+      key,
+      operation,
+      new Error(
+        `${acknowledged} of ${replicas} replicas confirmed the write within replicaAck.timeout (${timeout} ms)`,
+      ),
+    );
+  }
+}
+
+/**
  * Redlock mode: too few nodes answered for a majority to decide (they are down, paused or slow),
  * so the lock state is unknown for this call. The `cause` of a `LockBackendError`; `failures`
  * says what happened on each node that did not answer.

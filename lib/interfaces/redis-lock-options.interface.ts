@@ -36,6 +36,14 @@ export interface LockDefaults {
   retryJitter?: number;
 }
 
+/** See `RedisLockModuleOptions.replicaAck`. */
+export interface ReplicaAck {
+  /** Replicas that must have each lock write. */
+  replicas: number;
+  /** Longest wait for them, in ms. */
+  timeout: number;
+}
+
 /**
  * Options of `RedisLockModule.forRoot()` and the factory of `forRootAsync()`. Give exactly one of
  * `client`, `connection` or `nodes`. `timeoutStatus` / `timeoutException` set how `@WithLock` handlers answer
@@ -90,6 +98,14 @@ export interface RedisLockModuleOptions extends LockTimeoutResponse {
    * @default 60_000
    */
   fenceRetention?: number;
+  /**
+   * Off by default. When set, every acquisition and extension waits (Redis `WAIT`) until
+   * `replicas` replicas of the master have the write, for at most `timeout` ms (shorter than
+   * `commandTimeout`). Fewer in time: the acquisition is undone and fails, an extension fails,
+   * with `LockReplicationError`. Narrows, does not close, the window in which a failover to a
+   * replica that lacks the lock lets a second holder in. Not with `nodes`.
+   */
+  replicaAck?: ReplicaAck;
   /** Defaults for every lock taken through this module. */
   defaults?: LockDefaults;
 }

@@ -364,16 +364,17 @@ class ChannelSubscription implements ReleaseSubscription, Partial<Heir> {
 
 /**
  * Ends a connection this library owns: QUIT when it is up (waiting at most `timeoutMs` for the
- * reply, so a frozen Redis cannot hold shutdown hostage), otherwise, or then, just drop it.
+ * reply, so a frozen Redis cannot hold shutdown hostage), then drop whatever is left.
  */
 export async function closeQuietly(client: Redis | Cluster, timeoutMs: number): Promise<void> {
   if (client.status === 'ready') {
     try {
       await within(client.quit(), timeoutMs, []);
-      return;
     } catch {
       // Fall through to a hard disconnect.
     }
   }
+  // Also after QUIT: it ends the connection but not what ioredis keeps beside it (a Sentinel
+  // client's failover detector, with its own connections to every Sentinel).
   client.disconnect();
 }

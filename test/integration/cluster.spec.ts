@@ -7,6 +7,7 @@ import {
   uniqueKey,
   type LockModuleFixture,
 } from '../support/lock-module.js';
+import { countIncrements } from '../support/processes.js';
 import { startCluster, type RedisClusterFixture } from '../support/redis-server.js';
 
 describe('on Redis Cluster', () => {
@@ -56,6 +57,13 @@ describe('on Redis Cluster', () => {
       `handoff took ${(performance.now() - releasedAt).toFixed(0)} ms`,
     );
     await lock.release();
+  });
+
+  it('control: 3 processes incrementing without the lock lose updates; under it the count is exact', async () => {
+    const target = `cluster:${cluster.nodes.map((node) => node.port).join(',')}`;
+    const read = (counter: string): Promise<string | null> => clients[0].get(counter);
+    assert.ok((await countIncrements(target, 3, 300, 'nolock', read)) < 900);
+    assert.equal(await countIncrements(target, 3, 25, 'lock', read), 75);
   });
 
   it('auto-extends and releases through the cluster', async () => {

@@ -6,6 +6,7 @@ import { fileURLToPath } from 'node:url';
 import { Redis } from 'ioredis';
 import type { LockService } from '../../lib/index.js';
 import { startLockModule, uniqueKey, type LockModuleFixture } from '../support/lock-module.js';
+import { countIncrements } from '../support/processes.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
 
 const worker = fileURLToPath(new URL('../fixtures/lock-worker.js', import.meta.url));
@@ -39,25 +40,10 @@ describe('locks across processes', () => {
     return child;
   }
 
-  async function incrementFrom(
-    processes: number,
-    iterations: number,
-    locking: 'lock' | 'nolock',
-  ): Promise<number> {
-    const key = uniqueKey();
-    const counter = uniqueKey('counter');
-    const workers = Array.from({ length: processes }, () =>
-      run('increment', String(server.port), key, counter, String(iterations), locking),
+  const incrementFrom = (processes: number, iterations: number, locking: 'lock' | 'nolock') =>
+    countIncrements(String(server.port), processes, iterations, locking, (counter) =>
+      redis.get(counter),
     );
-    const codes = await Promise.all(
-      workers.map(async (child) => (await once(child, 'exit'))[0] as number),
-    );
-    assert.deepEqual(
-      codes,
-      workers.map(() => 0),
-    );
-    return Number(await redis.get(counter));
-  }
 
   it('control: 4 processes incrementing without the lock lose updates', async () => {
     const total = await incrementFrom(4, 40, 'nolock');

@@ -1,8 +1,6 @@
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { after, before, describe, it } from 'node:test';
-import { fileURLToPath } from 'node:url';
 import { Redis } from 'ioredis';
 import {
   LockBackendError,
@@ -18,9 +16,9 @@ import {
   uniqueKey,
   type LockModuleFixture,
 } from '../support/lock-module.js';
+import { countIncrements } from '../support/processes.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
 
-const worker = fileURLToPath(new URL('../fixtures/lock-worker.js', import.meta.url));
 const NODES = 5;
 
 describe('Redlock mode (nodes: 5 independent masters)', () => {
@@ -281,28 +279,11 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
   });
 
   it('control: 3 processes incrementing without the lock lose updates; under it the count is exact', async () => {
-    const ports = servers.map((server) => server.port).join(',');
-    const count = async (locking: 'lock' | 'nolock', iterations: number): Promise<number> => {
-      const counter = uniqueKey('counter');
-      const key = uniqueKey();
-      const children = Array.from({ length: 3 }, () =>
-        spawn(
-          process.execPath,
-          [worker, 'increment', ports, key, counter, String(iterations), locking],
-          {
-            stdio: ['ignore', 'ignore', 'inherit'],
-          },
-        ),
-      );
-      const codes = await Promise.all(
-        children.map(async (child) => (await once(child, 'exit'))[0]),
-      );
-      assert.deepEqual(codes, [0, 0, 0]);
-      return Number(await direct[0].get(counter));
-    };
+    const target = `redlock:${servers.map((server) => server.port).join(',')}`;
+    const read = (counter: string): Promise<string | null> => direct[0].get(counter);
     // Without the lock the processes overlap once all three are up (they boot at different times).
-    assert.ok((await count('nolock', 300)) < 900);
-    assert.equal(await count('lock', 25), 75);
+    assert.ok((await countIncrements(target, 3, 300, 'nolock', read)) < 900);
+    assert.equal(await countIncrements(target, 3, 25, 'lock', read), 75);
   });
 
   it('closes the clients it created on shutdown, never the ones it was given', async () => {

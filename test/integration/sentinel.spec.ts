@@ -1,13 +1,21 @@
 import assert from 'node:assert/strict';
-import { after, before, describe, it } from 'node:test';
+import { after, afterEach, before, describe, it } from 'node:test';
 import { Redis } from 'ioredis';
 import {
+  eventually,
   sleep,
   startLockModule,
   uniqueKey,
   type LockModuleFixture,
 } from '../support/lock-module.js';
-import { startRedis, startSentinel, type RedisServer } from '../support/redis-server.js';
+import { countIncrements } from '../support/processes.js';
+import {
+  startRedis,
+  startSentinel,
+  startSentinelGroup,
+  type RedisServer,
+  type SentinelGroup,
+} from '../support/redis-server.js';
 
 describe('through Sentinel', () => {
   let master: RedisServer;
@@ -50,4 +58,100 @@ describe('through Sentinel', () => {
     assert.ok(next.fence > lock.fence);
     await next.release();
   });
+
+  it('control: 3 processes incrementing without the lock lose updates; under it the count is exact', async () => {
+    const target = `sentinel:${sentinel.port}`;
+    const direct = new Redis(master.port, master.host);
+    const read = (counter: string): Promise<string | null> => direct.get(counter);
+    try {
+      assert.ok((await countIncrements(target, 3, 300, 'nolock', read)) < 900);
+      assert.equal(await countIncrements(target, 3, 25, 'lock', read), 75);
+    } finally {
+      direct.disconnect();
+    }
+  });
+});
+
+describe('through Sentinel, failing over (a master, a replica, 3 Sentinels)', () => {
+  let group: SentinelGroup | undefined;
+  let app: LockModuleFixture | undefined;
+
+  afterEach(async () => {
+    await app?.close();
+    await group?.stop();
+    app = group = undefined;
+  });
+
+  async function start(): Promise<[SentinelGroup, LockModuleFixture]> {
+    group = await startSentinelGroup();
+    app = await startLockModule({
+      connection: {
+        sentinels: group.sentinels.map(({ host, port }) => ({ host, port })),
+        name: group.name,
+      },
+    });
+    return [group, app];
+  }
+
+  /**
+   * Once Sentinel names the new master, tries a fresh key every 20 ms until a lock is taken and
+   * found on the server at `port`; resolves the ms since `since`.
+   */
+  async function lockingResumedOn(
+    group: SentinelGroup,
+    app: LockModuleFixture,
+    port: number,
+    since: number,
+  ): Promise<number> {
+    const promoted = new Redis(port, '127.0.0.1').on('error', () => {});
+    try {
+      await group.switchedTo(port, since);
+      for (;;) {
+        const key = uniqueKey();
+        const lock = await app.locks.tryAcquire(key).catch(() => null);
+        const there = lock && (await promoted.get(`lock:{${key}}`)) === lock.token;
+        await lock?.release().catch(() => false);
+        if (there) return performance.now() - since;
+        await sleep(20);
+      }
+    } finally {
+      promoted.disconnect();
+    }
+  }
+
+  for (const how of ['SENTINEL FAILOVER', 'a killed master'] as const) {
+    it(`locking resumes on the promoted master soon after ${how}`, async (t) => {
+      const [group, app] = await start();
+      const heldKey = uniqueKey();
+      const held = await app.locks.acquire(heldKey, { ttl: 30_000 });
+      // Replication is asynchronous: wait until the replica has the lock (see replicaAck).
+      const replica = new Redis(group.replica.port, '127.0.0.1');
+      assert.ok(
+        await eventually(async () => (await replica.get(`lock:{${heldKey}}`)) === held.token),
+      );
+      replica.disconnect();
+      const started = performance.now();
+      if (how === 'SENTINEL FAILOVER') {
+        const sentinel = new Redis(group.sentinels[0].port, '127.0.0.1');
+        await sentinel.call('SENTINEL', 'FAILOVER', group.name);
+        sentinel.disconnect();
+      } else {
+        await group.master.kill();
+      }
+      const [switched, resumed] = await Promise.all([
+        group.switchedTo(group.replica.port, started),
+        lockingResumedOn(group, app, group.replica.port, started),
+      ]);
+      t.diagnostic(
+        `${how}: Sentinel switched after ${switched.toFixed(0)} ms, locks taken on the new master after ${resumed.toFixed(0)} ms`,
+      );
+      assert.ok(
+        resumed < switched + 1_000,
+        `locking resumed ${resumed.toFixed(0)} ms after ${how}`,
+      );
+      // The lock held across the failover was replicated: it can be extended and released.
+      await held.extend();
+      assert.equal(await held.release(), true);
+    });
+  }
 });

@@ -51,14 +51,21 @@ function redisPlan(extraArgs: readonly string[]): LaunchPlan {
       '',
       '--daemonize',
       'no',
+      // A replica syncs at once instead of after the default 5 s wait for more replicas.
+      '--repl-diskless-sync-delay',
+      '0',
       ...extraArgs,
     ],
     'Ready to accept connections',
   ];
 }
 
-/** Starts a Sentinel that monitors `master` under the name `masterName` (quorum 1). */
-export function startSentinel(master: RedisServer, masterName = 'mymaster'): Promise<RedisServer> {
+/** Starts a Sentinel that monitors `master` under the name `masterName`. */
+export function startSentinel(
+  master: RedisServer,
+  masterName = 'mymaster',
+  quorum = 1,
+): Promise<RedisServer> {
   return onFreePort((port, dir) => {
     // Sentinel insists on a config file it can rewrite.
     const config = join(dir, 'sentinel.conf');
@@ -70,7 +77,7 @@ export function startSentinel(master: RedisServer, masterName = 'mymaster'): Pro
         'protected-mode no',
         `dir ${dir}`,
         'logfile ""',
-        `sentinel monitor ${masterName} ${master.host} ${master.port} 1`,
+        `sentinel monitor ${masterName} ${master.host} ${master.port} ${quorum}`,
         `sentinel down-after-milliseconds ${masterName} 1000`,
         `sentinel failover-timeout ${masterName} 5000`,
         '',
@@ -80,15 +87,108 @@ export function startSentinel(master: RedisServer, masterName = 'mymaster'): Pro
   });
 }
 
-/** A Redis Cluster of `masters` harness-started nodes (no replicas), every slot assigned and ok. */
-export interface RedisClusterFixture {
-  readonly nodes: RedisServer[];
+/** A master, its replica and three Sentinels (quorum 2) that know each other and the replica. */
+export interface SentinelGroup {
+  readonly name: string;
+  readonly master: RedisServer;
+  readonly replica: RedisServer;
+  readonly sentinels: RedisServer[];
+  /** The port the Sentinels name as the master right now. */
+  masterPort(): Promise<number>;
+  /** Waits until the Sentinels name `port` as the master; resolves when, in ms since `since`. */
+  switchedTo(port: number, since: number): Promise<number>;
   stop(): Promise<void>;
 }
 
-export async function startCluster(masters = 3): Promise<RedisClusterFixture> {
+export async function startSentinelGroup(name = 'mymaster'): Promise<SentinelGroup> {
+  const master = await startRedis();
+  const replica = await startRedis(['--replicaof', master.host, String(master.port)]);
+  const servers = [master, replica];
+  const stop = async (): Promise<void> => {
+    await Promise.all(servers.map((server) => server.stop()));
+  };
+  try {
+    await until(
+      async () =>
+        (await run('redis-cli', ['-p', String(replica.port), 'info', 'replication'])).includes(
+          'master_link_status:up',
+        ),
+      'the replica never synced with its master',
+    );
+    const sentinels = await Promise.all([0, 1, 2].map(() => startSentinel(master, name, 2)));
+    servers.push(...sentinels);
+    // Sentinels find each other through the master's hello channel (every 2 s).
+    for (const sentinel of sentinels) {
+      await until(async () => {
+        const info = await run('redis-cli', [
+          '-p',
+          String(sentinel.port),
+          'sentinel',
+          'master',
+          name,
+        ]);
+        const field = (label: string): number =>
+          Number(new RegExp(`${label}\\n(\\d+)`).exec(info)?.[1]);
+        return field('num-other-sentinels') === 2 && field('num-slaves') === 1;
+      }, 'the Sentinels never saw each other and the replica');
+    }
+    const masterPort = async (): Promise<number> => {
+      const reply = await run('redis-cli', [
+        '-p',
+        String(sentinels[0].port),
+        'sentinel',
+        'get-master-addr-by-name',
+        name,
+      ]);
+      return Number(reply.trim().split('\n')[1]);
+    };
+    return {
+      name,
+      master,
+      replica,
+      sentinels,
+      masterPort,
+      switchedTo: async (port, since) => {
+        await until(
+          async () => (await masterPort()) === port,
+          `Sentinel never switched to ${port}`,
+        );
+        return performance.now() - since;
+      },
+      stop,
+    };
+  } catch (error) {
+    await stop();
+    throw error;
+  }
+}
+
+/** Polls `condition` every 20 ms for up to 30 s; throws `problem` if it never holds. */
+async function until(condition: () => Promise<boolean>, problem: string): Promise<void> {
+  for (let tries = 0; !(await condition().catch(() => false)); tries++) {
+    if (tries > 1_500) throw new Error(problem);
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+}
+
+/** A Redis Cluster of harness-started nodes, every slot assigned and ok. */
+export interface RedisClusterFixture {
+  /** Every node: the masters first, then their replicas (in `redis-cli --cluster create` order). */
+  readonly nodes: RedisServer[];
+  /** Runs a command on a node through redis-cli; resolves its output. */
+  cli(node: RedisServer, ...args: string[]): Promise<string>;
+  /** The node that serves `slot` as master right now. */
+  ownerOf(slot: number): Promise<RedisServer>;
+  stop(): Promise<void>;
+}
+
+/**
+ * Starts `masters` masters and `replicas` replicas of each (`redis-cli --cluster create`), and
+ * waits until every node reports `cluster_state:ok` and every replica is in sync.
+ */
+export async function startCluster(masters = 3, replicas = 0): Promise<RedisClusterFixture> {
   const nodes = await Promise.all(
-    Array.from({ length: masters }, () =>
+    Array.from({ length: masters * (1 + replicas) }, () =>
       startRedis([
         '--cluster-enabled',
         'yes',
@@ -102,33 +202,45 @@ export async function startCluster(masters = 3): Promise<RedisClusterFixture> {
   const stop = async (): Promise<void> => {
     await Promise.all(nodes.map((node) => node.stop()));
   };
+  const cli = (node: RedisServer, ...args: string[]): Promise<string> =>
+    run('redis-cli', ['-p', String(node.port), ...args]);
   try {
     await run('redis-cli', [
       '--cluster',
       'create',
       ...nodes.map((n) => `${n.host}:${n.port}`),
       '--cluster-replicas',
-      '0',
+      String(replicas),
       '--cluster-yes',
     ]);
     for (const node of nodes) {
-      for (
-        let tries = 0;
-        !(await run('redis-cli', ['-p', String(node.port), 'cluster', 'info'])).includes(
-          'cluster_state:ok',
-        );
-        tries++
-      ) {
-        if (tries > 100)
-          throw new Error(`cluster node ${node.port} never reached cluster_state:ok`);
-        await new Promise((resolve) => setTimeout(resolve, 100));
-      }
+      await until(
+        async () => (await cli(node, 'cluster', 'info')).includes('cluster_state:ok'),
+        `cluster node ${node.port} never reached cluster_state:ok`,
+      );
+      await until(async () => {
+        const replication = await cli(node, 'info', 'replication');
+        return replication.includes('role:master') || replication.includes('master_link_status:up');
+      }, `replica ${node.port} never synced`);
     }
   } catch (error) {
     await stop();
     throw error;
   }
-  return { nodes, stop };
+  const ownerOf = async (slot: number): Promise<RedisServer> => {
+    // CLUSTER SHARDS would be tidier; CLUSTER SLOTS is on every Redis 7 and easy to read raw.
+    const lines = (await cli(nodes[0], 'cluster', 'slots')).trim().split('\n');
+    for (let i = 0; i + 3 < lines.length; i++) {
+      const [from, to] = [Number(lines[i]), Number(lines[i + 1])];
+      const port = Number(lines[i + 3]);
+      if (lines[i + 2] === '127.0.0.1' && from <= slot && slot <= to) {
+        const owner = nodes.find((node) => node.port === port);
+        if (owner) return owner;
+      }
+    }
+    throw new Error(`no owner found for slot ${slot}`);
+  };
+  return { nodes, cli, ownerOf, stop };
 }
 
 function run(command: string, args: string[]): Promise<string> {

@@ -66,7 +66,7 @@ describe('key layout', () => {
         const calls: Call[] = [];
         const backend = new RedisLockBackend(
           recordingClient(calls),
-          { keyPrefix, commandTimeout: 1_000, fenceRetention: retention },
+          { keyPrefix, commandTimeout: 1_000, fenceRetention: retention, replicaAck: undefined },
           false,
           new Logger('test'),
         );
@@ -97,7 +97,7 @@ describe('key layout', () => {
         const calls: Call[] = [];
         const backend = new RedisLockBackend(
           recordingClient(calls),
-          { keyPrefix: 'lock:', commandTimeout: 1_000, fenceRetention: 0 },
+          { keyPrefix: 'lock:', commandTimeout: 1_000, fenceRetention: 0, replicaAck: undefined },
           false,
           new Logger('test'),
         );

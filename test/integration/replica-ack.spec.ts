@@ -1,0 +1,152 @@
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+import { Redis } from 'ioredis';
+import {
+  LockBackendError,
+  LockReplicationError,
+  RedisLockConfigurationError,
+} from '../../lib/index.js';
+import {
+  eventually,
+  startLockModule,
+  uniqueKey,
+  type LockModuleFixture,
+} from '../support/lock-module.js';
+import { startRedis, type RedisServer } from '../support/redis-server.js';
+
+describe('replicaAck: lock writes confirmed by replicas (WAIT)', () => {
+  let master: RedisServer;
+  let replica: RedisServer;
+  let onReplica: Redis;
+  let onMaster: Redis;
+  let acked: LockModuleFixture;
+  let plain: LockModuleFixture;
+
+  before(async () => {
+    master = await startRedis();
+    replica = await startRedis(['--replicaof', master.host, String(master.port)]);
+    onReplica = new Redis(replica.port, replica.host);
+    onMaster = new Redis(master.port, master.host);
+    assert.ok(
+      await eventually(async () =>
+        (await onReplica.info('replication')).includes('link_status:up'),
+      ),
+    );
+    acked = await startLockModule({
+      connection: master.url,
+      replicaAck: { replicas: 1, timeout: 200 },
+    });
+    plain = await startLockModule({ connection: master.url });
+  });
+  after(async () => {
+    replica?.signal('SIGCONT');
+    await acked?.close();
+    await plain?.close();
+    onReplica?.disconnect();
+    onMaster?.disconnect();
+    await replica?.stop();
+    await master?.stop();
+  });
+
+  it('a lock is on the replica when acquire() returns, and an extension when extend() does', async () => {
+    for (let i = 0; i < 20; i++) {
+      const key = uniqueKey();
+      const lock = await acked.locks.acquire(key, { ttl: 5_000 });
+      // Read at once, no waiting: WAIT returned only after the replica had the write.
+      assert.equal(await onReplica.get(`lock:{${key}}`), lock.token);
+      await lock.extend(60_000);
+      assert.ok((await onReplica.pttl(`lock:{${key}}`)) > 5_000);
+      await lock.release();
+    }
+  });
+
+  it('no replica in time: the acquisition fails with LockReplicationError and leaves no lock', async () => {
+    const key = uniqueKey();
+    const held = await acked.locks.acquire(uniqueKey(), { ttl: 10_000 });
+    replica.signal('SIGSTOP');
+    try {
+      const started = performance.now();
+      const error = await acked.locks.acquire(key).then(
+        () => assert.fail('acquired without the replica'),
+        (error: unknown) => error,
+      );
+      const took = performance.now() - started;
+      assert.ok(error instanceof LockReplicationError, String(error));
+      assert.ok(error instanceof LockBackendError);
+      assert.deepEqual(
+        [error.operation, error.replicas, error.acknowledged, error.timeout],
+        ['acquire', 1, 0, 200],
+      );
+      assert.ok(took >= 190 && took < 800, `took ${took.toFixed(0)} ms`);
+      assert.equal(await onMaster.exists(`lock:{${key}}`), 0, 'undone on the master');
+      // An extension is made on the master, but not confirmed: extend() says so.
+      await assert.rejects(held.extend(), (extendError: unknown) => {
+        assert.ok(extendError instanceof LockReplicationError);
+        assert.equal(extendError.operation, 'extend');
+        return true;
+      });
+    } finally {
+      replica.signal('SIGCONT');
+    }
+    assert.equal(await held.release(), true);
+    // With the replica back, locking works again.
+    const lock = await acked.locks.acquire(key);
+    await lock.release();
+  });
+
+  it('what it costs: acquire + release with and without replicaAck (medians, side by side)', async (t) => {
+    const rounds = 300;
+    const times: Record<'plain' | 'acked', number[]> = { plain: [], acked: [] };
+    for (let i = 0; i < rounds; i++) {
+      for (const [name, fixture] of [
+        ['plain', plain],
+        ['acked', acked],
+      ] as const) {
+        const started = performance.now();
+        const lock = await fixture.locks.acquire(`cost:${i % 10}`);
+        await lock.release();
+        times[name].push(performance.now() - started);
+      }
+    }
+    const median = (values: number[]): number =>
+      values.sort((a, b) => a - b)[Math.floor(values.length / 2)];
+    const [withoutAck, withAck] = [median(times.plain), median(times.acked)];
+    t.diagnostic(
+      `acquire + release, median of ${rounds}: ${withoutAck.toFixed(3)} ms without, ${withAck.toFixed(3)} ms with replicaAck (1 replica on loopback)`,
+    );
+    // WAIT returns as soon as the replica acknowledges, not after replicaAck.timeout (200 ms).
+    assert.ok(withAck < withoutAck + 5, `${withAck.toFixed(3)} ms with replicaAck`);
+  });
+
+  it('rejects replicaAck values that cannot work, naming them', async () => {
+    const cases: [object, RegExp][] = [
+      [{ replicaAck: { replicas: 0, timeout: 100 } }, /"replicaAck.replicas"/],
+      [{ replicaAck: { replicas: 1.5, timeout: 100 } }, /"replicaAck.replicas"/],
+      [{ replicaAck: { replicas: 1, timeout: 0 } }, /"replicaAck.timeout"/],
+      [{ replicaAck: { replicas: 1 } }, /"replicaAck.timeout"/],
+      [{ replicaAck: { replicas: 1, timeout: 100, wait: true } }, /"replicaAck.wait"/],
+      [
+        { replicaAck: { replicas: 1, timeout: 1_000 } },
+        /"replicaAck.timeout \+ commandTimeout".*shorter than commandTimeout/,
+      ],
+      [{ replicaAck: 1 }, /"replicaAck"/],
+    ];
+    for (const [options, message] of cases) {
+      await assert.rejects(
+        startLockModule({ connection: master.url, ...options }),
+        (error: unknown) => {
+          assert.ok(error instanceof RedisLockConfigurationError, String(error));
+          assert.match(error.message, message);
+          return true;
+        },
+      );
+    }
+    await assert.rejects(
+      startLockModule({
+        nodes: ['redis://127.0.0.1:1', 'redis://127.0.0.1:2', 'redis://127.0.0.1:3'],
+        replicaAck: { replicas: 1, timeout: 100 },
+      }),
+      /"replicaAck \+ nodes"/,
+    );
+  });
+});
