@@ -95,18 +95,29 @@ return 1
  * on every node). Returns 0 if the lock was no longer this token's, otherwise 1 + the number of
  * subscriber connections the announcement reached (on Cluster: on this node).
  */
-const release = (deleted: string): string => `
+const release = (deleted: string, publish: 'PUBLISH' | 'SPUBLISH'): string => `
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', ${deleted})
-return 1 + redis.call('PUBLISH', ARGV[2], ARGV[3])
+return 1 + redis.call('${publish}', ARGV[2], ARGV[3])
 `;
 
-/** KEYS[1] lock key; ARGV[1] token, ARGV[2] release channel, ARGV[3] message. See `release`. */
-export const RELEASE_SCRIPT = release('KEYS[1]');
+/**
+ * KEYS[1] lock key, KEYS[2] fence key (kept); ARGV[1] token, ARGV[2] release channel, ARGV[3]
+ * message. See `release`.
+ */
+export const RELEASE_SCRIPT = release('KEYS[1]', 'PUBLISH');
 
 /**
  * KEYS[1] lock key, KEYS[2] fence key; ARGV[1] token, ARGV[2] release channel, ARGV[3] message.
  * The release with `fenceRetention: 0`: the fence counter goes with the lock, nothing of the key
  * stays in Redis.
  */
-export const RELEASE_FORGETTING_SCRIPT = release('KEYS[1], KEYS[2]');
+export const RELEASE_FORGETTING_SCRIPT = release('KEYS[1], KEYS[2]', 'PUBLISH');
+
+/**
+ * The releases on a Cluster of Redis >= 7: announced with `SPUBLISH` on the channel, which shares
+ * the lock's hash slot, so only the node that owns the slot (and its replicas) carries the message
+ * instead of every node in the cluster.
+ */
+export const RELEASE_SHARDED_SCRIPT = release('KEYS[1]', 'SPUBLISH');
+export const RELEASE_FORGETTING_SHARDED_SCRIPT = release('KEYS[1], KEYS[2]', 'SPUBLISH');

@@ -15,10 +15,31 @@ import {
   HANDOFF_SCRIPT,
   RAISE_FENCE_SCRIPT,
   RELEASE_FORGETTING_SCRIPT,
+  RELEASE_FORGETTING_SHARDED_SCRIPT,
   RELEASE_SCRIPT,
+  RELEASE_SHARDED_SCRIPT,
 } from './lock.scripts.js';
+import { within } from '../utils/within.js';
 import { closeQuietly, ReleaseNotifier, type Heir } from './release.notifier.js';
 import { WriteBatcher } from './write-batcher.js';
+
+type ReleaseCommand = (
+  lockKey: string,
+  fenceKey: string,
+  token: string,
+  channel: string,
+  message: string,
+) => Promise<number>;
+
+/** Release commands by [sharded pub/sub][fence counter deleted], and their scripts. */
+const RELEASE_COMMANDS = [
+  ['redisLockRelease', 'redisLockReleaseForgetting'],
+  ['redisLockReleaseSharded', 'redisLockReleaseForgettingSharded'],
+] as const;
+const RELEASE_SCRIPTS = [
+  [RELEASE_SCRIPT, RELEASE_FORGETTING_SCRIPT],
+  [RELEASE_SHARDED_SCRIPT, RELEASE_FORGETTING_SHARDED_SCRIPT],
+] as const;
 
 /** The script commands this backend defines on its client (EVALSHA with EVAL fallback). */
 interface LockCommands {
@@ -36,19 +57,10 @@ interface LockCommands {
     ttl: number,
     retention: number,
   ): Promise<number>;
-  redisLockRelease(
-    lockKey: string,
-    token: string,
-    channel: string,
-    message: string,
-  ): Promise<number>;
-  redisLockReleaseForgetting(
-    lockKey: string,
-    fenceKey: string,
-    token: string,
-    channel: string,
-    message: string,
-  ): Promise<number>;
+  redisLockRelease: ReleaseCommand;
+  redisLockReleaseForgetting: ReleaseCommand;
+  redisLockReleaseSharded: ReleaseCommand;
+  redisLockReleaseForgettingSharded: ReleaseCommand;
   redisLockRaiseFence(
     lockKey: string,
     fenceKey: string,
@@ -86,6 +98,9 @@ export class RedisLockBackend implements LockBackend {
   private readonly commandTimeout: number;
   private readonly fenceRetention: number;
   private readonly replicaAck: ReplicaAck | undefined;
+  private readonly isCluster: boolean;
+  /** Cluster: whether releases use sharded pub/sub, once decided (see `shardedPubSub`). */
+  private pubSubChoice: Promise<boolean> | undefined;
 
   constructor(
     private readonly client: Redis | Cluster,
@@ -95,7 +110,7 @@ export class RedisLockBackend implements LockBackend {
     >,
     /** Whether this backend created the client, and so must close it. */
     private readonly ownsClient: boolean,
-    logger: Logger,
+    private readonly logger: Logger,
   ) {
     ({
       keyPrefix: this.keyPrefix,
@@ -105,16 +120,22 @@ export class RedisLockBackend implements LockBackend {
     } = options);
     client.defineCommand('redisLockAcquire', { numberOfKeys: 2, lua: ACQUIRE_SCRIPT });
     client.defineCommand('redisLockExtend', { numberOfKeys: 2, lua: EXTEND_SCRIPT });
-    client.defineCommand('redisLockRelease', { numberOfKeys: 1, lua: RELEASE_SCRIPT });
-    client.defineCommand('redisLockReleaseForgetting', {
-      numberOfKeys: 2,
-      lua: RELEASE_FORGETTING_SCRIPT,
+    RELEASE_COMMANDS.forEach(([kept, forgetting], i) => {
+      const [keep, forget] = RELEASE_SCRIPTS[i];
+      client.defineCommand(kept, { numberOfKeys: 2, lua: keep });
+      client.defineCommand(forgetting, { numberOfKeys: 2, lua: forget });
     });
     client.defineCommand('redisLockHandoff', { numberOfKeys: 2, lua: HANDOFF_SCRIPT });
     client.defineCommand('redisLockRaiseFence', { numberOfKeys: 2, lua: RAISE_FENCE_SCRIPT });
     this.commands = client as unknown as LockCommands;
     this.batcher = WriteBatcher.for(client);
-    this.notifier = new ReleaseNotifier([client], this.commandTimeout, logger);
+    this.isCluster = (client as { isCluster?: boolean }).isCluster === true;
+    this.notifier = new ReleaseNotifier(
+      [client],
+      this.commandTimeout,
+      logger,
+      this.isCluster ? this.shardedPubSub : undefined,
+    );
     this.replyTimeout = this.commandTimeout;
   }
 
@@ -161,6 +182,7 @@ export class RedisLockBackend implements LockBackend {
   private async replicated(
     command: 'redisLockAcquire' | 'redisLockExtend',
     args: readonly [string, string, string, number, number],
+    redirected = false,
   ): Promise<[reply: number, acknowledged: number]> {
     const { replicas, timeout } = this.replicaAck!;
     const pipeline = this.client.pipeline();
@@ -170,6 +192,14 @@ export class RedisLockBackend implements LockBackend {
     const [[scriptError, reply], [waitError, acknowledged]] = (await pipeline
       .wait(replicas, timeout)
       .exec())!;
+    // ioredis follows a MOVED in a cluster pipeline only when every command in it got one, and
+    // WAIT (no key) does not: learn the new slot owner and send the pair once more.
+    if (!redirected && this.isCluster && /^MOVED /.test(scriptError?.message ?? '')) {
+      await new Promise<void>((resolve) =>
+        (this.client as Cluster).refreshSlotsCache(() => resolve()),
+      );
+      return this.replicated(command, args, true);
+    }
     if (scriptError) throw scriptError;
     if (waitError) throw waitError;
     return [reply as number, acknowledged as number];
@@ -195,15 +225,9 @@ export class RedisLockBackend implements LockBackend {
     if (heir) return this.handOff(key, lockKey, token, heir);
     let reply = 0;
     try {
-      reply = await (this.fenceRetention === 0
-        ? this.commands.redisLockReleaseForgetting(
-            lockKey,
-            `${lockKey}:fence`,
-            token,
-            channel,
-            message,
-          )
-        : this.commands.redisLockRelease(lockKey, token, channel, message));
+      const sharded = this.isCluster && (await this.shardedPubSub());
+      const command = RELEASE_COMMANDS[sharded ? 1 : 0][this.fenceRetention === 0 ? 1 : 0];
+      reply = await this.commands[command](lockKey, `${lockKey}:fence`, token, channel, message);
     } finally {
       // Yielding (see takeHeir): another subscriber than this process's own got the message.
       if (this.notifier.watching) this.notifier.endYield(channel, reply > 2);
@@ -293,6 +317,34 @@ export class RedisLockBackend implements LockBackend {
     return this.notifier.watch(this.releaseChannel(key), claim);
   }
 
+  /**
+   * Cluster: whether releases are announced with SPUBLISH on the node that owns the key's slot
+   * (Redis >= 7 and an ioredis that routes SSUBSCRIBE, >= 5.6) rather than with PUBLISH, which the
+   * cluster bus copies to every node. Decided on first need (the first release or wait), logged,
+   * and kept; asked again if Redis could not be reached.
+   */
+  private readonly shardedPubSub = (): Promise<boolean> =>
+    (this.pubSubChoice ??= this.choosePubSub().catch((error: unknown) => {
+      this.pubSubChoice = undefined;
+      throw error;
+    }));
+
+  private async choosePubSub(): Promise<boolean> {
+    const info = await within(this.client.info('server'), this.commandTimeout, []);
+    const version = /redis_version:(\S+)/.exec(info)?.[1] ?? 'unknown';
+    const probe = (this.client as Cluster).duplicate(undefined, {
+      lazyConnect: true,
+      shardedSubscribers: true,
+    });
+    const routes =
+      (probe as unknown as { shardedSubscribers?: unknown }).shardedSubscribers !== undefined;
+    probe.disconnect();
+    const { sharded, note } = pubSubChoice(version, routes);
+    if (sharded) this.logger.log(note);
+    else this.logger.warn(note);
+    return sharded;
+  }
+
   /** The channel on which releases of `key` are announced. */
   releaseChannel(key: string): string {
     return `${this.lockKey(key)}:released`;
@@ -318,6 +370,33 @@ export class RedisLockBackend implements LockBackend {
 const ESCAPED = /[%}]/;
 const ESCAPED_ALL = /[%}]/g;
 const escapeChar = (char: string): string => (char === '%' ? '%25' : '%7D');
+
+/**
+ * How a Cluster announces releases, given the server's `redis_version` and whether this ioredis
+ * routes SSUBSCRIBE to the node that owns a slot; `note` says which and why, for the log.
+ */
+export function pubSubChoice(
+  serverVersion: string,
+  ioredisRoutes: boolean,
+): { sharded: boolean; note: string } {
+  const major = Number.parseInt(serverVersion, 10);
+  if (!(major >= 7)) {
+    return {
+      sharded: false,
+      note: `Cluster: release notifications use classic pub/sub, which every node carries: Redis ${serverVersion} has no sharded pub/sub (Redis >= 7.0 has).`,
+    };
+  }
+  if (!ioredisRoutes) {
+    return {
+      sharded: false,
+      note: 'Cluster: release notifications use classic pub/sub, which every node carries: this ioredis cannot subscribe to sharded channels in a Cluster (ioredis >= 5.6 can). Every app instance must make the same choice to hear the others.',
+    };
+  }
+  return {
+    sharded: true,
+    note: `Cluster: release notifications use sharded pub/sub (SPUBLISH / SSUBSCRIBE on the node that owns each key; Redis ${serverVersion}).`,
+  };
+}
 
 /**
  * Creates a client the module owns for a `connection` (or a Redlock node given as a URL or

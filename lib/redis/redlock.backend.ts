@@ -53,6 +53,12 @@ export class RedlockBackend implements LockBackend {
   /** Release messages are `<id>:<n>`: one release, announced on every node, wakes waiters once. */
   private readonly id = freshToken().slice(0, 12);
   private releases = 0;
+  /**
+   * The latest attempt at each key and token (`key \0 token` → its number) while an earlier one
+   * may still be undone: see `tryAcquire`.
+   */
+  private readonly attempts = new Map<string, number>();
+  private attemptCount = 0;
 
   constructor(
     private readonly nodes: readonly RedisLockBackend[],
@@ -103,9 +109,12 @@ export class RedlockBackend implements LockBackend {
 
   async tryAcquire(key: string, token: string, ttl: number): Promise<AcquireAttempt> {
     const sentAt = performance.now();
+    const id = `${key}\0${token}`;
+    const attempt = ++this.attemptCount;
+    this.attempts.set(id, attempt);
     const round = this.ask(
       (node) => node.tryAcquire(key, token, ttl),
-      (attempt) => attempt.acquired,
+      (reply) => reply.acquired,
     );
     const tally = await round.decided;
     if (tally.yes.length >= this.quorum) {
@@ -117,22 +126,44 @@ export class RedlockBackend implements LockBackend {
         (agreed || (await this.raiseFences(key, token, fence, ttl))) &&
         performance.now() - sentAt < validity
       ) {
+        if (this.attempts.get(id) === attempt) this.attempts.delete(id);
         return { acquired: true, fence, validity };
       }
     }
-    // Not granted: undo it wherever it was granted, now or when a late reply says so.
-    round.replies.forEach((reply, i) => {
-      reply
-        .then((attempt) => (attempt.acquired ? this.nodes[i].release(key, token) : undefined))
-        .catch(() => {
-          // That copy expires after its TTL.
-        });
-    });
+    this.undo(key, token, id, attempt, round.replies);
     if (tally.failed.length > this.nodes.length - this.quorum) throw this.noQuorum(tally);
     const waits = tally.no.flatMap(({ value }) =>
       !value.acquired && value.retryAfter !== undefined ? [value.retryAfter] : [],
     );
     return { acquired: false, retryAfter: waits.length > 0 ? Math.min(...waits) : undefined };
+  }
+
+  /**
+   * A failed attempt: releases what it got, on each node as soon as its reply says so, however
+   * late. Not once a later attempt with the same token was sent: that one re-took (by re-entry)
+   * the copies this one left, and keeps or undoes them itself. A late undo of an earlier attempt
+   * would otherwise delete the copy of the lock the later one holds.
+   */
+  private undo(
+    key: string,
+    token: string,
+    id: string,
+    attempt: number,
+    replies: readonly Promise<AcquireAttempt>[],
+  ): void {
+    const current = (): boolean => this.attempts.get(id) === attempt;
+    const undone = replies.map((reply, i) =>
+      reply
+        .then((granted) =>
+          granted.acquired && current() ? this.nodes[i].release(key, token) : undefined,
+        )
+        .catch(() => {
+          // That copy expires after its TTL.
+        }),
+    );
+    void Promise.all(undone).then(() => {
+      if (current()) this.attempts.delete(id);
+    });
   }
 
   /** The second round of an acquisition: resolves whether a majority now counts at least `fence`. */

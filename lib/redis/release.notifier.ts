@@ -19,6 +19,8 @@ export interface Heir {
   wake(): void;
 }
 
+const NOT_SHARDED = Promise.resolve(false);
+
 /**
  * Most handoffs in a row on one key in one process. Then a release frees the lock and publishes it,
  * so that waiters in other processes get their chance: without the limit, a busy process would
@@ -82,6 +84,8 @@ interface ChannelState {
 export class ReleaseNotifier {
   private subscribers: (Redis | Cluster)[] | undefined;
   private readonly channels = new Map<string, ChannelState>();
+  /** Whether releases are announced with SPUBLISH (Cluster, Redis 7): known once subscribed. */
+  private sharded = false;
 
   constructor(
     /** The command clients: one, or one per Redlock node. */
@@ -89,6 +93,8 @@ export class ReleaseNotifier {
     /** Longest wait for QUIT when closing the subscriber connection. */
     private readonly commandTimeout: number,
     private readonly logger: Logger,
+    /** Resolves whether releases are announced on sharded channels (see `RedisLockBackend`). */
+    private readonly shardedPubSub: () => Promise<boolean> = () => NOT_SHARDED,
   ) {}
 
   watch(channel: string, claim?: HandoffClaim): ReleaseSubscription {
@@ -168,22 +174,22 @@ export class ReleaseNotifier {
     );
   }
 
-  private subscribe(channel: string): Promise<void> {
-    const subscribers = (this.subscribers ??= this.sources.map((source) =>
-      this.createSubscriber(source),
-    ));
-    return Promise.all(
-      subscribers.map((subscriber) =>
-        subscriber.subscribe(channel).then(
-          () => undefined,
-          (error: unknown) => {
-            this.logger.warn(
-              `Could not subscribe to lock releases on "${channel}"; waiters fall back to polling: ${String(error)}`,
-            );
-          },
+  private async subscribe(channel: string): Promise<void> {
+    try {
+      this.sharded = await this.shardedPubSub();
+      const subscribers = (this.subscribers ??= this.sources.map((source) =>
+        this.createSubscriber(source),
+      ));
+      await Promise.all(
+        subscribers.map((subscriber) =>
+          this.sharded ? subscriber.ssubscribe(channel) : subscriber.subscribe(channel),
         ),
-      ),
-    ).then(() => undefined);
+      );
+    } catch (error) {
+      this.logger.warn(
+        `Could not subscribe to lock releases on "${channel}"; waiters fall back to polling: ${String(error)}`,
+      );
+    }
   }
 
   private unwatch(channel: string, state: ChannelState): void {
@@ -191,16 +197,20 @@ export class ReleaseNotifier {
     this.channels.delete(channel);
     clearTimeout(state.deferred);
     for (const subscriber of this.subscribers ?? []) {
-      subscriber.unsubscribe(channel).catch(() => {
-        // The connection is gone; there is nothing left to unsubscribe from.
-      });
+      (this.sharded ? subscriber.sunsubscribe(channel) : subscriber.unsubscribe(channel)).catch(
+        () => {
+          // The connection is gone; there is nothing left to unsubscribe from.
+        },
+      );
     }
   }
 
   private createSubscriber(source: Redis | Cluster): Redis | Cluster {
-    // Redis#duplicate and Cluster#duplicate take different arguments; neither needs any here.
-    const subscriber = (source as Redis).duplicate();
-    subscriber.on('message', (channel: string, message: string) => {
+    // A Cluster subscribes to a sharded channel on the node that owns its slot.
+    const subscriber = this.sharded
+      ? (source as Cluster).duplicate(undefined, { shardedSubscribers: true })
+      : (source as Redis).duplicate();
+    subscriber.on(this.sharded ? 'smessage' : 'message', (channel: string, message: string) => {
       const state = this.channels.get(channel);
       if (!state) return;
       if (message !== '') {

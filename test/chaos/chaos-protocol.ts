@@ -2,8 +2,11 @@
 
 export interface WorkerConfig {
   slot: number;
-  /** The worker's own fault proxy in front of the lock Redis. */
-  proxyPort: number;
+  /**
+   * The worker's own fault proxies, one in front of each lock Redis. One: the sample's own
+   * connection through it. Several: Redlock across them (`nodes`), the sample's data on the first.
+   */
+  proxyPorts: number[];
   /** The healthy Redis holding the fence-guarded resource. */
   dbPort: number;
   keys: string[];

@@ -55,15 +55,25 @@ const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout
 const between = (min: number, max: number): number => min + Math.random() * (max - min);
 const workerScript = fileURLToPath(new URL('./chaos-worker.js', import.meta.url));
 
+/** Where the locks live: one Redis, or Redlock across three (faults hit one node: a minority). */
+export type ChaosMode = 'standalone' | 'redlock';
+const LOCK_SERVERS: Record<ChaosMode, number> = { standalone: 1, redlock: 3 };
+
+/** The network faults a scenario can put on one worker's connections (to every lock node). */
+export type WorkerLink = Pick<FaultProxy, 'stall' | 'heal' | 'setLatency' | 'dropAll'>;
+
 /** What a scenario's fault injector can do. */
 export interface FaultContext {
   readonly ttl: number;
-  readonly proxies: readonly FaultProxy[];
+  /** Each worker's link to the lock Redis (its fault proxies), by slot. */
+  readonly proxies: readonly WorkerLink[];
   /** Slots whose worker is inside a critical section right now. */
   holders(): number[];
   killWorker(slot: number): Promise<void>;
   pauseWorker(slot: number, ms: number): Promise<void>;
+  /** Freezes the lock Redis (Redlock: one node of three) for `ms`. */
   pauseRedis(ms: number): Promise<void>;
+  /** Kills the lock Redis (Redlock: one node of three) and starts it empty after `downMs`. */
   restartRedis(downMs: number): Promise<void>;
   /** True until the fault window closes. */
   active(): boolean;
@@ -204,24 +214,39 @@ interface Worker {
 export async function runScenario(
   scenario: Scenario,
   profile: ChaosProfile,
+  mode: ChaosMode = 'standalone',
 ): Promise<ScenarioRecord> {
-  const record = emptyRecord(scenario.name, scenario.losesState ?? false, profile.runs);
-  for (let run = 0; run < profile.runs; run++) await runOnce(scenario, profile, record, run);
+  const name = mode === 'redlock' ? `Redlock (3 nodes): ${scenario.name}` : scenario.name;
+  const record = emptyRecord(name, scenario.losesState ?? false, profile.runs);
+  for (let run = 0; run < profile.runs; run++) await runOnce(scenario, profile, mode, record, run);
   return record;
 }
 
 async function runOnce(
   scenario: Scenario,
   profile: ChaosProfile,
+  mode: ChaosMode,
   record: ScenarioRecord,
   run: number,
 ): Promise<void> {
-  let lockRedis: RedisServer = await startRedis();
-  const lockPort = lockRedis.port;
-  const db = await startRedis();
-  const proxies = await Promise.all(
-    Array.from({ length: profile.workers }, () => FaultProxy.start(() => lockPort)),
+  const lockServers: RedisServer[] = await Promise.all(
+    Array.from({ length: LOCK_SERVERS[mode] }, () => startRedis()),
   );
+  const db = await startRedis();
+  // proxies[slot][node]: a restarted node keeps its port, so the proxies need not follow it.
+  const proxies = await Promise.all(
+    Array.from({ length: profile.workers }, () =>
+      Promise.all(lockServers.map(({ port }) => FaultProxy.start(() => port))),
+    ),
+  );
+  const links = proxies.map((group): WorkerLink => ({
+    stall: () => group.forEach((proxy) => proxy.stall()),
+    heal: () => group.forEach((proxy) => proxy.heal()),
+    setLatency: (ms) => group.forEach((proxy) => proxy.setLatency(ms)),
+    dropAll: () => group.forEach((proxy) => proxy.dropAll()),
+  }));
+  /** The node a Redis fault hits: the only one, or a random one of Redlock's three. */
+  const victim = (): number => Math.floor(Math.random() * lockServers.length);
   const keys = Array.from({ length: profile.keys }, (_, i) => `hot${run}-${i}`);
   const sections = new Map<string, Section>();
   const workers: Worker[] = [];
@@ -232,7 +257,7 @@ async function runOnce(
   const spawnWorker = (slot: number): Worker => {
     const config: WorkerConfig = {
       slot,
-      proxyPort: proxies[slot].port,
+      proxyPorts: proxies[slot].map((proxy) => proxy.port),
       dbPort: db.port,
       keys,
       loops: profile.loops,
@@ -331,7 +356,7 @@ async function runOnce(
   let windowEnds = Infinity;
   const ctx: FaultContext = {
     ttl: profile.ttl,
-    proxies,
+    proxies: links,
     holders: () => workers.filter((w) => !w.killed && w.open.size > 0).map((w) => w.slot),
     killWorker: async (slot) => {
       const worker = workers[slot];
@@ -349,14 +374,16 @@ async function runOnce(
       child.kill('SIGCONT');
     },
     pauseRedis: async (ms) => {
-      lockRedis.signal('SIGSTOP');
+      const server = lockServers[victim()];
+      server.signal('SIGSTOP');
       await sleep(ms);
-      lockRedis.signal('SIGCONT');
+      server.signal('SIGCONT');
     },
     restartRedis: async (downMs) => {
-      await lockRedis.kill();
+      const node = victim();
+      await lockServers[node].kill();
       await sleep(downMs);
-      lockRedis = await lockRedis.restart();
+      lockServers[node] = await lockServers[node].restart();
     },
     active: () => now() < windowEnds,
   };
@@ -369,9 +396,9 @@ async function runOnce(
     record.faults += await scenario.inject(ctx);
 
     // Heal, then give killed or cut-off holders' locks time to expire before the final count.
-    for (const proxy of proxies) {
-      proxy.setLatency(0);
-      proxy.heal();
+    for (const link of links) {
+      link.setLatency(0);
+      link.heal();
     }
     await sleep(profile.ttl + 1_500);
 
@@ -391,12 +418,21 @@ async function runOnce(
     );
     record.end = now();
 
-    const inspect = new Redis(lockPort, '127.0.0.1');
-    for (const key of await inspect.keys('*')) {
-      if (!key.endsWith(':fence')) record.leftoverLocks++;
-      if ((await inspect.pttl(key)) === -1) record.keysWithoutTtl++;
+    // A lock left behind is one that a majority of the lock servers still hold (the only one,
+    // or 2 of Redlock's 3: a copy on one node whose release failed while it restarted is no lock,
+    // and expires after its TTL).
+    const copies = new Map<string, number>();
+    for (const server of lockServers) {
+      const inspect = new Redis(server.port, '127.0.0.1');
+      for (const key of await inspect.keys('*')) {
+        if (!key.endsWith(':fence')) copies.set(key, (copies.get(key) ?? 0) + 1);
+        if ((await inspect.pttl(key)) === -1) record.keysWithoutTtl++;
+      }
+      inspect.disconnect();
     }
-    inspect.disconnect();
+    for (const count of copies.values()) {
+      if (count > lockServers.length / 2) record.leftoverLocks++;
+    }
     const resource = new Redis(db.port, '127.0.0.1');
     for (const key of keys) {
       const fences = await resource.lrange(`resource:sku:${key}:accepted`, 0, -1);
@@ -407,8 +443,8 @@ async function runOnce(
   } finally {
     for (const worker of workers) if (worker.child.exitCode === null) worker.child.kill('SIGKILL');
     await Promise.all(workers.map((w) => w.exited));
-    await Promise.all(proxies.map((proxy) => proxy.close()));
-    await lockRedis.stop();
+    await Promise.all(proxies.flat().map((proxy) => proxy.close()));
+    await Promise.all(lockServers.map((server) => server.stop()));
     await db.stop();
   }
 }

@@ -12,7 +12,13 @@ import 'reflect-metadata';
 import { Injectable, Logger, type INestApplication, type LoggerService } from '@nestjs/common';
 import { Test } from '@nestjs/testing';
 import { Redis } from 'ioredis';
-import { getCurrentLock, LockService, type Lock } from '../../lib/index.js';
+import {
+  getCurrentLock,
+  LockService,
+  REDIS_LOCK_MODULE_OPTIONS,
+  type Lock,
+  type RedisLockModuleOptions,
+} from '../../lib/index.js';
 import { AppModule } from '../../sample/app.module.js';
 import { InventoryService, type PurchaseResult } from '../../sample/inventory/inventory.service.js';
 import { SampleConfig } from '../../sample/sample.config.js';
@@ -99,20 +105,27 @@ class CountingLogger implements LoggerService {
   }
 }
 
-const module = await Test.createTestingModule({ imports: [AppModule] })
+const urls = config.proxyPorts.map((port) => `redis://127.0.0.1:${port}`);
+let builder = Test.createTestingModule({ imports: [AppModule] })
   .overrideProvider(SampleConfig)
   .useValue(
     new SampleConfig({
-      redisUrl: `redis://127.0.0.1:${config.proxyPort}`,
+      redisUrl: urls[0],
       reportInterval: 0,
       paymentDelay: 0,
       lockTtl: config.ttl,
       lockWait: config.acquireTimeout,
     }),
-  )
-  .overrideProvider(InventoryService)
-  .useClass(ChaosInventory)
-  .compile();
+  );
+if (urls.length > 1) {
+  // Redlock: the sample's lock options, on `nodes` instead of the app's connection.
+  builder = builder.overrideProvider(REDIS_LOCK_MODULE_OPTIONS).useValue({
+    nodes: urls,
+    keyPrefix: 'sample:lock:',
+    defaults: { ttl: config.ttl, acquireTimeout: config.acquireTimeout },
+  } satisfies RedisLockModuleOptions);
+}
+const module = await builder.overrideProvider(InventoryService).useClass(ChaosInventory).compile();
 const app: INestApplication = module.createNestApplication({ logger: false });
 await app.listen(0, '127.0.0.1');
 const url = (await app.getUrl()).replace('[::1]', '127.0.0.1');

@@ -2,13 +2,18 @@ import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { Cluster } from 'ioredis';
 import {
+  eventually,
   sleep,
   startLockModule,
   uniqueKey,
   type LockModuleFixture,
 } from '../support/lock-module.js';
 import { countIncrements } from '../support/processes.js';
-import { startCluster, type RedisClusterFixture } from '../support/redis-server.js';
+import {
+  startCluster,
+  type RedisClusterFixture,
+  type RedisServer,
+} from '../support/redis-server.js';
 
 describe('on Redis Cluster', () => {
   let cluster: RedisClusterFixture;
@@ -64,6 +69,24 @@ describe('on Redis Cluster', () => {
     const read = (counter: string): Promise<string | null> => clients[0].get(counter);
     assert.ok((await countIncrements(target, 3, 300, 'nolock', read)) < 900);
     assert.equal(await countIncrements(target, 3, 25, 'lock', read), 75);
+  });
+
+  it('announces releases with sharded pub/sub, on the node that owns the key only', async () => {
+    const key = uniqueKey();
+    const channel = `lock:{${key}}:released`;
+    const held = await app.locks.acquire(key, { ttl: 30_000 });
+    const waiting = other.locks.acquire(key, { acquireTimeout: 5_000 });
+    const owner = await cluster.ownerOf(
+      Number(await cluster.cli(cluster.nodes[0], 'cluster', 'keyslot', channel)),
+    );
+    const count = async (node: RedisServer, kind: 'shardnumsub' | 'numsub'): Promise<number> =>
+      Number((await cluster.cli(node, 'pubsub', kind, channel)).trim().split('\n')[1]);
+    assert.ok(await eventually(async () => (await count(owner, 'shardnumsub')) === 1));
+    for (const node of cluster.nodes)
+      assert.equal(await count(node, 'numsub'), 0, 'no classic subscription');
+    await held.release();
+    const lock = await waiting;
+    await lock.release();
   });
 
   it('auto-extends and releases through the cluster', async () => {

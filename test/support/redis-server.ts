@@ -179,6 +179,8 @@ export interface RedisClusterFixture {
   cli(node: RedisServer, ...args: string[]): Promise<string>;
   /** The node that serves `slot` as master right now. */
   ownerOf(slot: number): Promise<RedisServer>;
+  /** The slot ranges each master serves right now. */
+  slotTable(): Promise<Map<RedisServer, [number, number][]>>;
   stop(): Promise<void>;
 }
 
@@ -227,20 +229,56 @@ export async function startCluster(masters = 3, replicas = 0): Promise<RedisClus
     await stop();
     throw error;
   }
-  const ownerOf = async (slot: number): Promise<RedisServer> => {
-    // CLUSTER SHARDS would be tidier; CLUSTER SLOTS is on every Redis 7 and easy to read raw.
-    const lines = (await cli(nodes[0], 'cluster', 'slots')).trim().split('\n');
-    for (let i = 0; i + 3 < lines.length; i++) {
-      const [from, to] = [Number(lines[i]), Number(lines[i + 1])];
-      const port = Number(lines[i + 3]);
-      if (lines[i + 2] === '127.0.0.1' && from <= slot && slot <= to) {
-        const owner = nodes.find((node) => node.port === port);
-        if (owner) return owner;
+  /** Slot ranges of each master, as the first node that answers sees them. */
+  const slotTable = async (): Promise<Map<RedisServer, [number, number][]>> => {
+    for (const node of nodes) {
+      const table = await cli(node, 'cluster', 'nodes').catch(() => undefined);
+      if (table === undefined) continue;
+      const owners = new Map<RedisServer, [number, number][]>();
+      for (const line of table.trim().split('\n')) {
+        // <id> <ip:port@bus> <flags> <master> <ping> <pong> <epoch> <link> <slot> <slot> ...
+        const [, address, flags, , , , , , ...slots] = line.split(' ');
+        if (!flags.split(',').includes('master') || flags.includes('fail')) continue;
+        const owner = nodes.find((each) => each.port === Number(/:(\d+)@/.exec(address)?.[1]));
+        if (!owner) continue;
+        owners.set(
+          owner,
+          slots
+            .filter((range) => !range.startsWith('['))
+            .map((range) => {
+              const [from, to = from] = range.split('-').map(Number);
+              return [from, to];
+            }),
+        );
       }
+      return owners;
+    }
+    throw new Error('no cluster node answers');
+  };
+  const ownerOf = async (slot: number): Promise<RedisServer> => {
+    for (const [owner, ranges] of await slotTable()) {
+      if (ranges.some(([from, to]) => from <= slot && slot <= to)) return owner;
     }
     throw new Error(`no owner found for slot ${slot}`);
   };
-  return { nodes, cli, ownerOf, stop };
+  return { nodes, cli, ownerOf, slotTable, stop };
+}
+
+/**
+ * The cluster slot of `key`: CRC16 (XMODEM) of its hash tag, or of the whole key, mod 16384
+ * (Redis Cluster specification, "Key distribution model").
+ */
+export function keySlot(key: string): number {
+  const open = key.indexOf('{');
+  const close = open < 0 ? -1 : key.indexOf('}', open + 1);
+  const hashed = close > open + 1 ? key.slice(open + 1, close) : key;
+  let crc = 0;
+  for (const byte of Buffer.from(hashed)) {
+    crc ^= byte << 8;
+    for (let bit = 0; bit < 8; bit++)
+      crc = crc & 0x8000 ? ((crc << 1) ^ 0x1021) & 0xffff : (crc << 1) & 0xffff;
+  }
+  return crc % 16384;
 }
 
 function run(command: string, args: string[]): Promise<string> {

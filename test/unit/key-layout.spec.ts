@@ -8,7 +8,7 @@ import { describe, it } from 'node:test';
 import { Logger } from '@nestjs/common';
 import fc from 'fast-check';
 import type { Redis } from 'ioredis';
-import { RedisLockBackend } from '../../lib/redis/redis-lock.backend.js';
+import { pubSubChoice, RedisLockBackend } from '../../lib/redis/redis-lock.backend.js';
 
 /**
  * What Redis hashes to find a key's slot: the part between the first `{` and the first `}` after
@@ -32,7 +32,10 @@ interface Call {
 function recordingClient(calls: Call[]): Redis {
   const numberOfKeys = new Map<string, number>();
   const client: Record<string, unknown> = {
-    isCluster: true, // no write batching: nothing to flush
+    // A Cluster of Redis 7 whose ioredis routes sharded subscriptions: releases use SPUBLISH.
+    isCluster: true,
+    info: () => Promise.resolve('redis_version:7.0.15\r\n'),
+    duplicate: () => ({ shardedSubscribers: {}, disconnect: () => undefined }),
     defineCommand(name: string, { numberOfKeys: count }: { numberOfKeys: number }) {
       numberOfKeys.set(name, count);
       client[name] = (...args: unknown[]) => {
@@ -77,6 +80,10 @@ describe('key layout', () => {
         await backend.isLocked(k);
         await backend.isHeld(k, 't');
         assert.ok(calls.length >= 6);
+        assert.ok(
+          calls.some((call) => call.command.endsWith('Sharded')),
+          'SPUBLISH release',
+        );
         const slots = new Set<string>();
         for (const call of calls) {
           const names = call.channel ? [...call.keys, call.channel] : call.keys;
@@ -106,5 +113,18 @@ describe('key layout', () => {
         assert.notEqual(calls[0].keys[0], calls[1].keys[0]);
       }),
     );
+  });
+});
+
+describe('pub/sub on Cluster', () => {
+  it('is sharded only with Redis >= 7 and an ioredis that routes sharded subscriptions', () => {
+    assert.equal(pubSubChoice('7.0.15', true).sharded, true);
+    assert.match(pubSubChoice('7.0.15', true).note, /sharded pub\/sub.*7\.0\.15/);
+    assert.equal(pubSubChoice('8.2.0', true).sharded, true);
+    assert.equal(pubSubChoice('6.2.14', true).sharded, false);
+    assert.match(pubSubChoice('6.2.14', true).note, /Redis 6\.2\.14 has no sharded pub\/sub/);
+    assert.equal(pubSubChoice('unknown', true).sharded, false);
+    assert.equal(pubSubChoice('7.2.4', false).sharded, false);
+    assert.match(pubSubChoice('7.2.4', false).note, /ioredis >= 5\.6/);
   });
 });

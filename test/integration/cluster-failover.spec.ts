@@ -1,0 +1,207 @@
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+import { Cluster, Redis } from 'ioredis';
+import { LockReplicationError } from '../../lib/index.js';
+import {
+  eventually,
+  sleep,
+  startLockModule,
+  uniqueKey,
+  type LockModuleFixture,
+} from '../support/lock-module.js';
+import {
+  keySlot,
+  startCluster,
+  type RedisClusterFixture,
+  type RedisServer,
+} from '../support/redis-server.js';
+
+describe('on Redis Cluster with replicas (3 masters, 1 replica each), resharded and failed over', () => {
+  let cluster: RedisClusterFixture;
+  let clients: Cluster[];
+  let app: LockModuleFixture;
+  let other: LockModuleFixture;
+  let acked: LockModuleFixture;
+  /** Masters this suite killed. */
+  const dead = new Set<RedisServer>();
+
+  before(async () => {
+    cluster = await startCluster(3, 1);
+    const startupNodes = cluster.nodes.map(({ host, port }) => ({ host, port }));
+    clients = [0, 1, 2].map(() => new Cluster(startupNodes).on('error', () => {}));
+    app = await startLockModule({ client: clients[0] });
+    other = await startLockModule({ client: clients[1] });
+    acked = await startLockModule({
+      client: clients[2],
+      commandTimeout: 3_000,
+      replicaAck: { replicas: 1, timeout: 1_000 },
+    });
+  });
+  after(async () => {
+    await app?.close();
+    await other?.close();
+    await acked?.close();
+    for (const client of clients ?? []) client.disconnect();
+    await cluster?.stop();
+  });
+
+  const slotOf = (key: string): number => keySlot(`lock:{${key}}`);
+  const idOf = async (node: RedisServer): Promise<string> =>
+    (await cluster.cli(node, 'cluster', 'myid')).trim();
+  const masters = async (): Promise<RedisServer[]> => {
+    const live = cluster.nodes.filter((node) => !dead.has(node));
+    const roles = await Promise.all(live.map((node) => cluster.cli(node, 'role')));
+    return live.filter((_, i) => roles[i].startsWith('master'));
+  };
+  /** `count` fresh keys whose locks live on `master`. */
+  async function keysOn(master: RedisServer, count = 1): Promise<string[]> {
+    const ranges = (await cluster.slotTable()).get(master) ?? [];
+    const keys: string[] = [];
+    while (keys.length < count) {
+      const key = uniqueKey();
+      const slot = slotOf(key);
+      if (ranges.some(([from, to]) => from <= slot && slot <= to)) keys.push(key);
+    }
+    return keys;
+  }
+  const keyOn = async (master: RedisServer): Promise<string> => (await keysOn(master))[0];
+
+  /** The replica of `master`. */
+  async function replicaOf(master: RedisServer): Promise<RedisServer> {
+    const id = await idOf(master);
+    for (const node of cluster.nodes) {
+      if (dead.has(node) || node === master) continue;
+      if ((await cluster.cli(node, 'cluster', 'nodes')).includes(`myself,slave ${id}`)) return node;
+    }
+    throw new Error(`no replica of ${master.port}`);
+  }
+
+  /** Reads `lock:{key}` on a replica (READONLY connection). */
+  async function onReplica(replica: RedisServer, key: string): Promise<string | null> {
+    const direct = new Redis(replica.port, replica.host);
+    try {
+      await direct.call('READONLY');
+      return await direct.get(`lock:{${key}}`);
+    } finally {
+      direct.disconnect();
+    }
+  }
+
+  /** Tries a fresh key on the slots of `master` every 20 ms until locked; ms since `since`. */
+  async function lockingResumed(key: () => string, since: number): Promise<number> {
+    for (;;) {
+      const lock = await app.locks.tryAcquire(key()).catch(() => null);
+      if (lock) {
+        await lock.release();
+        return performance.now() - since;
+      }
+      await sleep(20);
+    }
+  }
+
+  it('spreads keys over every master', async () => {
+    const locks = await Promise.all(
+      Array.from({ length: 60 }, () => app.locks.acquire(uniqueKey('spread'))),
+    );
+    for (const master of await masters()) {
+      assert.ok(Number(await cluster.cli(master, 'dbsize')) > 0, `no lock on ${master.port}`);
+    }
+    await Promise.all(locks.map((lock) => lock.release()));
+  });
+
+  it('follows MOVED when the slot of a held lock is resharded to another master', async () => {
+    const [source, target] = await masters();
+    const key = await keyOn(source);
+    const slot = slotOf(key);
+    const lock = await app.locks.acquire(key, { ttl: 30_000 });
+    const waiting = other.locks.acquire(key, { acquireTimeout: 10_000 });
+    await sleep(100);
+    // Move the slot by hand, as redis-cli --cluster reshard does.
+    const [sourceId, targetId] = await Promise.all([idOf(source), idOf(target)]);
+    await cluster.cli(target, 'cluster', 'setslot', String(slot), 'importing', sourceId);
+    await cluster.cli(source, 'cluster', 'setslot', String(slot), 'migrating', targetId);
+    const keys = (await cluster.cli(source, 'cluster', 'getkeysinslot', String(slot), '100'))
+      .trim()
+      .split('\n');
+    assert.deepEqual(keys.sort(), [`lock:{${key}}`, `lock:{${key}}:fence`]);
+    await cluster.cli(
+      source,
+      'migrate',
+      target.host,
+      String(target.port),
+      '',
+      '0',
+      '5000',
+      'keys',
+      ...keys,
+    );
+    for (const master of await masters()) {
+      await cluster.cli(master, 'cluster', 'setslot', String(slot), 'node', targetId);
+    }
+    assert.equal(await cluster.ownerOf(slot), target);
+
+    await lock.extend();
+    assert.equal(await other.locks.tryAcquire(key), null);
+    const releasedAt = performance.now();
+    assert.equal(await lock.release(), true);
+    // The waiter's sharded subscription is on the old owner, which no longer carries the slot's
+    // messages: it gets the lock at its next retry (retryInterval, 1 s) at the latest.
+    const next = await waiting;
+    assert.ok(performance.now() - releasedAt < 2_500);
+    assert.ok(next.fence > lock.fence);
+    await next.release();
+  });
+
+  it('a lock write with replicaAck is on the replica when acquire() returns (WAIT on the owning node)', async () => {
+    for (const master of await masters()) {
+      const key = await keyOn(master);
+      const lock = await acked.locks.acquire(key);
+      assert.equal(await onReplica(await replicaOf(master), key), lock.token);
+      await lock.release();
+    }
+  });
+
+  for (const how of ['CLUSTER FAILOVER', 'a killed master'] as const) {
+    it(`locking resumes after ${how}; a replicated lock survives it`, async (t) => {
+      const master = (await masters()).find((node) => !dead.has(node))!;
+      const replica = await replicaOf(master);
+      const heldKey = await keyOn(master);
+      const held = await acked.locks.acquire(heldKey, { ttl: 30_000 });
+      assert.equal(await onReplica(replica, heldKey), held.token);
+      const keys = await keysOn(master, 200);
+      let next = 0;
+      const started = performance.now();
+      if (how === 'CLUSTER FAILOVER') {
+        await cluster.cli(replica, 'cluster', 'failover');
+      } else {
+        dead.add(master);
+        await master.kill();
+        // The other masters' slots lock as before while this one's are failing over.
+        const elsewhere = (await masters()).find((node) => node !== replica)!;
+        const lock = await app.locks.acquire(await keyOn(elsewhere), { acquireTimeout: 0 });
+        await lock.release();
+      }
+      const resumed = await lockingResumed(() => keys[next++ % keys.length], started);
+      assert.ok(
+        await eventually(async () => (await cluster.ownerOf(slotOf(heldKey))) === replica, 10_000),
+      );
+      t.diagnostic(
+        `${how}: locks on the failed master's slots taken again after ${resumed.toFixed(0)} ms`,
+      );
+      assert.ok(
+        resumed < (how === 'CLUSTER FAILOVER' ? 3_000 : 10_000),
+        `${resumed.toFixed(0)} ms`,
+      );
+      // The promoted replica had the lock: it is still held, and can be extended and released.
+      assert.equal(await other.locks.tryAcquire(heldKey), null);
+      if (how === 'CLUSTER FAILOVER') {
+        await held.extend(); // the old master is the new master's replica: WAIT is answered
+      } else {
+        // The promoted master has no replica left: replicaAck writes fail, and say why.
+        await assert.rejects(held.extend(), LockReplicationError);
+        await assert.rejects(acked.locks.acquire(await keyOn(replica)), LockReplicationError);
+      }
+      assert.equal(await held.release(), true);
+    });
+  }
+});

@@ -1,0 +1,80 @@
+/**
+ * Redlock's undo of failed attempts, as pure logic over stand-in nodes whose replies the test
+ * releases one by one. The bug it pins down: a waiter retries with the same token; a node's late
+ * "granted" reply to its failed first attempt used to release that node's copy even though the
+ * second attempt had re-taken it (by re-entry) and won, so the lock stood on fewer nodes than a
+ * majority and another process got it too (seen as a lost update in the cross-process test).
+ */
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import { Logger } from '@nestjs/common';
+import type { Redis } from 'ioredis';
+import type { AcquireAttempt } from '../../lib/interfaces/lock-backend.interface.js';
+import type { RedisLockBackend } from '../../lib/redis/redis-lock.backend.js';
+import { RedlockBackend } from '../../lib/redis/redlock.backend.js';
+
+/** A node whose acquisition replies the test hands out; it records releases. */
+class StandInNode {
+  readonly pending: ((reply: AcquireAttempt) => void)[] = [];
+  releases = 0;
+  tryAcquire(): Promise<AcquireAttempt> {
+    return new Promise((resolve) => this.pending.push(resolve));
+  }
+  release(): Promise<boolean> {
+    this.releases++;
+    return Promise.resolve(true);
+  }
+  raiseFence(): Promise<boolean> {
+    return Promise.resolve(true);
+  }
+}
+
+const granted: AcquireAttempt = { acquired: true, fence: 7, validity: 10_000 };
+const held: AcquireAttempt = { acquired: false, retryAfter: 100 };
+const settle = (): Promise<void> => new Promise((resolve) => setImmediate(resolve));
+
+function redlock(nodes: StandInNode[]): RedlockBackend {
+  return new RedlockBackend(
+    nodes as unknown as RedisLockBackend[],
+    [] as Redis[],
+    0.01,
+    1_000,
+    new Logger('test'),
+  );
+}
+
+describe('Redlock undo of a failed attempt', () => {
+  it('releases a copy granted late when no later attempt was made', async () => {
+    const nodes = [0, 1, 2].map(() => new StandInNode());
+    const backend = redlock(nodes);
+    const first = backend.tryAcquire('k', 't', 10_000);
+    nodes[0].pending[0](held);
+    nodes[1].pending[0](held);
+    assert.equal((await first).acquired, false);
+    nodes[2].pending[0](granted); // late: the attempt was already given up
+    await settle();
+    assert.equal(nodes[2].releases, 1);
+  });
+
+  it('leaves a late-granted copy to the later attempt with the same token that re-took it', async () => {
+    const nodes = [0, 1, 2].map(() => new StandInNode());
+    const backend = redlock(nodes);
+    const first = backend.tryAcquire('k', 't', 10_000);
+    nodes[0].pending[0](held);
+    nodes[1].pending[0](held);
+    assert.equal((await first).acquired, false);
+    // The waiter tries again (same token) before node 2 answered the first attempt.
+    const second = backend.tryAcquire('k', 't', 10_000);
+    nodes[2].pending[0](granted); // late answer to the first attempt
+    nodes[0].pending[1](granted);
+    nodes[2].pending[1](granted); // re-entry: the same copy
+    assert.equal((await second).acquired, true);
+    nodes[1].pending[1](held);
+    await settle();
+    assert.deepEqual(
+      nodes.map((node) => node.releases),
+      [0, 0, 0],
+      'nothing of the held lock is released',
+    );
+  });
+});
