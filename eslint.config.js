@@ -1,7 +1,8 @@
 import tseslint from 'typescript-eslint';
 
 export default tseslint.config(
-  { ignores: ['dist/**', 'build/**', 'node_modules/**'] },
+  // test/consumers: apps built against the packed tarball by scripts/test-consumers.sh.
+  { ignores: ['dist/**', 'build/**', 'node_modules/**', 'test/consumers/**'] },
   ...tseslint.configs.recommendedTypeChecked,
   {
     languageOptions: {

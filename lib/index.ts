@@ -15,6 +15,7 @@ export {
   type LockOperation,
 } from './errors/redis-lock.errors.js';
 export type { AcquireOptions, Lock } from './interfaces/lock.interface.js';
+export type { LockEvent } from './interfaces/lock-event.interface.js';
 export type {
   LockDefaults,
   RedisLockModuleOptions,

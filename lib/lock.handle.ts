@@ -7,12 +7,14 @@ import {
 } from './errors/redis-lock.errors.js';
 import type { LockBackend } from './interfaces/lock-backend.interface.js';
 import type { Lock } from './interfaces/lock.interface.js';
+import type { LockEvents } from './lock.events.js';
 import { durationProblem } from './redis-lock.options.js';
 
 /** What a handle needs from the service that created it. */
 export interface LockOwnerHooks {
   readonly backend: LockBackend;
   readonly logger: Logger;
+  readonly events: LockEvents;
   /** Waits for a backend reply for at most `commandTimeout`; failures become `LockBackendError`. */
   readonly reply: <T>(key: string, operation: LockOperation, pending: Promise<T>) => Promise<T>;
   /** Called once when the handle stops being held (released or lost). */
@@ -45,6 +47,8 @@ export class LockHandle implements Lock {
     readonly token: string,
     readonly fence: number,
     private ttl: number,
+    /** When the acquisition that granted it was sent (`performance.now()`). */
+    private readonly acquiredAt: number,
     expiresAt: number,
     private readonly autoExtend: boolean,
     private readonly owner: LockOwnerHooks,
@@ -97,7 +101,7 @@ export class LockHandle implements Lock {
     // stays silent about an overrun just because the release came first.
     this.checkExpiry();
     if (--this.depth > 0) return this.state === 'held';
-    this.settle('released');
+    if (this.settle('released')) this.reportRelease(false);
     return this.releaseInRedis();
   }
 
@@ -132,6 +136,7 @@ export class LockHandle implements Lock {
   async abandon(): Promise<boolean> {
     if (this.state !== 'held') return false;
     this.settle('released');
+    this.reportRelease(true);
     this.end(new LockLostError(this.key, this.token, 'shutdown'));
     return this.releaseInRedis();
   }
@@ -157,6 +162,8 @@ export class LockHandle implements Lock {
     this.expiry = sentAt + backend.validity(ttl);
     this.lastExtendError = undefined;
     if (this.controller) this.armExpiry();
+    const { events } = this.owner;
+    if (events.observed) events.emit({ type: 'extended', key: this.key, fence: this.fence, ttl });
     return true;
   }
 
@@ -184,7 +191,9 @@ export class LockHandle implements Lock {
       if (this.state !== 'held') return;
       // Keep trying until the expiry timer declares the lock unconfirmed; warn once per outage.
       if (this.lastExtendError === undefined) {
-        this.owner.logger.warn(`Could not extend lock "${this.key}", retrying: ${String(error)}`);
+        this.owner.logger.warn(
+          `Could not extend lock "${this.key}" (fence ${this.fence}), retrying: ${String(error)}`,
+        );
       }
       this.lastExtendError = error;
       this.scheduleExtension(Math.max(this.ttl / 10, 10));
@@ -213,6 +222,11 @@ export class LockHandle implements Lock {
   private lose(reason: LockLostReason, cause?: unknown): void {
     if (this.state !== 'held') return;
     this.settle('lost');
+    const { events } = this.owner;
+    if (events.observed) {
+      const heldMs = performance.now() - this.acquiredAt;
+      events.emit({ type: 'lost', key: this.key, fence: this.fence, heldMs, reason });
+    }
     this.end(
       new LockLostError(this.key, this.token, reason, cause === undefined ? undefined : { cause }),
     );
@@ -223,12 +237,21 @@ export class LockHandle implements Lock {
     this.controller?.abort(reason);
   }
 
-  private settle(state: 'released' | 'lost'): void {
+  /** Ends the lease; returns whether it was held until now. */
+  private settle(state: 'released' | 'lost'): boolean {
     const wasHeld = this.state === 'held';
     this.state = state;
     clearTimeout(this.expiryTimer);
     clearTimeout(this.extendTimer);
     this.expiryTimer = this.extendTimer = undefined;
     if (wasHeld) this.owner.settled(this);
+    return wasHeld;
+  }
+
+  private reportRelease(shutdown: boolean): void {
+    const { events } = this.owner;
+    if (!events.observed) return;
+    const heldMs = performance.now() - this.acquiredAt;
+    events.emit({ type: 'released', key: this.key, fence: this.fence, heldMs, shutdown });
   }
 }

@@ -1,4 +1,5 @@
 import { Inject, Injectable, Logger, type OnApplicationShutdown } from '@nestjs/common';
+import type { Observable } from 'rxjs';
 import { setMaxListeners } from 'node:events';
 import {
   LockAcquireAbortedError,
@@ -10,6 +11,7 @@ import {
 } from './errors/redis-lock.errors.js';
 import type {
   AcquireAttempt,
+  BackendHealth,
   Handoff,
   LockBackend,
   ReleaseSubscription,
@@ -17,7 +19,9 @@ import type {
 import type { AcquireOptions, Lock } from './interfaces/lock.interface.js';
 import type { RedisLockModuleOptions } from './interfaces/redis-lock-options.interface.js';
 import type { LockTimeoutResponse } from './interfaces/with-lock-options.interface.js';
+import type { LockEvent } from './interfaces/lock-event.interface.js';
 import { findChainLock, runHoldingLock } from './lock.context.js';
+import { LockEvents } from './lock.events.js';
 import { LockHandle, type LockOwnerHooks } from './lock.handle.js';
 import { MODULE_OPTIONS_TOKEN } from './redis-lock.module-definition.js';
 import {
@@ -55,6 +59,15 @@ export class LockService implements OnApplicationShutdown {
   private readonly stopWatchingReconnects: () => void;
   /** @internal How `@WithLock` handlers answer a lock timeout, as set on the module. */
   readonly timeoutResponse: LockTimeoutResponse;
+  private readonly lockEvents = new LockEvents(this.logger);
+  /**
+   * Every lock taken, released, extended, lost or timed out through this service (and its
+   * `@WithLock` methods), for metrics and logs. Never carries a token. Costs nothing while nobody
+   * subscribes; completes on shutdown.
+   * @example
+   * locks.events.pipe(filter((e) => e.type === 'lost')).subscribe((e) => alert(e.key, e.reason));
+   */
+  readonly events: Observable<LockEvent> = this.lockEvents.observable;
 
   constructor(@Inject(MODULE_OPTIONS_TOKEN) options: RedisLockModuleOptions) {
     // Every waiter listens on this one signal (and removes its listener when done).
@@ -68,6 +81,7 @@ export class LockService implements OnApplicationShutdown {
     this.hooks = {
       backend: this.backend,
       logger: this.logger,
+      events: this.lockEvents,
       reply: (key, operation, pending) => this.reply(key, operation, pending),
       settled: (lock) => this.held.delete(lock),
     };
@@ -143,6 +157,14 @@ export class LockService implements OnApplicationShutdown {
   }
 
   /**
+   * @internal For `RedisLockHealthIndicator`: whether Redis answers a PING (in Redlock mode, a
+   * majority of nodes), within `commandTimeout`. Never rejects.
+   */
+  checkHealth(): Promise<BackendHealth> {
+    return this.backend.health();
+  }
+
+  /**
    * Shutdown: rejects pending acquisitions, stops watchdogs, releases every lock this service
    * holds (their signals abort with reason `shutdown`) and closes the connections it created.
    * Bounded by twice `commandTimeout` whatever Redis does: releases that get no reply are logged
@@ -158,11 +180,12 @@ export class LockService implements OnApplicationShutdown {
     results.forEach((result, i) => {
       if (result.status === 'rejected') {
         this.logger.warn(
-          `Could not release lock "${locks[i].key}" on shutdown; it expires after its TTL: ${String(result.reason)}`,
+          `Could not release lock "${locks[i].key}" (fence ${locks[i].fence}) on shutdown; it expires after its TTL: ${String(result.reason)}`,
         );
       }
     });
     await this.backend.close();
+    this.lockEvents.complete();
   }
 
   /** The one acquire loop behind acquire(), tryAcquire(), using() and @WithLock. */
@@ -205,6 +228,10 @@ export class LockService implements OnApplicationShutdown {
         }
         if (attempt.acquired) {
           handle = this.hold(key, token, attempt, sentAt, opts);
+          if (this.lockEvents.observed) {
+            const waitedMs = performance.now() - started;
+            this.lockEvents.emit({ type: 'acquired', key, fence: handle.fence, waitedMs });
+          }
           if (this.stopping.signal.aborted) {
             // Granted while shutdown began: shutdown has already swept the held locks.
             await handle.abandon().catch(() => false);
@@ -214,6 +241,10 @@ export class LockService implements OnApplicationShutdown {
         }
         const remaining = deadline - performance.now();
         if (remaining <= 0) {
+          if (this.lockEvents.observed) {
+            const waitedMs = performance.now() - started;
+            this.lockEvents.emit({ type: 'timeout', key, waitedMs });
+          }
           if (mode === 'tryAcquire') return null;
           throw new LockAcquireTimeoutError(
             key,
@@ -330,6 +361,7 @@ export class LockService implements OnApplicationShutdown {
       token,
       attempt.fence,
       opts.ttl,
+      sentAt,
       sentAt + attempt.validity,
       opts.autoExtend,
       this.hooks,
@@ -344,13 +376,17 @@ export class LockService implements OnApplicationShutdown {
       // Read without creating the signal, which nobody may have asked for.
       const lost = lock.lossReason;
       if (lost) {
-        this.logger.warn(`Lock "${lock.key}" was lost before the work finished: ${String(lost)}`);
+        this.logger.warn(
+          `Lock "${lock.key}" (fence ${lock.fence}) was lost before the work finished: ${String(lost)}`,
+        );
       } else if (!released) {
-        this.logger.warn(`Lock "${lock.key}" was no longer held when the work finished.`);
+        this.logger.warn(
+          `Lock "${lock.key}" (fence ${lock.fence}) was no longer held when the work finished.`,
+        );
       }
     } catch (error) {
       this.logger.error(
-        `Could not release lock "${lock.key}"; it expires after its TTL: ${String(error)}`,
+        `Could not release lock "${lock.key}" (fence ${lock.fence}); it expires after its TTL: ${String(error)}`,
       );
     }
   }

@@ -67,8 +67,17 @@ export interface LockBackend {
    * a release in this process may hand the lock straight to this waiter (see `wait`).
    */
   watchReleases(key: string, claim?: HandoffClaim): ReleaseSubscription;
+  /** Whether Redis answers (PING), with details for a health check. Never rejects. */
+  health(): Promise<BackendHealth>;
   /** Closes the connections this backend owns; never a client the user passed in. */
   close(): Promise<void>;
+}
+
+/** What `LockBackend.health()` found. */
+export interface BackendHealth {
+  up: boolean;
+  /** Shown in the health check's output: latency, or the error; per node in Redlock mode. */
+  details: Record<string, unknown>;
 }
 
 /** A waiter's view of the release announcements of one key. */

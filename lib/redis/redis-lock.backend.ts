@@ -5,6 +5,7 @@ import type { ReplicaAck } from '../interfaces/redis-lock-options.interface.js';
 import type { ResolvedModuleOptions } from '../redis-lock.options.js';
 import type {
   AcquireAttempt,
+  BackendHealth,
   HandoffClaim,
   LockBackend,
   ReleaseSubscription,
@@ -19,7 +20,8 @@ import {
   RELEASE_SCRIPT,
   RELEASE_SHARDED_SCRIPT,
 } from './lock.scripts.js';
-import { within } from '../utils/within.js';
+import { DEADLINE, within } from '../utils/within.js';
+import { logOutages } from './connection-log.js';
 import { closeQuietly, ReleaseNotifier, type Heir } from './release.notifier.js';
 import { WriteBatcher } from './write-batcher.js';
 
@@ -182,7 +184,7 @@ export class RedisLockBackend implements LockBackend {
   private async replicated(
     command: 'redisLockAcquire' | 'redisLockExtend',
     args: readonly [string, string, string, number, number],
-    redirected = false,
+    redirects = 0,
   ): Promise<[reply: number, acknowledged: number]> {
     const { replicas, timeout } = this.replicaAck!;
     const pipeline = this.client.pipeline();
@@ -193,12 +195,14 @@ export class RedisLockBackend implements LockBackend {
       .wait(replicas, timeout)
       .exec())!;
     // ioredis follows a MOVED in a cluster pipeline only when every command in it got one, and
-    // WAIT (no key) does not: learn the new slot owner and send the pair once more.
-    if (!redirected && this.isCluster && /^MOVED /.test(scriptError?.message ?? '')) {
-      await new Promise<void>((resolve) =>
-        (this.client as Cluster).refreshSlotsCache(() => resolve()),
-      );
-      return this.replicated(command, args, true);
+    // WAIT (no key) does not: do what ioredis does for a single command, i.e. take the slot's new
+    // owner from the reply (and refresh the slot map behind it), and send the pair again.
+    const moved = this.isCluster && /^MOVED (\d+) (\S+)/.exec(scriptError?.message ?? '');
+    if (moved && redirects < MAX_REDIRECTS) {
+      const cluster = this.client as Cluster;
+      cluster.slots[Number(moved[1])] = [moved[2]];
+      cluster.refreshSlotsCache();
+      return this.replicated(command, args, redirects + 1);
     }
     if (scriptError) throw scriptError;
     if (waitError) throw waitError;
@@ -288,6 +292,16 @@ export class RedisLockBackend implements LockBackend {
     return raised === 1;
   }
 
+  async health(): Promise<BackendHealth> {
+    const started = performance.now();
+    try {
+      await within(this.client.ping(), this.commandTimeout, []);
+      return { up: true, details: { latencyMs: round(performance.now() - started) } };
+    } catch (error) {
+      return { up: false, details: { error: describeFailure(error, this.commandTimeout) } };
+    }
+  }
+
   async isLocked(key: string): Promise<boolean> {
     return (await this.client.exists(this.lockKey(key))) === 1;
   }
@@ -367,6 +381,17 @@ export class RedisLockBackend implements LockBackend {
   }
 }
 
+/** What went wrong with a Redis call, for a health report or a log line. */
+export function describeFailure(error: unknown, commandTimeout: number): string {
+  if (error === DEADLINE) return `no reply within commandTimeout (${commandTimeout} ms)`;
+  return error instanceof Error ? error.message : String(error);
+}
+
+const round = (ms: number): number => Math.round(ms * 100) / 100;
+
+/** Most MOVED redirections one `replicaAck` write follows (ioredis' own default is 16). */
+const MAX_REDIRECTS = 5;
+
 const ESCAPED = /[%}]/;
 const ESCAPED_ALL = /[%}]/g;
 const escapeChar = (char: string): string => (char === '%' ? '%25' : '%7D');
@@ -412,7 +437,7 @@ export function createClient(connection: string | RedisOptions, logger: Logger):
           ...connection,
           lazyConnect: true,
         });
-  client.on('error', (error: Error) => logger.warn(`Redis connection: ${error.message}`));
+  logOutages(client, 'Redis connection', logger);
   return client;
 }
 

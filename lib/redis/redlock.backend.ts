@@ -3,6 +3,7 @@ import type { Redis } from 'ioredis';
 import { LockQuorumError } from '../errors/redis-lock.errors.js';
 import type {
   AcquireAttempt,
+  BackendHealth,
   LockBackend,
   ReleaseSubscription,
 } from '../interfaces/lock-backend.interface.js';
@@ -13,8 +14,7 @@ import {
 } from '../redis-lock.options.js';
 import { freshToken } from '../utils/token.js';
 import { ReplyDeadlines } from '../utils/reply-deadlines.js';
-import { DEADLINE } from '../utils/within.js';
-import { createClient, RedisLockBackend } from './redis-lock.backend.js';
+import { createClient, describeFailure, RedisLockBackend } from './redis-lock.backend.js';
 import { ReleaseNotifier } from './release.notifier.js';
 
 /** What the nodes answered in one round. */
@@ -64,7 +64,7 @@ export class RedlockBackend implements LockBackend {
     private readonly nodes: readonly RedisLockBackend[],
     clients: readonly Redis[],
     private readonly driftFactor: number,
-    commandTimeout: number,
+    private readonly commandTimeout: number,
     logger: Logger,
   ) {
     this.quorum = Math.floor(nodes.length / 2) + 1;
@@ -202,6 +202,20 @@ export class RedlockBackend implements LockBackend {
     return this.majority((node) => node.isHeld(key, token));
   }
 
+  /** Up while a majority answers; `details.nodes` has each node's own report. */
+  async health(): Promise<BackendHealth> {
+    const nodes = await Promise.all(this.nodes.map((node) => node.health()));
+    const answering = nodes.filter((node) => node.up).length;
+    return {
+      up: answering >= this.quorum,
+      details: {
+        quorum: this.quorum,
+        answering,
+        nodes: nodes.map(({ up, details }) => ({ status: up ? 'up' : 'down', ...details })),
+      },
+    };
+  }
+
   onReconnect(listener: () => void): () => void {
     const stops = this.nodes.map((node) => node.onReconnect(listener));
     return () => stops.forEach((stop) => stop());
@@ -274,8 +288,7 @@ export class RedlockBackend implements LockBackend {
       this.quorum,
       tally.yes.length + tally.no.length,
       tally.failed.map(
-        ({ node, error }) =>
-          `node ${node}: ${error === DEADLINE ? 'no reply within commandTimeout' : String((error as Error)?.message ?? error)}`,
+        ({ node, error }) => `node ${node}: ${describeFailure(error, this.commandTimeout)}`,
       ),
     );
   }

@@ -6,6 +6,7 @@ import type {
   ReleaseSubscription,
 } from '../interfaces/lock-backend.interface.js';
 import { within } from '../utils/within.js';
+import { logOutages } from './connection-log.js';
 
 /** A waiter taken out of the queue to be handed the lock by a release in this process. */
 export interface Heir {
@@ -226,9 +227,7 @@ export class ReleaseNotifier {
         state.waiters[0]?.wake();
       }, YIELD_MS);
     });
-    subscriber.on('error', (error: Error) => {
-      this.logger.warn(`Lock release subscriber: ${error.message}`);
-    });
+    logOutages(subscriber, 'Lock release subscriber', this.logger);
     return subscriber;
   }
 }

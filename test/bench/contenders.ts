@@ -10,6 +10,7 @@ import { Redlock as SesameRedlock } from '@sesamecare-oss/redlock';
 import { Mutex } from 'redis-semaphore';
 import { createLock, IoredisAdapter, type Lock as UniversalLock } from 'redlock-universal';
 import { LockService } from '../../lib/index.js';
+import type { Workload } from './bench-protocol.js';
 
 /** A held lock: give it back with release(). */
 export interface Held {
@@ -26,6 +27,8 @@ export interface Contender {
   name: string;
   /** A library's second configuration, with a ~10 ms retry: differs from the defaults only when waiting. */
   retryVariant?: boolean;
+  /** Run only in these workloads (a variant that differs only there). */
+  workloads?: readonly Workload[];
   create(client: Redis): Locker;
 }
 
@@ -64,6 +67,24 @@ const ours: Contender = {
     return {
       acquire: (key, ttl, waitMs) => locks.acquire(key, { ttl, acquireTimeout: waitMs }),
       close: () => locks.onApplicationShutdown(),
+    };
+  },
+};
+
+/** Ours with a subscriber on `LockService.events`: what the events cost when someone listens. */
+const oursObserved: Contender = {
+  name: 'nestjs-redis-lock (events subscribed)',
+  workloads: ['sequential', 'concurrent'],
+  create(client) {
+    const locks = new LockService({ client, keyPrefix: 'nrl:' });
+    let events = 0;
+    const subscription = locks.events.subscribe(() => void events++);
+    return {
+      acquire: (key, ttl, waitMs) => locks.acquire(key, { ttl, acquireTimeout: waitMs }),
+      close: async () => {
+        await locks.onApplicationShutdown();
+        subscription.unsubscribe();
+      },
     };
   },
 };
@@ -158,6 +179,7 @@ function universal(retry: 'defaults' | '10 ms'): Contender {
 export const CONTENDERS: Contender[] = [
   minimum,
   ours,
+  oursObserved,
   redisSemaphore,
   sesame('defaults'),
   sesame('10 ms'),

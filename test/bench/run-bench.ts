@@ -122,7 +122,8 @@ const contenders = CONTENDERS.filter(
  * (workloads 1, 2 and 6) it runs the same code, so it is not run again there.
  */
 const runs = (plan: WorkloadPlan, contender: Contender): boolean =>
-  contender.retryVariant !== true || plan.workload === 'hot' || plan.workload === 'idle';
+  (contender.retryVariant !== true || plan.workload === 'hot' || plan.workload === 'idle') &&
+  (contender.workloads === undefined || contender.workloads.includes(plan.workload));
 const server = await startRedis();
 const admin = new Redis(server.port, server.host);
 /** results[plan][contender] = figures of each round */
@@ -389,7 +390,12 @@ function renderHttp(): string {
 function render(seconds: number): string {
   const sections = plans.map((plan) => {
     const rows = contenders.map((c) => {
-      if (!runs(plan, c)) return [c.name, 'same code as its defaults when nobody waits: not run'];
+      if (!runs(plan, c)) {
+        const why = c.retryVariant
+          ? 'same code as its defaults when nobody waits: not run'
+          : 'a variant run only in workloads 1 and 2';
+        return [c.name, why];
+      }
       const cell = (field: string, withRatio = false): string => {
         const { median: m, ratio } = summarize(plan, c.name, field);
         return withRatio ? `${fmt(m)} (${fmt(ratio)}×)` : fmt(m);

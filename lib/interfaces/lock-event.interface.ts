@@ -1,0 +1,18 @@
+import type { LockLostReason } from '../errors/redis-lock.errors.js';
+
+/**
+ * What `LockService.events` reports. Every event names the key (without the module's
+ * `keyPrefix`); none carries the owner token. Times are in ms, measured on this process's
+ * monotonic clock.
+ */
+export type LockEvent =
+  /** A lock was taken (not a re-entry): `waitedMs` from the call to holding it. */
+  | { type: 'acquired'; key: string; fence: number; waitedMs: number }
+  /** A lock was released by its holder, or by the module on shutdown (`shutdown: true`). */
+  | { type: 'released'; key: string; fence: number; heldMs: number; shutdown: boolean }
+  /** A held lock's TTL was reset to `ttl`, by `extend()` or the watchdog. */
+  | { type: 'extended'; key: string; fence: number; ttl: number }
+  /** A held lock was lost or could not be confirmed: `lock.signal` aborted with this `reason`. */
+  | { type: 'lost'; key: string; fence: number; heldMs: number; reason: LockLostReason }
+  /** `acquire()`, `using()` or `@WithLock` gave up after `acquireTimeout`; `tryAcquire()` found it held. */
+  | { type: 'timeout'; key: string; waitedMs: number };

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Packs the package as npm would publish it, installs the tarball (not the source tree) into each
+# consumer app of test/consumers/ in a scratch directory, builds the app as its Nest CLI would and
+# runs it against a private redis-server on a free port: NestJS 12 (ES modules) with ioredis 6,
+# and NestJS 11 (CommonJS, TypeScript 5) with ioredis 5. The declared peer ranges are what these prove.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+work=$(mktemp -d)
+redis_pid=
+cleanup() {
+  if [ -n "$redis_pid" ]; then kill "$redis_pid" 2>/dev/null || true; fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+cd "$root"
+tarball="$work/$(npm pack --silent --pack-destination "$work" | tail -1)"
+echo "consumers: packed $(basename "$tarball")"
+
+port=$(node -e "const s=require('net').createServer().listen(0,'127.0.0.1',()=>{console.log(s.address().port);s.close()})")
+redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$work" >"$work/redis.log" 2>&1 &
+redis_pid=$!
+for _ in $(seq 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+
+for app in nest12-esm nest11-cjs; do
+  echo "consumer: $app"
+  cp -r "test/consumers/$app" "$work/$app"
+  cp test/consumers/app.ts "$work/$app/app.ts"
+  (
+    cd "$work/$app"
+    npm install --no-audit --no-fund --loglevel=error "$tarball"
+    npm ls --depth=0 @nestjs/core ioredis typescript nestjs-redis-lock | tail -n +2
+    npm run build --silent
+    REDIS_URL="redis://127.0.0.1:$port" node dist/app.js
+  )
+done

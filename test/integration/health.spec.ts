@@ -1,0 +1,123 @@
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+import { Controller, Get, Module, type INestApplication } from '@nestjs/common';
+import { Test } from '@nestjs/testing';
+import { HealthCheck, HealthCheckService, TerminusModule } from '@nestjs/terminus';
+import { RedisLockModule, type RedisLockModuleOptions } from '../../lib/index.js';
+import { RedisLockHealthIndicator } from '../../lib/health/index.js';
+import { eventually } from '../support/lock-module.js';
+import { startRedis, type RedisServer } from '../support/redis-server.js';
+
+@Controller('health')
+class HealthController {
+  constructor(
+    private readonly health: HealthCheckService,
+    private readonly redisLock: RedisLockHealthIndicator,
+  ) {}
+
+  @Get()
+  @HealthCheck()
+  check() {
+    return this.health.check([() => this.redisLock.isHealthy('locks')]);
+  }
+}
+
+/** An app as a user builds it: Terminus in a health module that lists the indicator. */
+async function startApp(options: RedisLockModuleOptions): Promise<[INestApplication, string]> {
+  @Module({
+    imports: [TerminusModule],
+    controllers: [HealthController],
+    providers: [RedisLockHealthIndicator],
+  })
+  class HealthModule {}
+  const module = await Test.createTestingModule({
+    imports: [RedisLockModule.forRoot({ ...options, isGlobal: true }), HealthModule],
+  }).compile();
+  const app = module.createNestApplication({ logger: false });
+  await app.listen(0, '127.0.0.1');
+  return [app, `${(await app.getUrl()).replace('[::1]', '127.0.0.1')}/health`];
+}
+
+interface Report {
+  status: string;
+  info?: Record<string, Record<string, unknown>>;
+  error?: Record<string, Record<string, unknown>>;
+}
+
+async function get(url: string): Promise<[number, Report, number]> {
+  const started = performance.now();
+  const response = await fetch(url);
+  return [response.status, (await response.json()) as Report, performance.now() - started];
+}
+
+describe('RedisLockHealthIndicator (nestjs-redis-lock/health)', () => {
+  let servers: RedisServer[];
+
+  before(async () => {
+    servers = await Promise.all([0, 1, 2, 3, 4].map(() => startRedis()));
+  });
+  after(async () => {
+    for (const server of servers ?? []) server.signal('SIGCONT');
+    await Promise.all((servers ?? []).map((server) => server.stop()));
+  });
+
+  it('reports up with the latency, and down within commandTimeout when Redis is paused or gone', async () => {
+    const server = servers[0];
+    const [app, url] = await startApp({ connection: server.url, commandTimeout: 500 });
+    try {
+      const [status, report] = await get(url);
+      assert.equal(status, 200);
+      assert.equal(report.info?.locks.status, 'up');
+      assert.equal(typeof report.info?.locks.latencyMs, 'number');
+
+      server.signal('SIGSTOP');
+      const [paused, pausedReport, took] = await get(url);
+      server.signal('SIGCONT');
+      assert.equal(paused, 503);
+      assert.equal(pausedReport.error?.locks.status, 'down');
+      assert.match(String(pausedReport.error?.locks.error), /no reply within commandTimeout/);
+      assert.ok(took >= 450 && took < 1_500, `answered after ${took.toFixed(0)} ms`);
+
+      await server.kill();
+      const [gone, , tookGone] = await get(url);
+      assert.equal(gone, 503);
+      assert.ok(tookGone < 1_000, `answered after ${tookGone.toFixed(0)} ms`);
+      servers[0] = await server.restart();
+      assert.ok(
+        await eventually(async () => (await get(url))[0] === 200),
+        'up again once Redis is back',
+      );
+    } finally {
+      await app.close();
+    }
+  });
+
+  it('Redlock: up while a majority of nodes answers, with each node in the details', async () => {
+    const [app, url] = await startApp({ nodes: servers.map((server) => server.url) });
+    try {
+      const [status, report] = await get(url);
+      assert.equal(status, 200);
+      assert.deepEqual(
+        { quorum: report.info?.locks.quorum, answering: report.info?.locks.answering },
+        { quorum: 3, answering: 5 },
+      );
+      servers[3].signal('SIGSTOP');
+      servers[4].signal('SIGSTOP');
+      const [minority, minorityReport] = await get(url);
+      assert.equal(minority, 200);
+      const nodes = minorityReport.info?.locks.nodes as { status: string }[];
+      assert.deepEqual(
+        nodes.map((node) => node.status),
+        ['up', 'up', 'up', 'down', 'down'],
+      );
+      servers[2].signal('SIGSTOP');
+      const [majority, majorityReport, took] = await get(url);
+      assert.equal(majority, 503);
+      assert.equal(majorityReport.error?.locks.answering, 2);
+      assert.ok(took < 2_000, `answered after ${took.toFixed(0)} ms`);
+    } finally {
+      for (const server of servers) server.signal('SIGCONT');
+      await app.close();
+    }
+  });
+});

@@ -1,0 +1,56 @@
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+import {
+  eventually,
+  LogCapture,
+  sleep,
+  startLockModule,
+  uniqueKey,
+  type LockModuleFixture,
+} from '../support/lock-module.js';
+import { startRedis, type RedisServer } from '../support/redis-server.js';
+
+describe('logging', () => {
+  let server: RedisServer;
+  let app: LockModuleFixture;
+  let logs: ReturnType<typeof LogCapture.install>;
+
+  before(async () => {
+    server = await startRedis();
+    app = await startLockModule({ connection: server.url });
+    logs = LogCapture.install(); // after compile(): the testing module installs its own logger
+  });
+  after(async () => {
+    await app?.close();
+    await server?.stop();
+    logs?.restore();
+  });
+
+  it('reports a Redis outage once, and its end once, however many reconnection attempts fail', async () => {
+    const key = uniqueKey();
+    const lock = await app.locks.acquire(key);
+    await server.kill();
+    await sleep(1_500); // ioredis retries every 50, 100, 150 ... ms: many failed attempts
+    server = await server.restart();
+    assert.ok(
+      await eventually(
+        async () => (await app.locks.tryAcquire(uniqueKey()).catch(() => null)) !== null,
+      ),
+    );
+    const lines = logs.capture.lines.map((line) => `${line.level}: ${line.message}`);
+    assert.equal(
+      lines.filter((line) => /^warn: Redis connection failed/.test(line)).length,
+      1,
+      lines.join('\n'),
+    );
+    assert.equal(
+      lines.filter((line) => /^log: Redis connection is back/.test(line)).length,
+      1,
+      lines.join('\n'),
+    );
+    assert.ok(
+      lines.every((line) => !line.includes(lock.token)),
+      'no token in any log line',
+    );
+  });
+});
