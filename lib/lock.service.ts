@@ -1,4 +1,10 @@
-import { Inject, Injectable, Logger, type OnApplicationShutdown } from '@nestjs/common';
+import {
+  Inject,
+  Injectable,
+  Logger,
+  type OnApplicationBootstrap,
+  type OnApplicationShutdown,
+} from '@nestjs/common';
 import type { Observable } from 'rxjs';
 import { setMaxListeners } from 'node:events';
 import {
@@ -45,7 +51,7 @@ const QUEUED: AcquireAttempt = { acquired: false, retryAfter: undefined };
  * goes through the same acquire loop (`obtain`) and the same lease (`LockHandle`).
  */
 @Injectable()
-export class LockService implements OnApplicationShutdown {
+export class LockService implements OnApplicationBootstrap, OnApplicationShutdown {
   protected readonly logger = new Logger('RedisLock');
   private readonly backend: LockBackend;
   private readonly defaults: ResolvedDefaults;
@@ -154,6 +160,14 @@ export class LockService implements OnApplicationShutdown {
   async isLocked(key: string): Promise<boolean> {
     assertKey(key);
     return this.reply(key, 'isLocked', this.backend.isLocked(key));
+  }
+
+  /**
+   * Startup: on a Cluster, asks the servers how releases are announced (and logs it), within
+   * `commandTimeout`; never fails the bootstrap.
+   */
+  async onApplicationBootstrap(): Promise<void> {
+    await this.backend.prepare();
   }
 
   /**

@@ -67,6 +67,12 @@ export interface LockBackend {
    * a release in this process may hand the lock straight to this waiter (see `wait`).
    */
   watchReleases(key: string, claim?: HandoffClaim): ReleaseSubscription;
+  /**
+   * Makes the choices that need the server (on Cluster: how releases are announced) when the app
+   * starts, bounded by `commandTimeout`. Never rejects: what cannot be decided yet is decided on
+   * first use.
+   */
+  prepare(): Promise<void>;
   /** Whether Redis answers (PING), with details for a health check. Never rejects. */
   health(): Promise<BackendHealth>;
   /** Closes the connections this backend owns; never a client the user passed in. */

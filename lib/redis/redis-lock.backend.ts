@@ -292,6 +292,15 @@ export class RedisLockBackend implements LockBackend {
     return raised === 1;
   }
 
+  async prepare(): Promise<void> {
+    if (!this.isCluster) return;
+    await this.shardedPubSub().catch((error: unknown) => {
+      this.logger.warn(
+        `Cluster: could not ask the servers how to announce releases at startup (${describeFailure(error, this.commandTimeout)}); deciding at the first lock release or wait.`,
+      );
+    });
+  }
+
   async health(): Promise<BackendHealth> {
     const started = performance.now();
     try {
@@ -334,8 +343,8 @@ export class RedisLockBackend implements LockBackend {
   /**
    * Cluster: whether releases are announced with SPUBLISH on the node that owns the key's slot
    * (Redis >= 7 and an ioredis that routes SSUBSCRIBE, >= 5.6) rather than with PUBLISH, which the
-   * cluster bus copies to every node. Decided on first need (the first release or wait), logged,
-   * and kept; asked again if Redis could not be reached.
+   * cluster bus copies to every node. Decided when the app starts (`prepare`) or, if the cluster
+   * could not be reached then, on first need; logged, and kept.
    */
   private readonly shardedPubSub = (): Promise<boolean> =>
     (this.pubSubChoice ??= this.choosePubSub().catch((error: unknown) => {

@@ -202,6 +202,10 @@ export class RedlockBackend implements LockBackend {
     return this.majority((node) => node.isHeld(key, token));
   }
 
+  async prepare(): Promise<void> {
+    // Nothing to decide: Redlock nodes are standalone masters.
+  }
+
   /** Up while a majority answers; `details.nodes` has each node's own report. */
   async health(): Promise<BackendHealth> {
     const nodes = await Promise.all(this.nodes.map((node) => node.health()));

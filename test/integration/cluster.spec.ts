@@ -1,8 +1,11 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { Cluster } from 'ioredis';
+import { Test } from '@nestjs/testing';
+import { RedisLockModule } from '../../lib/index.js';
 import {
   eventually,
+  LogCapture,
   sleep,
   startLockModule,
   uniqueKey,
@@ -10,6 +13,7 @@ import {
 } from '../support/lock-module.js';
 import { countIncrements } from '../support/processes.js';
 import {
+  freePort,
   startCluster,
   type RedisClusterFixture,
   type RedisServer,
@@ -87,6 +91,54 @@ describe('on Redis Cluster', () => {
     await held.release();
     const lock = await waiting;
     await lock.release();
+  });
+
+  it('decides how releases are announced when the app starts, and says so in the log', async () => {
+    const client = new Cluster(cluster.nodes.map(({ host, port }) => ({ host, port })));
+    const module = await Test.createTestingModule({
+      imports: [RedisLockModule.forRoot({ client })],
+    }).compile();
+    const logs = LogCapture.install(); // after compile(): the testing module installs its own logger
+    try {
+      await module.init();
+      assert.ok(
+        logs.capture.lines.some(
+          (line) => line.level === 'log' && /sharded pub\/sub \(SPUBLISH/.test(line.message),
+        ),
+        JSON.stringify(logs.capture.lines),
+      );
+    } finally {
+      logs.restore();
+      await module.close();
+      client.disconnect();
+    }
+  });
+
+  it('starts within commandTimeout when the cluster cannot be reached, and decides later', async () => {
+    const port = await freePort(); // nothing listens there
+    const client = new Cluster([{ host: '127.0.0.1', port }], { lazyConnect: true });
+    client.on('error', () => {});
+    const module = await Test.createTestingModule({
+      imports: [RedisLockModule.forRoot({ client, commandTimeout: 300 })],
+    }).compile();
+    const logs = LogCapture.install();
+    try {
+      const started = performance.now();
+      await module.init();
+      const took = performance.now() - started;
+      assert.ok(took < 1_000, `bootstrap took ${took.toFixed(0)} ms`);
+      assert.ok(
+        logs.capture.lines.some(
+          (line) =>
+            line.level === 'warn' && /deciding at the first lock release/.test(line.message),
+        ),
+        JSON.stringify(logs.capture.lines),
+      );
+    } finally {
+      logs.restore();
+      await module.close();
+      client.disconnect();
+    }
   });
 
   it('auto-extends and releases through the cluster', async () => {
