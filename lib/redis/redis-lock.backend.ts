@@ -195,13 +195,15 @@ export class RedisLockBackend implements LockBackend {
       .wait(replicas, timeout)
       .exec())!;
     // ioredis follows a MOVED in a cluster pipeline only when every command in it got one, and
-    // WAIT (no key) does not: do what ioredis does for a single command, i.e. take the slot's new
-    // owner from the reply (and refresh the slot map behind it), and send the pair again.
-    const moved = this.isCluster && /^MOVED (\d+) (\S+)/.exec(scriptError?.message ?? '');
-    if (moved && redirects < MAX_REDIRECTS) {
-      const cluster = this.client as Cluster;
-      cluster.slots[Number(moved[1])] = [moved[2]];
-      cluster.refreshSlotsCache();
+    // WAIT (no key) does not. A READONLY comes from a master demoted a moment ago. Either way the
+    // slot has a new owner: refresh the slot map (a pipeline is routed by it) and send the pair
+    // again, a few times, pausing a little longer each time while the nodes' views converge.
+    const message = this.isCluster ? (scriptError?.message ?? '') : '';
+    if (/^(MOVED|READONLY) /.test(message) && redirects < MAX_REDIRECTS) {
+      await new Promise<void>((resolve) =>
+        (this.client as Cluster).refreshSlotsCache(() => resolve()),
+      );
+      if (redirects > 0) await new Promise((resolve) => setTimeout(resolve, 20 * redirects));
       return this.replicated(command, args, redirects + 1);
     }
     if (scriptError) throw scriptError;
@@ -398,7 +400,7 @@ export function describeFailure(error: unknown, commandTimeout: number): string 
 
 const round = (ms: number): number => Math.round(ms * 100) / 100;
 
-/** Most MOVED redirections one `replicaAck` write follows (ioredis' own default is 16). */
+/** Most redirections (MOVED, READONLY) one `replicaAck` write follows (ioredis' own default is 16). */
 const MAX_REDIRECTS = 5;
 
 const ESCAPED = /[%}]/;

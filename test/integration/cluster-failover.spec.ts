@@ -135,10 +135,12 @@ describe('on Redis Cluster with replicas (3 masters, 1 replica each), resharded 
       'keys',
       ...keys,
     );
-    for (const master of await masters()) {
+    // The new owner first, then the old one, then the rest (the order the Redis docs give).
+    const others = (await masters()).filter((node) => node !== source && node !== target);
+    for (const master of [target, source, ...others]) {
       await cluster.cli(master, 'cluster', 'setslot', String(slot), 'node', targetId);
     }
-    assert.equal(await cluster.ownerOf(slot), target);
+    assert.ok(await eventually(async () => (await cluster.ownerOf(slot)) === target));
 
     await lock.extend();
     assert.equal(await other.locks.tryAcquire(key), null);
@@ -170,9 +172,18 @@ describe('on Redis Cluster with replicas (3 masters, 1 replica each), resharded 
       assert.equal(await onReplica(replica, heldKey), held.token);
       const keys = await keysOn(master, 200);
       let next = 0;
+      // (While the failed master's slots have no owner, ownerOf throws: not yet.)
+      const promoted = (): Promise<boolean> =>
+        cluster.ownerOf(slotOf(heldKey)).then(
+          (owner) => owner === replica,
+          () => false,
+        );
       const started = performance.now();
       if (how === 'CLUSTER FAILOVER') {
         await cluster.cli(replica, 'cluster', 'failover');
+        // A manual failover gives up after 5 s when the pair cannot coordinate (a loaded machine):
+        // then ask once more.
+        if (!(await eventually(promoted, 6_000))) await cluster.cli(replica, 'cluster', 'failover');
       } else {
         dead.add(master);
         await master.kill();
@@ -181,16 +192,22 @@ describe('on Redis Cluster with replicas (3 masters, 1 replica each), resharded 
         const lock = await app.locks.acquire(await keyOn(elsewhere), { acquireTimeout: 0 });
         await lock.release();
       }
+      assert.ok(await eventually(promoted, 15_000), 'the replica took over the slots');
+      const switched = performance.now() - started;
+      // Locks on the failed master's slots, from when the cluster switched.
       const resumed = await lockingResumed(() => keys[next++ % keys.length], started);
-      assert.ok(
-        await eventually(async () => (await cluster.ownerOf(slotOf(heldKey))) === replica, 10_000),
-      );
       t.diagnostic(
-        `${how}: locks on the failed master's slots taken again after ${resumed.toFixed(0)} ms`,
+        `${how}: the cluster switched after ${switched.toFixed(0)} ms, locks on those slots taken again ${(resumed - switched).toFixed(0)} ms later`,
       );
       assert.ok(
-        resumed < (how === 'CLUSTER FAILOVER' ? 3_000 : 10_000),
-        `${resumed.toFixed(0)} ms`,
+        resumed - switched < 2_000,
+        `${(resumed - switched).toFixed(0)} ms after the switch`,
+      );
+      // The nodes agree again (no CLUSTERDOWN from a node still converging).
+      assert.ok(
+        await eventually(async () =>
+          (await cluster.cli(replica, 'cluster', 'info')).includes('cluster_state:ok'),
+        ),
       );
       // The promoted replica had the lock: it is still held, and can be extended and released.
       assert.equal(await other.locks.tryAcquire(heldKey), null);

@@ -238,7 +238,10 @@ export async function startCluster(masters = 3, replicas = 0): Promise<RedisClus
       for (const line of table.trim().split('\n')) {
         // <id> <ip:port@bus> <flags> <master> <ping> <pong> <epoch> <link> <slot> <slot> ...
         const [, address, flags, , , , , , ...slots] = line.split(' ');
-        if (!flags.split(',').includes('master') || flags.includes('fail')) continue;
+        // (A node killed mid-answer leaves a partial table: skip what is not a node line.)
+        if (flags === undefined || !flags.split(',').includes('master') || flags.includes('fail')) {
+          continue;
+        }
         const owner = nodes.find((each) => each.port === Number(/:(\d+)@/.exec(address)?.[1]));
         if (!owner) continue;
         owners.set(
