@@ -2,7 +2,8 @@
 # Packs the package as npm would publish it, installs the tarball (not the source tree) into each
 # consumer app of test/consumers/ in a scratch directory, builds the app as its Nest CLI would and
 # runs it against a private redis-server on a free port: NestJS 12 (ES modules) with ioredis 6,
-# and NestJS 11 (CommonJS, TypeScript 5) with ioredis 5. The declared peer ranges are what these prove.
+# and NestJS 11 (CommonJS, TypeScript 5) with ioredis 5 (the declared peer ranges are what these
+# prove); then the README's quick start, taken from the README as a user pastes it.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d)
@@ -34,3 +35,15 @@ for app in nest12-esm nest11-cjs; do
     REDIS_URL="redis://127.0.0.1:$port" node dist/app.js
   )
 done
+
+echo "consumer: the README's quick start in a Nest 11 CLI app"
+mkdir -p "$work/quickstart/src"
+cp test/consumers/quickstart/package.json test/consumers/quickstart/tsconfig.json "$work/quickstart/"
+cp test/consumers/quickstart/main.ts "$work/quickstart/src/main.ts"
+node scripts/readme-files.mjs README.md "$work/quickstart/src"
+(
+  cd "$work/quickstart"
+  npm install --no-audit --no-fund --loglevel=error "$tarball"
+  npm run build --silent
+  REDIS_URL="redis://127.0.0.1:$port" node dist/main.js
+)

@@ -11,6 +11,7 @@ import { NestFactory } from '@nestjs/core';
 import { Redis } from 'ioredis';
 import { LockAcquireTimeoutError, LockService, RedisLockModule, WithLock } from 'nestjs-redis-lock';
 import { RedisLockHealthIndicator } from 'nestjs-redis-lock/health';
+import { TerminusModule } from '@nestjs/terminus';
 
 const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
 const check = (ok: boolean, what: string): void => {
@@ -47,18 +48,22 @@ class OrdersController {
 const client = new Redis(process.env.REDIS_URL ?? 'redis://127.0.0.1:6379');
 
 @Module({
-  imports: [RedisLockModule.forRoot({ client, keyPrefix: 'consumer:' })],
+  imports: [
+    RedisLockModule.forRoot({ client, keyPrefix: 'consumer:', isGlobal: true }),
+    TerminusModule,
+  ],
   controllers: [OrdersController],
-  providers: [Jobs],
+  providers: [Jobs, RedisLockHealthIndicator],
 })
 class AppModule {}
 
 async function main(): Promise<void> {
-  check(typeof RedisLockHealthIndicator === 'function', 'nestjs-redis-lock/health loads');
   const app = await NestFactory.create(AppModule, { logger: false });
   await app.listen(0, '127.0.0.1');
   const url = (await app.getUrl()).replace('[::1]', '127.0.0.1');
   const locks = app.get(LockService);
+  const health = await app.get(RedisLockHealthIndicator).isHealthy('locks');
+  check(health.locks?.status === 'up', 'nestjs-redis-lock/health reports up through Terminus');
 
   const result = await locks.using('consumer:using', async (lock) => lock.fence);
   check(result > 0, 'LockService.using() runs the work with a fence');
