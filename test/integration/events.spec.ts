@@ -1,4 +1,5 @@
 import assert from 'node:assert/strict';
+import { once } from 'node:events';
 import { after, before, describe, it } from 'node:test';
 import { config, filter, firstValueFrom, toArray, type Subscription } from 'rxjs';
 import { LockAcquireTimeoutError, type LockEvent } from '../../lib/index.js';
@@ -98,7 +99,7 @@ describe('LockService.events', () => {
     const key = uniqueKey();
     const events = await eventsOf(key, async () => {
       const lock = await app.locks.acquire(key, { ttl: 100 });
-      await once(lock.signal);
+      await once(lock.signal, 'abort');
       await app.locks.using(key, () => app.locks.using(key, () => sleep(1)));
     });
     const lost = events[1] as Extract<LockEvent, { type: 'lost' }>;
@@ -173,6 +174,3 @@ describe('LockService.events', () => {
     );
   });
 });
-
-const once = (signal: AbortSignal): Promise<void> =>
-  new Promise((resolve) => signal.addEventListener('abort', () => resolve(), { once: true }));

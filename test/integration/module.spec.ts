@@ -77,6 +77,25 @@ describe('RedisLockModule', () => {
       assert.equal(own.autoResendUnfulfilledCommands, false);
       assert.equal(own.lazyConnect, true);
       assert.equal(own.enableOfflineQueue, true);
+      // A READONLY reply (a demoted master) reconnects; other errors do not.
+      assert.equal(own.reconnectOnError?.(new Error("READONLY You can't write")), true);
+      assert.equal(own.reconnectOnError?.(new Error('ERR something else')), false);
+      assert.notEqual(own.failoverDetector, true, 'Sentinel-only settings stay off');
+      const sentinel = optionsOf({
+        connection: { sentinels: [{ host: '127.0.0.1', port: server.port }], name: 'mymaster' },
+      });
+      assert.equal(sentinel.failoverDetector, true);
+      assert.deepEqual(
+        [1, 2, 5, 100].map((times) => sentinel.retryStrategy?.(times)),
+        [50, 100, 250, 250],
+      );
+      assert.equal(
+        optionsOf({
+          connection: { sentinels: [{ port: server.port }], name: 'm', failoverDetector: false },
+        }).failoverDetector,
+        false,
+        'yours win',
+      );
       const yours = optionsOf({
         connection: { port: server.port, maxRetriesPerRequest: 3, lazyConnect: false },
       });
