@@ -1,6 +1,7 @@
 import { AsyncLocalStorage } from 'node:async_hooks';
 import type { Lock } from './interfaces/lock.interface.js';
 import type { LockHandle } from './lock.handle.js';
+import { MultiKeyLock } from './multi-key-lock.handle.js';
 
 /**
  * The locks held by the current async call chain, innermost first. Frames are immutable: code
@@ -10,38 +11,49 @@ import type { LockHandle } from './lock.handle.js';
 interface LockFrame {
   /** The LockService that took the lock: re-entrancy never crosses apps in one process. */
   readonly owner: object;
-  readonly lock: LockHandle;
+  readonly lock: LockHandle | MultiKeyLock;
   readonly parent: LockFrame | undefined;
 }
 
 const storage = new AsyncLocalStorage<LockFrame>();
 
 /** Runs `fn` with `lock` added to the current call chain. */
-export function runHoldingLock<T>(owner: object, lock: LockHandle, fn: () => T): T {
+export function runHoldingLock<T>(owner: object, lock: LockHandle | MultiKeyLock, fn: () => T): T {
   return storage.run({ owner, lock, parent: storage.getStore() }, fn);
 }
 
-/** The lock on `key` that `owner` holds in this call chain and has not released, if any. */
+/**
+ * The lock on `key` that `owner` holds in this call chain and has not released, if any (of a lock
+ * on several keys, that key's own).
+ */
 export function findChainLock(owner: object, key: string): LockHandle | undefined {
-  return innermost((lock, frameOwner) => frameOwner === owner && lock.key === key);
+  for (let frame = storage.getStore(); frame; frame = frame.parent) {
+    if (frame.owner !== owner) continue;
+    const lock = keyLock(frame.lock, key);
+    if (lock) return lock;
+  }
+  return undefined;
 }
 
 /**
- * The lock held by the current call chain: the innermost one, or the one on `key`. Lets code
- * running under `using()` or `@WithLock` read its fencing token and `signal` without passing the
- * lock around.
+ * The lock held by the current call chain: the innermost one, or the one on `key` (of a lock on
+ * several keys, that key's own, with that key's fence). Lets code running under `using()` or
+ * `@WithLock` read its fencing token and `signal` without passing the lock around.
  * @example
  * const lock = getCurrentLock();
  * await ledger.write(entry, { fence: lock?.fence, signal: lock?.signal });
  */
 export function getCurrentLock(key?: string): Lock | undefined {
-  return innermost((lock) => key === undefined || lock.key === key);
-}
-
-/** The innermost unreleased lock of the call chain that matches. */
-function innermost(matches: (lock: LockHandle, owner: object) => boolean): LockHandle | undefined {
   for (let frame = storage.getStore(); frame; frame = frame.parent) {
-    if (!frame.lock.released && matches(frame.lock, frame.owner)) return frame.lock;
+    const lock = key === undefined ? frame.lock : keyLock(frame.lock, key);
+    if (lock && !lock.released) return lock;
   }
   return undefined;
+}
+
+/** The unreleased lock on `key` within `lock`. */
+function keyLock(lock: LockHandle | MultiKeyLock, key: string): LockHandle | undefined {
+  const found =
+    lock instanceof MultiKeyLock ? lock.handleOf(key) : lock.key === key ? lock : undefined;
+  return found && !found.released ? found : undefined;
 }

@@ -5,10 +5,10 @@ import {
   type LockLostReason,
   type LockOperation,
 } from './errors/redis-lock.errors.js';
-import type { LockBackend } from './interfaces/lock-backend.interface.js';
+import type { LockBackend, LockShape } from './interfaces/lock-backend.interface.js';
 import type { Lock } from './interfaces/lock.interface.js';
 import type { LockEvents } from './lock.events.js';
-import { durationProblem } from './redis-lock.options.js';
+import { durationProblem, PLAIN } from './redis-lock.options.js';
 
 /** What a handle needs from the service that created it. */
 export interface LockOwnerHooks {
@@ -52,6 +52,8 @@ export class LockHandle implements Lock {
     expiresAt: number,
     private readonly autoExtend: boolean,
     private readonly owner: LockOwnerHooks,
+    /** What it holds: the plain lock, a place in a semaphore, or a read lock. */
+    readonly shape: LockShape = PLAIN,
   ) {
     this.expiry = expiresAt;
     if (autoExtend) this.extendWhenDue();
@@ -69,6 +71,14 @@ export class LockHandle implements Lock {
 
   get expiresAt(): number {
     return this.expiry;
+  }
+
+  get keys(): readonly string[] {
+    return [this.key];
+  }
+
+  get fences(): Readonly<Record<string, number>> {
+    return { [this.key]: this.fence };
   }
 
   /** @internal Why the lease ended early (`signal`'s abort reason), without creating the signal. */
@@ -143,14 +153,18 @@ export class LockHandle implements Lock {
 
   private releaseInRedis(): Promise<boolean> {
     const { backend, reply } = this.owner;
-    return reply(this.key, 'release', backend.release(this.key, this.token));
+    return reply(this.key, 'release', backend.release(this.key, this.token, this.shape));
   }
 
   /** One extension, shared by `extend()` and the watchdog. Resolves false when the lock is gone. */
   private async renew(ttl: number): Promise<boolean> {
     const sentAt = performance.now();
     const { backend, reply } = this.owner;
-    const extended = await reply(this.key, 'extend', backend.extend(this.key, this.token, ttl));
+    const extended = await reply(
+      this.key,
+      'extend',
+      backend.extend(this.key, this.token, ttl, this.shape),
+    );
     // The lease ran out before Redis confirmed: lost, as if the expiry timer had fired first.
     this.checkExpiry();
     if (this.state !== 'held') return extended && this.state !== 'lost';

@@ -20,6 +20,7 @@ import type {
   BackendHealth,
   Handoff,
   LockBackend,
+  LockShape,
   ReleaseSubscription,
 } from './interfaces/lock-backend.interface.js';
 import type { AcquireOptions, Lock } from './interfaces/lock.interface.js';
@@ -29,9 +30,12 @@ import type { LockEvent } from './interfaces/lock-event.interface.js';
 import { findChainLock, runHoldingLock } from './lock.context.js';
 import { LockEvents } from './lock.events.js';
 import { LockHandle, type LockOwnerHooks } from './lock.handle.js';
+import { MultiKeyLock } from './multi-key-lock.handle.js';
 import { MODULE_OPTIONS_TOKEN } from './redis-lock.module-definition.js';
 import {
   assertKey,
+  lockOrder,
+  PLAIN,
   resolveAcquireOptions,
   resolveModuleOptions,
   type AcquireMode,
@@ -45,6 +49,21 @@ import { DEADLINE, ignoreDeadline, within } from './utils/within.js';
 
 /** What a caller that queues behind this process's waiters starts from: no attempt made yet. */
 const QUEUED: AcquireAttempt = { acquired: false, retryAfter: undefined };
+
+/** How an error names a shape. */
+const describeShape = (shape: LockShape): string =>
+  shape.mode === 'read'
+    ? 'a read lock'
+    : shape.limit > 1
+      ? `limit ${shape.limit}`
+      : shape.fair
+        ? 'a fair lock'
+        : 'a plain lock';
+const sameShape = (a: LockShape, b: LockShape): boolean =>
+  a.limit === b.limit && a.mode === b.mode && a.fair === b.fair;
+
+/** One key, or several to lock together (all or none). */
+type Keys = string | readonly string[];
 
 /**
  * Takes, watches and releases distributed locks. Every public method, `@WithLock` included,
@@ -102,22 +121,28 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
    * Takes the lock on `key`, waiting up to `acquireTimeout` while someone else holds it.
    * Release it with `lock.release()` in a `finally` block, or prefer `using()`.
    * Auto-extension is off unless asked for: a forgotten handle still expires after `ttl`.
+   *
+   * An array of keys locks them all or none: one after another in one order that every caller
+   * uses (sorted), so two callers that name the same keys in different orders never deadlock;
+   * if one stays taken for `acquireTimeout`, those already taken are released.
    * @throws LockAcquireTimeoutError when the lock stayed taken for `acquireTimeout`
    * @throws LockAcquireAbortedError when `signal` aborts the wait
    * @example
    * const lock = await locks.acquire(`order:${id}`, { ttl: 5_000 });
    * try { await pay(id, lock.fence); } finally { await lock.release(); }
+   * @example
+   * const both = await locks.acquire([`acct:${from}`, `acct:${to}`]);
    */
-  acquire(key: string, options?: AcquireOptions): Promise<Lock> {
-    return this.obtain(key, options, 'acquire') as Promise<Lock>;
+  acquire(key: Keys, options?: AcquireOptions): Promise<Lock> {
+    return this.obtainKeys(key, options, 'acquire') as Promise<Lock>;
   }
 
   /**
-   * Makes one attempt at the lock on `key` and never waits.
-   * @returns the lock, or `null` if someone else holds it
+   * Makes one attempt at the lock on `key` (or on every key of an array) and never waits.
+   * @returns the lock, or `null` if someone else holds it (any of the keys: then none is kept)
    */
-  tryAcquire(key: string, options?: AcquireOptions): Promise<Lock | null> {
-    return this.obtain(key, options, 'tryAcquire');
+  tryAcquire(key: Keys, options?: AcquireOptions): Promise<Lock | null> {
+    return this.obtainKeys(key, options, 'tryAcquire');
   }
 
   /**
@@ -125,17 +150,20 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
    * Returns what `fn` returns and rethrows what it throws, unchanged: a failed release is logged,
    * never thrown over the result. The lock is auto-extended while `fn` runs (turn off with
    * `autoExtend: false`); watch `lock.signal` to stop work if the lock is lost. Nested calls on
-   * the same key in the same async call chain re-enter the lock instead of deadlocking.
+   * the same key in the same async call chain re-enter the lock instead of deadlocking. An array
+   * of keys locks them all, as `acquire()` does.
    * @example
    * await locks.using(`sku:${sku}`, async (lock) => reserve(sku, qty, lock.signal));
+   * @example
+   * await locks.using([`acct:${from}`, `acct:${to}`], (lock) => transfer(from, to, lock.fences));
    */
   async using<T>(
-    key: string,
+    key: Keys,
     fn: (lock: Lock) => T | Promise<T>,
     options?: AcquireOptions,
   ): Promise<T> {
     if (typeof fn !== 'function') throw new LockArgumentError('fn', fn, 'must be a function');
-    const lock = (await this.obtain(key, options, 'using'))!;
+    const lock = (await this.obtainKeys(key, options, 'using'))!;
     try {
       return await runHoldingLock(this, lock, () => fn(lock));
     } finally {
@@ -202,17 +230,122 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
     this.lockEvents.complete();
   }
 
-  /** The one acquire loop behind acquire(), tryAcquire(), using() and @WithLock. */
+  /**
+   * One key (straight to `obtain`: no extra promise on the hot path), or several (see
+   * `obtainList`).
+   */
+  private obtainKeys(
+    key: Keys,
+    options: AcquireOptions | undefined,
+    mode: AcquireMode,
+  ): Promise<LockHandle | MultiKeyLock | null> {
+    return Array.isArray(key)
+      ? this.obtainList(key as readonly string[], options, mode)
+      : this.obtain(key as string, options, mode);
+  }
+
+  /** A key list; bad input rejects, never throws synchronously. */
+  private async obtainList(
+    list: readonly string[],
+    options: AcquireOptions | undefined,
+    mode: AcquireMode,
+  ): Promise<LockHandle | MultiKeyLock | null> {
+    const keys = lockOrder(list);
+    return keys.length === 1
+      ? this.obtain(keys[0], options, mode)
+      : this.obtainAll(keys, options, mode);
+  }
+
+  /**
+   * Several keys, all or none: first, where the backend can, every key in one script if all are
+   * free; otherwise each through `obtain()`, in `keys`' order (sorted: the same for every caller,
+   * so no two callers each hold a key the other waits for), with one token and one deadline. Without auto-extension, the wait for a later key is also bounded by the leases of
+   * the keys already held, which would run out meanwhile. Any failure releases what was taken.
+   */
+  private async obtainAll(
+    keys: readonly string[],
+    options: AcquireOptions | undefined,
+    mode: AcquireMode,
+  ): Promise<MultiKeyLock | null> {
+    const opts = resolveAcquireOptions(keys[0], options, this.defaults, mode);
+    const token = opts.token ?? freshToken();
+    const started = performance.now();
+    const handles: LockHandle[] = [];
+    try {
+      // Free keys in one step where it can be done (not when the chain re-enters some of them).
+      if (
+        opts.shape === PLAIN &&
+        opts.token === undefined &&
+        !keys.some((key) => findChainLock(this, key))
+      ) {
+        handles.push(...(await this.attemptAll(keys, token, opts, started)));
+      }
+      for (const key of keys.slice(handles.length)) {
+        const until = opts.autoExtend
+          ? started + opts.acquireTimeout
+          : Math.min(started + opts.acquireTimeout, ...handles.map((handle) => handle.expiresAt));
+        const acquireTimeout = Math.max(0, Math.ceil(until - performance.now()));
+        const handle = await this.obtain(key, { ...options, acquireTimeout }, mode, token);
+        if (!handle) break; // tryAcquire: that key is taken
+        handles.push(handle);
+      }
+    } catch (error) {
+      await this.releaseAll(handles);
+      if (!(error instanceof LockAcquireTimeoutError)) throw error;
+      // The whole call's wait, against the caller's own acquireTimeout.
+      const waited = performance.now() - started;
+      throw new LockAcquireTimeoutError(error.key, waited, opts.acquireTimeout, error.retryAfterMs);
+    }
+    if (handles.length < keys.length) {
+      await this.releaseAll(handles);
+      return null;
+    }
+    return new MultiKeyLock(handles);
+  }
+
+  /** Undoes a partial multi-key acquisition; what cannot be released expires after its TTL. */
+  private async releaseAll(handles: readonly LockHandle[]): Promise<void> {
+    await Promise.all(handles.map((handle) => this.releaseQuietly(handle)));
+  }
+
+  /**
+   * The one acquire loop behind acquire(), tryAcquire(), using() and @WithLock. `ownToken`: the
+   * token of a multi-key acquisition (generated here, so not the caller's own).
+   */
   private async obtain(
     key: string,
     options: AcquireOptions | undefined,
     mode: AcquireMode,
+    ownToken?: string,
   ): Promise<LockHandle | null> {
     const opts = resolveAcquireOptions(key, options, this.defaults, mode);
+    const { shape } = opts;
+    if (shape !== PLAIN && !this.backend.shapes) {
+      const [option, value] =
+        shape.mode === 'read'
+          ? ['mode', 'read']
+          : shape.fair
+            ? ['fair', true]
+            : ['limit', shape.limit];
+      throw new LockArgumentError(
+        `${option} + nodes`,
+        value,
+        'counting semaphores, read locks and fair locks need one Redis deployment: Redlock mode (the module option `nodes`) does not offer them',
+      );
+    }
     const chained = findChainLock(this, key);
-    if (chained) return chained.enter();
+    if (chained) {
+      if (!sameShape(chained.shape, shape)) {
+        throw new LockArgumentError(
+          'limit + mode + fair',
+          shape,
+          `this call chain already holds "${key}" as ${describeShape(chained.shape)}: a nested call re-enters it, so it must ask for the same (no upgrade from read to write)`,
+        );
+      }
+      return chained.enter();
+    }
 
-    const token = opts.token ?? freshToken();
+    const token = opts.token ?? ownToken ?? freshToken();
     const started = performance.now();
     const deadline = started + opts.acquireTimeout;
     let subscription: ReleaseSubscription | undefined;
@@ -221,11 +354,16 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
     // Callers in this process already wait for the key: queue behind them instead of trying at
     // once, so that a holder that releases and asks again cannot barge in ahead of the waiter its
     // release wakes (see Waiting in the README).
-    let queueFirst = opts.acquireTimeout > 0 && this.backend.hasWaiters(key);
+    // (Not a fair waiter: it queues in Redis, where its turn is decided.)
+    let queueFirst = opts.acquireTimeout > 0 && !shape.fair && this.backend.hasWaiters(key);
+    /** A fair waiter hears on its own channel that it is its turn. */
+    const turnOf = shape.fair ? token : undefined;
     // A waiter may be handed the lock by a release in this process (not with the caller's own
     // token, which may hold the lock already).
-    const claim = opts.token === undefined ? { token, ttl: opts.ttl } : undefined;
-    if (queueFirst) subscription = this.backend.watchReleases(key, claim);
+    // Nor for a semaphore: a place freed by a release goes to whoever asks first.
+    const claim =
+      opts.token === undefined && shape === PLAIN ? { token, ttl: opts.ttl } : undefined;
+    if (queueFirst) subscription = this.backend.watchReleases(key, claim, turnOf);
     let handoff: Handoff | undefined;
     try {
       for (;;) {
@@ -242,10 +380,7 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
         }
         if (attempt.acquired) {
           handle = this.hold(key, token, attempt, sentAt, opts);
-          if (this.lockEvents.observed) {
-            const waitedMs = performance.now() - started;
-            this.lockEvents.emit({ type: 'acquired', key, fence: handle.fence, waitedMs });
-          }
+          this.reportAcquired(handle, started);
           if (this.stopping.signal.aborted) {
             // Granted while shutdown began: shutdown has already swept the held locks.
             await handle.abandon().catch(() => false);
@@ -272,7 +407,7 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
           // Subscribe, then try again at once: a release between the failed attempt and the
           // subscription would otherwise go unnoticed until the timer. A subscription that is
           // not confirmed in time leaves the waiter on timers; the next attempt tells the rest.
-          subscription = this.backend.watchReleases(key, claim);
+          subscription = this.backend.watchReleases(key, claim, turnOf);
           await within(subscription.ready, Math.min(remaining, this.commandTimeout), signals).catch(
             ignoreDeadline,
           );
@@ -292,7 +427,13 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
       if (error === this.stopping.signal.reason) throw new RedisLockShutdownError(key);
       throw error;
     } finally {
-      subscription?.dispose(handle !== undefined);
+      subscription?.dispose(handle !== undefined, shape.mode === 'read');
+      if (shape.fair && !handle && opts.acquireTimeout > 0) {
+        // A fair waiter that gives up leaves the queue at once, and the next in line is told.
+        this.backend.leaveQueue(key, token).catch(() => {
+          // Its place lapses by itself within the queue's stay.
+        });
+      }
     }
   }
 
@@ -307,25 +448,86 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
     token: string,
     opts: ResolvedAcquireOptions,
   ): Promise<AcquireAttempt> {
-    const pending = this.backend.tryAcquire(key, token, opts.ttl);
+    const pending = this.backend.tryAcquire(
+      key,
+      token,
+      opts.ttl,
+      opts.shape,
+      opts.acquireTimeout > 0,
+    );
     try {
       return await this.reply(key, 'acquire', pending, opts.signal, true);
     } catch (error) {
-      // reply() rejects with a LockBackendError, or with an abort reason (the caller's signal, or
-      // shutdown): the attempt was given up (no reply in time, or aborted) unless Redis answered
-      // with an error.
-      const abandoned = !(error instanceof LockBackendError) || error.timedOut;
-      if (abandoned && opts.token === undefined) {
-        pending
-          .then((late) => {
-            if (late.acquired) return this.backend.release(key, token);
-          })
-          .catch(() => {
-            // Nothing to undo: the attempt failed, or its lock expires after its TTL.
-          });
+      if (opts.token === undefined) {
+        this.undoLateGrant(error, pending, (late) =>
+          late.acquired ? this.backend.release(key, token, opts.shape) : undefined,
+        );
       }
       throw error;
     }
+  }
+
+  /**
+   * Plain locks on several free keys in one round trip, where the backend can (see
+   * `LockBackend.tryAcquireAll`). Resolves [] when it cannot or a key is taken: the caller then
+   * goes key by key, waiting as usual.
+   */
+  private async attemptAll(
+    keys: readonly string[],
+    token: string,
+    opts: ResolvedAcquireOptions,
+    started: number,
+  ): Promise<LockHandle[]> {
+    this.throwIfStopped(keys[0], opts.signal);
+    const sentAt = performance.now();
+    const pending = this.backend.tryAcquireAll(keys, token, opts.ttl);
+    if (!pending) return [];
+    let fences: number[] | { retryAfter: number | undefined };
+    try {
+      fences = await this.reply(keys[0], 'acquire', pending, opts.signal, true);
+    } catch (error) {
+      this.undoLateGrant(error, pending, (late) =>
+        Array.isArray(late)
+          ? Promise.all(keys.map((key) => this.backend.release(key, token)))
+          : undefined,
+      );
+      throw error;
+    }
+    if (!Array.isArray(fences)) return [];
+    const validity = this.backend.validity(opts.ttl);
+    const handles = keys.map((key, i) =>
+      this.hold(key, token, { acquired: true, fence: fences[i], validity }, sentAt, opts),
+    );
+    for (const handle of handles) this.reportAcquired(handle, started);
+    if (this.stopping.signal.aborted) {
+      // Granted while shutdown began: shutdown has already swept the held locks.
+      await Promise.all(handles.map((handle) => handle.abandon().catch(() => false)));
+      throw new RedisLockShutdownError(keys[0]);
+    }
+    return handles;
+  }
+
+  /**
+   * After `reply()` gave up on an acquisition (no reply in time, or aborted; not when Redis
+   * answered with an error), a grant that arrives later is undone, so an abandoned attempt never
+   * leaves a lock behind.
+   */
+  private undoLateGrant<T>(
+    error: unknown,
+    pending: Promise<T>,
+    undo: (late: T) => Promise<unknown> | undefined,
+  ): void {
+    if (error instanceof LockBackendError && !error.timedOut) return;
+    pending.then(undo).catch(() => {
+      // Nothing to undo: the attempt failed, or its lock expires after its TTL.
+    });
+  }
+
+  /** The `acquired` event, built only when someone listens. */
+  private reportAcquired(handle: LockHandle, started: number): void {
+    if (!this.lockEvents.observed) return;
+    const waitedMs = performance.now() - started;
+    this.lockEvents.emit({ type: 'acquired', key: handle.key, fence: handle.fence, waitedMs });
   }
 
   /**
@@ -379,29 +581,28 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
       sentAt + attempt.validity,
       opts.autoExtend,
       this.hooks,
+      opts.shape,
     );
     this.held.add(handle);
     return handle;
   }
 
-  private async releaseQuietly(lock: LockHandle): Promise<void> {
+  private async releaseQuietly(lock: LockHandle | MultiKeyLock): Promise<void> {
+    const name =
+      lock instanceof MultiKeyLock
+        ? `Locks ${lock.keys.map((key) => `"${key}" (fence ${lock.fences[key]})`).join(', ')}`
+        : `Lock "${lock.key}" (fence ${lock.fence})`;
     try {
       const released = await lock.release();
       // Read without creating the signal, which nobody may have asked for.
       const lost = lock.lossReason;
       if (lost) {
-        this.logger.warn(
-          `Lock "${lock.key}" (fence ${lock.fence}) was lost before the work finished: ${String(lost)}`,
-        );
+        this.logger.warn(`${name}: lost before the work finished: ${String(lost)}`);
       } else if (!released) {
-        this.logger.warn(
-          `Lock "${lock.key}" (fence ${lock.fence}) was no longer held when the work finished.`,
-        );
+        this.logger.warn(`${name}: no longer held when the work finished.`);
       }
     } catch (error) {
-      this.logger.error(
-        `Could not release lock "${lock.key}" (fence ${lock.fence}); it expires after its TTL: ${String(error)}`,
-      );
+      this.logger.error(`${name}: could not release; it expires after its TTL: ${String(error)}`);
     }
   }
 
@@ -410,8 +611,11 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
     if (this.stopping.signal.aborted) throw new RedisLockShutdownError(key);
   }
 
-  private ownHandle(lock: Lock): LockHandle {
-    if (!(lock instanceof LockHandle) || !lock.belongsTo(this.hooks)) {
+  private ownHandle(lock: Lock): LockHandle | MultiKeyLock {
+    if (
+      !(lock instanceof LockHandle || lock instanceof MultiKeyLock) ||
+      !lock.belongsTo(this.hooks)
+    ) {
       throw new LockArgumentError('lock', lock, 'must be a lock returned by this LockService');
     }
     return lock;

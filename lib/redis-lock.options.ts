@@ -1,6 +1,7 @@
 import type { Cluster, Redis, RedisOptions } from 'ioredis';
 import { LockArgumentError, RedisLockConfigurationError } from './errors/redis-lock.errors.js';
 import type { AcquireOptions } from './interfaces/lock.interface.js';
+import type { LockShape } from './interfaces/lock-backend.interface.js';
 import type {
   LockTimeoutResponse,
   WithLockOptions,
@@ -76,7 +77,14 @@ export interface ResolvedAcquireOptions {
   autoExtend: boolean;
   signal: AbortSignal | undefined;
   token: string | undefined;
+  /** What is taken: `PLAIN` unless `limit` or `mode` say otherwise. */
+  shape: LockShape;
 }
+
+/** The plain, exclusive lock (a writer). */
+export const PLAIN: LockShape = Object.freeze({ limit: 1, mode: 'write', fair: false });
+const READ: LockShape = Object.freeze({ limit: 1, mode: 'read', fair: false });
+const FAIR: LockShape = Object.freeze({ limit: 1, mode: 'write', fair: true });
 
 /** Which public method is asking: decides the `autoExtend` default and whether waiting is allowed. */
 export type AcquireMode = 'acquire' | 'tryAcquire' | 'using';
@@ -94,14 +102,67 @@ const MODULE_KEYS = [
   'defaults',
   ...TIMEOUT_RESPONSE_KEYS,
 ];
-const WITH_LOCK_KEYS = ['key', 'ttl', 'acquireTimeout', 'autoExtend', ...TIMEOUT_RESPONSE_KEYS];
+const WITH_LOCK_KEYS = [
+  'key',
+  'ttl',
+  'acquireTimeout',
+  'autoExtend',
+  'limit',
+  'mode',
+  'fair',
+  ...TIMEOUT_RESPONSE_KEYS,
+];
 const DEFAULTS_KEYS = Object.keys(DEFAULT_LOCK_DEFAULTS);
-const ACQUIRE_KEYS = ['ttl', 'acquireTimeout', 'autoExtend', 'signal', 'token'];
+const ACQUIRE_KEYS = [
+  'ttl',
+  'acquireTimeout',
+  'autoExtend',
+  'signal',
+  'token',
+  'limit',
+  'mode',
+  'fair',
+];
 
 /**
  * Says what is wrong with a duration, or `undefined` if it is fine. Durations are whole
  * milliseconds, finite, > 0 (or >= 0 where `allowZero`), and fit a Node timer.
  */
+/** The most holders a counting semaphore may admit (a Redis sorted set holds them all). */
+const MAX_LIMIT = 1_000_000;
+
+/**
+ * The shape `limit`, `mode` and `fair` ask for; a `LockArgumentError` for a bad value or a
+ * combination that does not exist (naming both options).
+ */
+function lockShape(limit: unknown = 1, mode: unknown = 'write', fair: unknown = false): LockShape {
+  if (typeof limit !== 'number' || !Number.isInteger(limit) || limit < 1 || limit > MAX_LIMIT) {
+    throw new LockArgumentError('limit', limit, `must be a whole number from 1 to ${MAX_LIMIT}`);
+  }
+  if (mode !== 'write' && mode !== 'read') {
+    throw new LockArgumentError('mode', mode, "must be 'write' or 'read'");
+  }
+  if (mode === 'read' && limit > 1) {
+    throw new LockArgumentError(
+      'mode + limit',
+      { mode, limit },
+      'a read lock admits any number of readers: give mode or limit, not both',
+    );
+  }
+  if (typeof fair !== 'boolean') throw new LockArgumentError('fair', fair, 'must be true or false');
+  if (fair && (limit > 1 || mode === 'read')) {
+    const [other, value] = limit > 1 ? ['limit', limit] : ['mode', mode];
+    throw new LockArgumentError(
+      `fair + ${other}`,
+      { fair, [other]: value },
+      'fair queues exclusive locks only: not with a semaphore or a read lock',
+    );
+  }
+  if (fair) return FAIR;
+  if (mode === 'read') return READ;
+  return limit === 1 ? PLAIN : Object.freeze({ limit, mode: 'write', fair: false });
+}
+
 export function durationProblem(value: unknown, allowZero: boolean): string | undefined {
   const floor = allowZero ? '>= 0' : '> 0';
   if (typeof value !== 'number' || !Number.isFinite(value) || !Number.isInteger(value)) {
@@ -333,6 +394,12 @@ export function validateWithLockOptions(options: WithLockOptions, method: string
   if (options.autoExtend !== undefined && typeof options.autoExtend !== 'boolean') {
     fail(`${path}autoExtend`, options.autoExtend, 'must be true or false');
   }
+  try {
+    lockShape(options.limit, options.mode, options.fair);
+  } catch (error) {
+    if (!(error instanceof LockArgumentError)) throw error;
+    fail(`${path}${error.argument}`, error.value, error.problem);
+  }
   checkTimeoutResponse(options, path, fail);
 }
 
@@ -401,7 +468,11 @@ export function resolveAcquireOptions(
   if (opts.token !== undefined && (typeof opts.token !== 'string' || opts.token.length === 0)) {
     fail('token', opts.token, 'must be a non-empty string');
   }
-  return { ttl, acquireTimeout, autoExtend, signal: opts.signal, token: opts.token };
+  const shape =
+    opts.limit === undefined && opts.mode === undefined && opts.fair === undefined
+      ? PLAIN
+      : lockShape(opts.limit, opts.mode, opts.fair);
+  return { ttl, acquireTimeout, autoExtend, signal: opts.signal, token: opts.token, shape };
 }
 
 /**
@@ -420,6 +491,30 @@ export function assertKey(key: unknown): asserts key is string {
       'must be well-formed Unicode (it contains a lone UTF-16 surrogate, which has no UTF-8 form)',
     );
   }
+}
+
+/**
+ * The keys of a multi-key lock in the order they are locked: each checked as a key, none twice,
+ * sorted by UTF-16 code units — one order for every caller and process, whatever order each
+ * names them in.
+ */
+export function lockOrder(keys: readonly unknown[]): string[] {
+  if (keys.length === 0) {
+    throw new LockArgumentError(
+      'key',
+      keys,
+      'must be a non-empty string or a non-empty array of them',
+    );
+  }
+  const seen = new Set<string>();
+  for (const key of keys) {
+    assertKey(key);
+    if (seen.has(key)) {
+      throw new LockArgumentError('key', keys, `names "${key}" twice: list each key once`);
+    }
+    seen.add(key);
+  }
+  return [...seen].sort();
 }
 
 /** `String.prototype.isWellFormed` (Node 20), which the ES2022 library typings do not declare yet. */

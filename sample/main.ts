@@ -18,7 +18,10 @@ async function bootstrap(): Promise<void> {
   await app.listen(config.httpPort, '127.0.0.1');
 
   const inventory = app.get(InventoryService);
-  if ((await inventory.skus()).length === 0) await inventory.setStock('widget', 10);
+  if ((await inventory.skus()).length === 0) {
+    await inventory.setStock('widget', 10);
+    await inventory.setStock('gadget', 10);
+  }
   const url = await app.getUrl();
   const logger = new Logger('Sample');
   logger.log(

@@ -3,8 +3,8 @@ import {
   RedisLockConfigurationError,
 } from '../errors/redis-lock.errors.js';
 
-/** Builds the lock key from a call's arguments. */
-export type LockKeyResolver = (args: readonly unknown[]) => string;
+/** Builds the lock key (or keys) from a call's arguments. */
+export type LockKeyResolver = (args: readonly unknown[]) => string | string[];
 
 type Part =
   | string
@@ -19,6 +19,20 @@ const PLACEHOLDER = /^(\d+)((?:\.[A-Za-z_$][\w$]*)*)$/;
  * `RedisLockConfigurationError` at once.
  */
 export function compileLockKey(source: unknown, method: string): LockKeyResolver {
+  if (!Array.isArray(source)) return compileOne(source, method);
+  if (source.length === 0) {
+    throw new RedisLockConfigurationError(
+      `@WithLock(${method}).key`,
+      source,
+      'must name at least one key',
+    );
+  }
+  const resolvers = source.map((each: unknown) => compileOne(each, method));
+  return (args) => resolvers.map((resolve) => resolve(args));
+}
+
+/** One key's template or function (see `compileLockKey`). */
+function compileOne(source: unknown, method: string): (args: readonly unknown[]) => string {
   const option = `@WithLock(${method}).key`;
   if (typeof source === 'function') {
     const fn = source as (...args: unknown[]) => unknown;

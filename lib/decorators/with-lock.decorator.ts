@@ -43,12 +43,12 @@ export function WithLock(options: WithLockOptions): MethodDecorator;
  * \@WithLock('order:{0}', 10_000, 2_000)
  */
 export function WithLock(
-  key: LockKeySource,
+  key: LockKeySource | readonly LockKeySource[],
   ttl?: number,
   acquireTimeout?: number,
 ): MethodDecorator;
 export function WithLock(
-  optionsOrKey: WithLockOptions | LockKeySource,
+  optionsOrKey: WithLockOptions | LockKeySource | readonly LockKeySource[],
   ...durations: unknown[]
 ): MethodDecorator {
   return (target, propertyKey, descriptor) => {
@@ -68,6 +68,9 @@ export function WithLock(
       ttl: options.ttl,
       acquireTimeout: options.acquireTimeout,
       autoExtend: options.autoExtend,
+      limit: options.limit,
+      mode: options.mode,
+      fair: options.fair,
     };
     const call = original as (...args: unknown[]) => unknown;
     const declared = declaredReturnType(target, propertyKey, method);
@@ -96,11 +99,14 @@ export function WithLock(
 
 /** The options object of either form of `@WithLock`. */
 function withLockOptions(
-  optionsOrKey: WithLockOptions | LockKeySource,
+  optionsOrKey: WithLockOptions | LockKeySource | readonly LockKeySource[],
   durations: unknown[],
   method: string,
 ): WithLockOptions {
-  const shortForm = typeof optionsOrKey === 'string' || typeof optionsOrKey === 'function';
+  const shortForm =
+    typeof optionsOrKey === 'string' ||
+    typeof optionsOrKey === 'function' ||
+    Array.isArray(optionsOrKey);
   if (!shortForm && durations.length > 0) {
     throw new RedisLockConfigurationError(
       `@WithLock(${method})`,
@@ -108,7 +114,7 @@ function withLockOptions(
       'give either an options object or (key, ttl?, acquireTimeout?), not both',
     );
   }
-  if (!shortForm) return optionsOrKey;
+  if (!shortForm) return optionsOrKey as WithLockOptions;
   if (durations.length > 2) {
     throw new RedisLockConfigurationError(
       `@WithLock(${method})`,
@@ -118,7 +124,7 @@ function withLockOptions(
   }
   const [ttl, acquireTimeout] = durations as [number | undefined, number | undefined];
   return {
-    key: optionsOrKey,
+    key: optionsOrKey as LockKeySource | readonly LockKeySource[],
     ...(ttl !== undefined && { ttl }),
     ...(acquireTimeout !== undefined && { acquireTimeout }),
   };

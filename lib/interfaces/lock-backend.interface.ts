@@ -13,6 +13,16 @@ export type AcquireAttempt =
       retryAfter: number | undefined;
     };
 
+/** What a holder takes on a key. */
+export interface LockShape {
+  /** 1: exclusive (the plain lock; a writer); more: a place in a counting semaphore. */
+  readonly limit: number;
+  /** 'read': shared with other readers, excluding writers (`limit` is then 1). */
+  readonly mode: 'write' | 'read';
+  /** An exclusive lock granted in arrival order across processes (`limit` 1, `mode` 'write'). */
+  readonly fair: boolean;
+}
+
 /** A lock handed straight to a waiter by the holder's release, without it being free in between. */
 export interface Handoff {
   fence: number;
@@ -43,17 +53,46 @@ export interface LockBackend {
    * command was sent: `ttl`, less the clock drift allowed for in Redlock mode.
    */
   validity(ttl: number): number;
-  tryAcquire(key: string, token: string, ttl: number): Promise<AcquireAttempt>;
+  /** Whether it offers shapes besides the plain lock (semaphores, read locks); Redlock mode does not. */
+  readonly shapes: boolean;
+  /**
+   * One attempt at `shape` (default: the plain lock). Every method below takes the shape the lock
+   * was acquired with.
+   */
+  tryAcquire(
+    key: string,
+    token: string,
+    ttl: number,
+    shape?: LockShape,
+    /**
+     * Whether the caller will wait if this attempt fails: a fair lock then joins the queue, a
+     * writer marks itself waiting for readers. False: one attempt that leaves nothing behind.
+     */
+    queue?: boolean,
+  ): Promise<AcquireAttempt>;
+  /**
+   * One attempt at plain locks on several keys in one step, all or none, with a fresh token:
+   * resolves their fences in `keys` order, or how long the first taken key still lives (like a
+   * failed attempt's `retryAfter`; undefined if unknown). Undefined where one step cannot do it
+   * (a Cluster, whose keys live on several nodes; Redlock; `replicaAck`).
+   */
+  tryAcquireAll(
+    keys: readonly string[],
+    token: string,
+    ttl: number,
+  ): Promise<number[] | { retryAfter: number | undefined }> | undefined;
+  /** Fair locks: leaves the queue of `key` (a waiter that gives up), waking the next in line. */
+  leaveQueue(key: string, token: string): Promise<void>;
   /** Resets the TTL. Resolves false when the token no longer holds the key. */
-  extend(key: string, token: string, ttl: number): Promise<boolean>;
+  extend(key: string, token: string, ttl: number, shape?: LockShape): Promise<boolean>;
   /**
    * Gives the lock up: to the first waiter of this process if it takes handoffs (see
-   * `watchReleases`), otherwise deletes it and wakes waiters. Resolves false when the token no
-   * longer held the key.
+   * `watchReleases`; only a plain lock), otherwise deletes it and wakes waiters. Resolves
+   * false when the token no longer held the key.
    */
-  release(key: string, token: string): Promise<boolean>;
+  release(key: string, token: string, shape?: LockShape): Promise<boolean>;
   isLocked(key: string): Promise<boolean>;
-  /** Whether `token` still holds `key`. Changes nothing. */
+  /** Whether `token` still holds `key`, whatever the shape. Changes nothing. */
   isHeld(key: string, token: string): Promise<boolean>;
   /**
    * Calls `listener` each time the connection comes back after it was lost (not on the first
@@ -64,9 +103,10 @@ export interface LockBackend {
   hasWaiters(key: string): boolean;
   /**
    * Subscribes to releases of `key`; dispose the subscription when done waiting. With a `claim`,
-   * a release in this process may hand the lock straight to this waiter (see `wait`).
+   * a release in this process may hand the lock straight to this waiter (see `wait`). With
+   * `turnOf` (a fair waiter's token), to the news that it is that waiter's turn instead.
    */
-  watchReleases(key: string, claim?: HandoffClaim): ReleaseSubscription;
+  watchReleases(key: string, claim?: HandoffClaim, turnOf?: string): ReleaseSubscription;
   /**
    * Makes the choices that need the server (on Cluster: how releases are announced) when the app
    * starts, bounded by `commandTimeout`. Never rejects: what cannot be decided yet is decided on
@@ -107,7 +147,8 @@ export interface ReleaseSubscription {
   ): Promise<Handoff | undefined>;
   /**
    * Stops watching. `acquired: false` means the waiter gave up: a wake-up it received but did not
-   * use is handed to the next waiter.
+   * use is handed to the next waiter. `shared`: it took a lock others may share (a read lock), so
+   * the next waiter is woken to try too.
    */
-  dispose(acquired: boolean): void;
+  dispose(acquired: boolean, shared?: boolean): void;
 }

@@ -3,20 +3,34 @@
  * callback of `using()`.
  */
 export interface Lock {
-  /** The key as the caller gave it, without the module's `keyPrefix`. */
+  /**
+   * The key as the caller gave it, without the module's `keyPrefix`. A lock on several keys:
+   * the first of `keys`.
+   */
   readonly key: string;
+  /**
+   * Every key this lock holds, in the order they were locked (sorted by UTF-16 code units, the
+   * one order every caller uses). One key: `[key]`.
+   */
+  readonly keys: readonly string[];
   /** The owner token stored in Redis: 128 random bits, or the caller's own `token`. */
   readonly token: string;
   /**
    * Fencing token: greater than the fence of every earlier holder of this key. Send it with
    * every write to the protected resource and have the resource reject a fence lower than the
-   * highest it has seen; that stops a holder that lost the lock without knowing it.
+   * highest it has seen; that stops a holder that lost the lock without knowing it. A lock on
+   * several keys: the fence of `key` (the first key); each key's own is in `fences`.
    */
   readonly fence: number;
   /**
+   * The fence of each key (`fences[key]`): each grows per key, independently of the others.
+   * One key: `{ [key]: fence }`.
+   */
+  readonly fences: Readonly<Record<string, number>>;
+  /**
    * When the lock runs out unless it is extended, as a local monotonic estimate on the
    * `performance.now()` clock (ms). Conservative: measured from before the acquiring command
-   * was sent, so Redis expires the key no earlier than this.
+   * was sent, so Redis expires the key no earlier than this. Several keys: the earliest.
    */
   readonly expiresAt: number;
   /**
@@ -27,11 +41,15 @@ export interface Lock {
    * unnoticed (the event loop was frozen or blocked past the expiry) aborts it first.
    */
   readonly signal: AbortSignal;
-  /** Releases the lock. Resolves `false` if it was no longer ours. Never throws for that. */
+  /**
+   * Releases the lock (several keys: every one of them). Resolves `false` if it (any of them) was
+   * no longer ours. Never throws for that.
+   */
   release(): Promise<boolean>;
   /**
-   * Resets the lock's TTL to `ttl` (default: the TTL it was acquired with).
-   * @throws LockLostError if the lock is no longer ours.
+   * Resets the lock's TTL to `ttl` (default: the TTL it was acquired with); several keys: every
+   * key's.
+   * @throws LockLostError if the lock (any of its keys) is no longer ours.
    */
   extend(ttl?: number): Promise<void>;
 }
@@ -57,6 +75,30 @@ export interface AcquireOptions {
   autoExtend?: boolean;
   /** Cancels the wait: the call rejects with `LockAcquireAbortedError`. Has no effect once the lock is held. */
   signal?: AbortSignal;
+  /**
+   * A counting semaphore: at most `limit` holders of the key at once, across processes, each with
+   * its own token, lease, fence and `signal`. `1` is the plain (exclusive) lock. A plain lock and a
+   * semaphore on the same key exclude each other entirely; callers that give one key different
+   * limits are each admitted while fewer than their own limit hold it. Not in Redlock mode.
+   * @default 1
+   */
+  limit?: number;
+  /**
+   * `'read'`: a read lock, shared with every other reader of the key and excluding writers;
+   * `'write'`: exclusive (the plain lock is a writer). A writer that waits holds new readers off
+   * (writer preference), so a stream of readers cannot starve it. Not with `limit`, not in Redlock
+   * mode.
+   * @default 'write'
+   */
+  mode?: 'write' | 'read';
+  /**
+   * FIFO across processes: waiters get the key in the order they first asked for it, and a
+   * newcomer never takes a free key ahead of the queue (among callers that ask for `fair`). A
+   * waiter that gives up leaves the queue; one that dies is dropped within a few retry intervals.
+   * Exclusive locks only (not with `limit` or `mode: 'read'`), not in Redlock mode.
+   * @default false
+   */
+  fair?: boolean;
   /**
    * Use this owner token instead of a fresh random one. Acquiring with the token that already
    * holds the key succeeds (and resets its TTL), so a retry after a lost reply never locks out

@@ -29,14 +29,18 @@ export type LockKeySource = string | ((...args: never[]) => string);
 
 /** Options of `@WithLock`. Unset durations take the module's `defaults`. */
 export interface WithLockOptions
-  extends Pick<AcquireOptions, 'ttl' | 'acquireTimeout' | 'autoExtend'>, LockTimeoutResponse {
+  extends
+    Pick<AcquireOptions, 'ttl' | 'acquireTimeout' | 'autoExtend' | 'limit' | 'mode' | 'fair'>,
+    LockTimeoutResponse {
   /**
    * The lock key, built from the method's own arguments (after pipes, on controllers):
    * a template where `{N}` is the N-th argument and `{N.a.b}` a property path in it, or a
-   * function of the arguments.
+   * function of the arguments. An array of them locks every key, all or none (see
+   * `LockService.acquire`).
    * @example 'order:{0}'
    * @example '{1.tenant}:invoice:{0}'
    * @example (sku: string) => `sku:${sku}`
+   * @example ['acct:{0.from}', 'acct:{0.to}']
    */
-  key: LockKeySource;
+  key: LockKeySource | readonly LockKeySource[];
 }

@@ -3,6 +3,11 @@
  * other client can observe or act between its check of the owner token and its write. Keys are
  * always passed in KEYS (never spliced into the text), so the scripts work on every cluster node:
  * the lock key and its fence key share a hash tag, hence a slot.
+ *
+ * A plain lock is a string (the owner token); a counting semaphore (`limit` > 1) keeps its holders
+ * in a sorted set under the same key name, each token scored with its expiry on the Redis server's
+ * clock. The plain scripts read the token with `pcall`: a key that is a semaphore's set (or anything
+ * but a string) is someone else's lock, never an error.
  */
 
 /**
@@ -13,37 +18,126 @@
  * than every earlier fence unless the server clock went back by more than the time since the
  * counter was last written.
  */
-const NEXT_FENCE = (ttl: string, retention: string): string => `
-local fence = redis.call('INCR', KEYS[2])
+const FENCE_OF = (counter: string, ttl: string, retention: string): string => `
+local fence = redis.call('INCR', ${counter})
 if fence == 1 then
   local now = redis.call('TIME')
   fence = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  redis.call('SET', KEYS[2], string.format('%.0f', fence), 'PX', ${ttl} + ${retention})
+  redis.call('SET', ${counter}, string.format('%.0f', fence), 'PX', ${ttl} + ${retention})
 else
-  redis.call('PEXPIRE', KEYS[2], ${ttl} + ${retention})
-end
+  redis.call('PEXPIRE', ${counter}, ${ttl} + ${retention})
+end`;
+const NEXT_FENCE = (ttl: string, retention: string): string => `
+${FENCE_OF('KEYS[2]', ttl, retention)}
 return fence
 `;
 
 /**
- * KEYS[1] lock key, KEYS[2] fence key; ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fence retention ms.
- * Returns one integer (one reply to decode, not an array): the fence (> 0) when the caller holds
- * the lock afterwards; when someone else does, -2 - the holder's remaining TTL in ms (or -1 when
- * that lock has no TTL). A free key costs SET NX + INCR + PEXPIRE (TIME and SET instead of PEXPIRE
- * when the counter is new).
+ * Several plain locks in one step, all or none (one deployment, not a Cluster: the keys need not
+ * share a slot). KEYS: lock key, fence key, for each key; ARGV[1] a fresh token, ARGV[2] ttl ms,
+ * ARGV[3] fence retention ms. If every key is free, takes them all and returns their fences in
+ * KEYS order; else takes none and returns -2 - the remaining TTL of the first taken key (-1 when
+ * unknown), and the caller goes on key by key, waiting as usual.
  */
-export const ACQUIRE_SCRIPT = `
-if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-    local pttl = redis.call('PTTL', KEYS[1])
+export const ACQUIRE_ALL_SCRIPT = `
+for i = 1, #KEYS, 2 do
+  if redis.call('EXISTS', KEYS[i]) == 1 then
+    local pttl = redis.call('PTTL', KEYS[i])
     if pttl < 0 then return -1 end
     return -2 - pttl
   end
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  local held = redis.call('GET', KEYS[2])
-  if held then
-    redis.call('PEXPIRE', KEYS[2], ARGV[2] + ARGV[3])
-    return tonumber(held)
+end
+local fences = {}
+for i = 1, #KEYS, 2 do
+  redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2])
+  ${FENCE_OF('KEYS[i + 1]', 'ARGV[2]', 'ARGV[3]')}
+  fences[#fences + 1] = fence
+end
+return fences
+`;
+
+/**
+ * Read locks keep their readers in a hash under the lock's key: field = reader token, value = the
+ * reader's expiry on the Redis server's clock (ms). The empty field is the mark of a waiting
+ * writer: while it lives, no new reader joins, so a stream of readers cannot starve writers.
+ * This snippet (KEYS[1] the hash, ARGV[1] a token) drops lapsed fields and leaves `now`,
+ * `readers` (live ones), `last` (latest expiry of any field), `writer` (the mark's expiry, or
+ * nil) and `mine` (ARGV[1] is a live reader).
+ */
+const SCAN_READERS = `
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local readers, last, writer, mine = 0, 0, nil, false
+local fields = redis.call('HGETALL', KEYS[1])
+for i = 1, #fields, 2 do
+  local expiry = tonumber(fields[i + 1])
+  if expiry <= now then
+    redis.call('HDEL', KEYS[1], fields[i])
+  else
+    if expiry > last then last = expiry end
+    if fields[i] == '' then
+      writer = expiry
+    else
+      readers = readers + 1
+      if fields[i] == ARGV[1] then mine = true end
+    end
+  end
+end
+`;
+
+/** How long a waiting writer's mark holds new readers off after its last attempt, at most (ms). */
+const WRITER_MARK_MS = 2_000;
+
+/**
+ * The plain lock's (a writer's) way past a read lock, inside ACQUIRE_SCRIPT (ARGV[2] its ttl,
+ * ARGV[4] set when it will wait): while readers hold the key, a writer that waits marks itself
+ * (for min(ttl, 2 s) from this attempt; each attempt renews the mark) and it reports busy; once
+ * none is left, it replaces the hash with its lock and goes on to take its fence.
+ */
+const WRITER_AFTER_READERS = `
+${SCAN_READERS}
+if readers > 0 then
+  if ARGV[4] then
+    local mark = now + math.min(tonumber(ARGV[2]), ${WRITER_MARK_MS})
+    if (writer or 0) < mark then redis.call('HSET', KEYS[1], '', mark) end
+    if mark > last then last = mark end
+    redis.call('PEXPIRE', KEYS[1], last - now)
+  end
+  return -2 - (last - now)
+end
+redis.call('DEL', KEYS[1])
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])`;
+
+/**
+ * The caller's token already holds the lock (a retry after a lost reply, a caller's own token):
+ * renews it and returns its fence, unchanged (if the counter is gone, the script goes on to a new
+ * one). KEYS[1] lock key, KEYS[2] fence key; ARGV[2] ttl ms, ARGV[3] fence retention ms.
+ */
+const RENEW_OWN = `
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local held = redis.call('GET', KEYS[2])
+if held then
+  redis.call('PEXPIRE', KEYS[2], ARGV[2] + ARGV[3])
+  return tonumber(held)
+end`;
+
+/**
+ * KEYS[1] lock key, KEYS[2] fence key; ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fence retention ms,
+ * ARGV[4] (optional) set when the caller will wait. Returns one integer (one reply to decode): the fence (> 0) when the caller holds
+ * the lock afterwards; when someone else does, -2 - the holder's remaining TTL in ms (or -1 when
+ * that lock has no TTL). A free key costs SET NX + INCR + PEXPIRE (TIME and SET instead of PEXPIRE
+ * when the counter is new). A key held by readers: see WRITER_AFTER_READERS.
+ */
+export const ACQUIRE_SCRIPT = `
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  if redis.pcall('GET', KEYS[1]) == ARGV[1] then
+    ${RENEW_OWN}
+  elseif redis.call('TYPE', KEYS[1]).ok ~= 'hash' then
+    local pttl = redis.call('PTTL', KEYS[1])
+    if pttl < 0 then return -1 end
+    return -2 - pttl
+  else
+    ${WRITER_AFTER_READERS}
   end
 end
 ${NEXT_FENCE('ARGV[2]', 'ARGV[3]')}`;
@@ -57,7 +151,7 @@ ${NEXT_FENCE('ARGV[2]', 'ARGV[3]')}`;
  * releasing token no longer held the lock (then nothing changed).
  */
 export const HANDOFF_SCRIPT = `
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 ${NEXT_FENCE('ARGV[3]', 'ARGV[4]')}`;
 
@@ -67,7 +161,7 @@ ${NEXT_FENCE('ARGV[3]', 'ARGV[4]')}`;
  * lock that is gone.
  */
 export const EXTEND_SCRIPT = `
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('PEXPIRE', KEYS[2], ARGV[2] + ARGV[3])
 return 1
@@ -81,7 +175,7 @@ return 1
  * fence. Returns 1 where the token holds the lock, 0 elsewhere (nothing changed).
  */
 export const RAISE_FENCE_SCRIPT = `
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 local counter = tonumber(redis.call('GET', KEYS[2]) or '0')
 if counter < tonumber(ARGV[2]) then
   redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3] + ARGV[4])
@@ -96,7 +190,7 @@ return 1
  * subscriber connections the announcement reached (on Cluster: on this node).
  */
 const release = (deleted: string, publish: 'PUBLISH' | 'SPUBLISH'): string => `
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', ${deleted})
 return 1 + redis.call('${publish}', ARGV[2], ARGV[3])
 `;
@@ -121,3 +215,233 @@ export const RELEASE_FORGETTING_SCRIPT = release('KEYS[1], KEYS[2]', 'PUBLISH');
  */
 export const RELEASE_SHARDED_SCRIPT = release('KEYS[1]', 'SPUBLISH');
 export const RELEASE_FORGETTING_SHARDED_SCRIPT = release('KEYS[1], KEYS[2]', 'SPUBLISH');
+
+/**
+ * The Redis server's clock in ms (a semaphore holder's expiry is scored on it: no client clock is
+ * ever compared), then the holders whose lease ran out are dropped (KEYS[1], a sorted set).
+ */
+const NOW_AND_PURGE = `
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+`;
+
+/** The set's own TTL follows its longest-living holder, so it vanishes with the last lease. */
+const KEEP_SET_TTL = `
+local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+if last[2] then redis.call('PEXPIRE', KEYS[1], tonumber(last[2]) - now) end
+`;
+
+/**
+ * Counting semaphore. KEYS[1] holders (sorted set: token → expiry, server ms), KEYS[2] fence key;
+ * ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fence retention ms, ARGV[4] limit.
+ * Takes a place if fewer than `limit` live holders have one (or the token has one already: its
+ * lease is renewed), with a new fence; else returns -2 - the ms until the first lease runs out.
+ * A plain lock on the key (a string) excludes every semaphore caller, as it excludes everyone.
+ */
+export const ACQUIRE_SEMAPHORE_SCRIPT = `
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind == 'hash' then
+  ${SCAN_READERS}
+  if readers > 0 then return -2 - (last - now) end
+  redis.call('DEL', KEYS[1])
+elseif kind ~= 'none' and kind ~= 'zset' then
+  local pttl = redis.call('PTTL', KEYS[1])
+  if pttl < 0 then return -1 end
+  return -2 - pttl
+end
+${NOW_AND_PURGE}
+if not redis.call('ZSCORE', KEYS[1], ARGV[1]) and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[4]) then
+  local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  return -2 - (tonumber(first[2]) - now)
+end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+${KEEP_SET_TTL}
+${NEXT_FENCE('ARGV[2]', 'ARGV[3]')}`;
+
+/**
+ * KEYS[1] holders, KEYS[2] fence key; ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fence retention ms.
+ * Renews the token's lease if it is still live; returns 1, or 0 (nothing changed: a lapsed place is
+ * never taken again by an extension).
+ */
+export const EXTEND_SEMAPHORE_SCRIPT = `
+if redis.call('TYPE', KEYS[1]).ok ~= 'zset' then return 0 end
+${NOW_AND_PURGE}
+if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 0 end
+redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[2]), ARGV[1])
+${KEEP_SET_TTL}
+redis.call('PEXPIRE', KEYS[2], ARGV[2] + ARGV[3])
+return 1
+`;
+
+/**
+ * KEYS[1] holders, KEYS[2] fence key; ARGV[1] token, ARGV[2] release channel, ARGV[3] message.
+ * Gives the token's place back and announces it (see `release`); 0 if it held none (any more).
+ */
+const releaseSemaphore = (forget: boolean, publish: 'PUBLISH' | 'SPUBLISH'): string => `
+if redis.call('TYPE', KEYS[1]).ok ~= 'zset' then return 0 end
+${NOW_AND_PURGE}
+local held = redis.call('ZREM', KEYS[1], ARGV[1])
+if redis.call('ZCARD', KEYS[1]) > 0 then
+${KEEP_SET_TTL}
+${forget ? "else redis.call('DEL', KEYS[2])" : ''}
+end
+if held == 0 then return 0 end
+return 1 + redis.call('${publish}', ARGV[2], ARGV[3])
+`;
+export const RELEASE_SEMAPHORE_SCRIPT = releaseSemaphore(false, 'PUBLISH');
+export const RELEASE_SEMAPHORE_FORGETTING_SCRIPT = releaseSemaphore(true, 'PUBLISH');
+export const RELEASE_SEMAPHORE_SHARDED_SCRIPT = releaseSemaphore(false, 'SPUBLISH');
+export const RELEASE_SEMAPHORE_FORGETTING_SHARDED_SCRIPT = releaseSemaphore(true, 'SPUBLISH');
+
+/**
+ * KEYS[1] lock key; ARGV[1] token. 1 if the token holds the key: as a plain lock's owner, with a
+ * live place in a semaphore, or as a live reader. Changes nothing.
+ */
+export const IS_HELD_SCRIPT = `
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind == 'string' then
+  if redis.call('GET', KEYS[1]) == ARGV[1] then return 1 end
+  return 0
+end
+if kind == 'hash' then
+  local clock = redis.call('TIME')
+  local expiry = redis.call('HGET', KEYS[1], ARGV[1])
+  if ARGV[1] ~= '' and expiry and tonumber(expiry) > tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000) then return 1 end
+  return 0
+end
+if kind ~= 'zset' then return 0 end
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local expiry = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if expiry and tonumber(expiry) > now then return 1 end
+return 0
+`;
+
+/**
+ * Read lock. KEYS[1] readers (hash, see SCAN_READERS), KEYS[2] fence key; ARGV[1] token, ARGV[2]
+ * ttl ms, ARGV[3] fence retention ms. Joins the readers (or renews the token's lease) with a new
+ * fence, unless a writer holds the key (or anything but a read lock does: busy until its PTTL) or
+ * waits for it (busy until its mark lapses; a reader already in may renew).
+ */
+export const ACQUIRE_READ_SCRIPT = `
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind ~= 'none' and kind ~= 'hash' then
+  local pttl = redis.call('PTTL', KEYS[1])
+  if pttl < 0 then return -1 end
+  return -2 - pttl
+end
+${SCAN_READERS}
+if writer and not mine then return -2 - (writer - now) end
+local expiry = now + tonumber(ARGV[2])
+redis.call('HSET', KEYS[1], ARGV[1], expiry)
+if expiry > last then last = expiry end
+redis.call('PEXPIRE', KEYS[1], last - now)
+${NEXT_FENCE('ARGV[2]', 'ARGV[3]')}`;
+
+/** KEYS[1] readers, KEYS[2] fence key; ARGV[1] token, ARGV[2] ttl, ARGV[3] retention. 1 or 0. */
+export const EXTEND_READ_SCRIPT = `
+if redis.call('TYPE', KEYS[1]).ok ~= 'hash' then return 0 end
+${SCAN_READERS}
+if not mine then return 0 end
+local expiry = now + tonumber(ARGV[2])
+redis.call('HSET', KEYS[1], ARGV[1], expiry)
+if expiry > last then last = expiry end
+redis.call('PEXPIRE', KEYS[1], last - now)
+redis.call('PEXPIRE', KEYS[2], ARGV[2] + ARGV[3])
+return 1
+`;
+
+/** KEYS[1] readers, KEYS[2] fence key; ARGV[1] token, ARGV[2] channel, ARGV[3] message. */
+const releaseRead = (forget: boolean, publish: 'PUBLISH' | 'SPUBLISH'): string => `
+if redis.call('TYPE', KEYS[1]).ok ~= 'hash' then return 0 end
+${SCAN_READERS}
+redis.call('HDEL', KEYS[1], ARGV[1])
+if readers - (mine and 1 or 0) == 0 then
+  if writer then
+    redis.call('PEXPIRE', KEYS[1], writer - now)
+  else
+    redis.call('DEL', KEYS[1]${forget ? ', KEYS[2]' : ''})
+  end
+end
+if not mine then return 0 end
+return 1 + redis.call('${publish}', ARGV[2], ARGV[3])
+`;
+export const RELEASE_READ_SCRIPT = releaseRead(false, 'PUBLISH');
+export const RELEASE_READ_FORGETTING_SCRIPT = releaseRead(true, 'PUBLISH');
+export const RELEASE_READ_SHARDED_SCRIPT = releaseRead(false, 'SPUBLISH');
+export const RELEASE_READ_FORGETTING_SHARDED_SCRIPT = releaseRead(true, 'SPUBLISH');
+
+/**
+ * Fair locks queue their waiters under the lock's key: KEYS[3] the queue (sorted set: token →
+ * arrival, the server's clock in µs), KEYS[4] when each waiter stops counting (sorted set: token →
+ * server ms). A waiter renews its place with every attempt; one that stopped asking (gave up
+ * without leaving, or died) is dropped once that time passes, so it never blocks the queue for
+ * longer. This snippet drops them and leaves `now` (ms) and `clock`.
+ */
+const DROP_GONE_WAITERS = `
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local gone = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
+for _, waiter in ipairs(gone) do redis.call('ZREM', KEYS[3], waiter) end
+if #gone > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now) end
+`;
+
+/**
+ * Fair (FIFO) lock. KEYS[1] lock key, KEYS[2] fence key, KEYS[3] queue, KEYS[4] waiters' stay;
+ * ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fence retention ms, ARGV[4] how long a waiter's place
+ * lasts without another attempt (ms). The lock goes only to the head of the queue (or to anyone
+ * when nobody queues): a newcomer joins the tail and never takes a free key ahead of those who
+ * came first. Returns the fence, or -2 - the holder's remaining TTL, or -1 (free, but not this
+ * waiter's turn: it retries when woken or after its pause).
+ */
+export const ACQUIRE_FAIR_SCRIPT = `
+${DROP_GONE_WAITERS}
+local holder = redis.pcall('GET', KEYS[1])
+if holder == ARGV[1] then
+  ${RENEW_OWN}
+else
+  local busy = redis.call('EXISTS', KEYS[1]) == 1
+  local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+  if busy or (head and head ~= ARGV[1]) then
+    redis.call('ZADD', KEYS[3], 'NX', tonumber(clock[1]) * 1000000 + tonumber(clock[2]), ARGV[1])
+    redis.call('ZADD', KEYS[4], now + tonumber(ARGV[4]), ARGV[1])
+    for i = 3, 4 do
+      if redis.call('PTTL', KEYS[i]) < tonumber(ARGV[4]) then redis.call('PEXPIRE', KEYS[i], ARGV[4]) end
+    end
+    if not busy then return -1 end
+    local pttl = redis.call('PTTL', KEYS[1])
+    if pttl < 0 then return -1 end
+    return -2 - pttl
+  end
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  redis.call('ZREM', KEYS[3], ARGV[1])
+  redis.call('ZREM', KEYS[4], ARGV[1])
+end
+${NEXT_FENCE('ARGV[2]', 'ARGV[3]')}`;
+
+/**
+ * KEYS[1] lock key, KEYS[2] fence key, KEYS[3] queue, KEYS[4] stay; ARGV[1] token, ARGV[2] message,
+ * ARGV[3] 1 to release the lock, 0 for a waiter leaving the queue. Tells the head of the queue (on
+ * its own channel, `<lock key>:fair:<token>`) that it is its turn: after a release, or when a
+ * waiter leaves while the key is free. Returns 0 if ARGV[1] did not hold the lock (release), else
+ * 1 + the subscribers reached.
+ */
+const fairRelease = (forget: boolean, publish: 'PUBLISH' | 'SPUBLISH'): string => `
+if ARGV[3] == '1' then
+  if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+  redis.call('DEL', KEYS[1]${forget ? ', KEYS[2]' : ''})
+else
+  redis.call('ZREM', KEYS[3], ARGV[1])
+  redis.call('ZREM', KEYS[4], ARGV[1])
+  if redis.call('EXISTS', KEYS[1]) == 1 then return 1 end
+end
+${DROP_GONE_WAITERS}
+local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+if not head then return 1 end
+return 1 + redis.call('${publish}', KEYS[1] .. ':fair:' .. head, ARGV[2])
+`;
+export const RELEASE_FAIR_SCRIPT = fairRelease(false, 'PUBLISH');
+export const RELEASE_FAIR_FORGETTING_SCRIPT = fairRelease(true, 'PUBLISH');
+export const RELEASE_FAIR_SHARDED_SCRIPT = fairRelease(false, 'SPUBLISH');
+export const RELEASE_FAIR_FORGETTING_SHARDED_SCRIPT = fairRelease(true, 'SPUBLISH');

@@ -8,16 +8,37 @@ import type {
   BackendHealth,
   HandoffClaim,
   LockBackend,
+  LockShape,
   ReleaseSubscription,
 } from '../interfaces/lock-backend.interface.js';
+import { PLAIN } from '../redis-lock.options.js';
 import {
+  ACQUIRE_ALL_SCRIPT,
+  ACQUIRE_FAIR_SCRIPT,
+  ACQUIRE_READ_SCRIPT,
   ACQUIRE_SCRIPT,
+  ACQUIRE_SEMAPHORE_SCRIPT,
+  EXTEND_READ_SCRIPT,
   EXTEND_SCRIPT,
+  EXTEND_SEMAPHORE_SCRIPT,
   HANDOFF_SCRIPT,
+  IS_HELD_SCRIPT,
   RAISE_FENCE_SCRIPT,
   RELEASE_FORGETTING_SCRIPT,
+  RELEASE_FAIR_FORGETTING_SCRIPT,
+  RELEASE_FAIR_FORGETTING_SHARDED_SCRIPT,
+  RELEASE_FAIR_SCRIPT,
+  RELEASE_FAIR_SHARDED_SCRIPT,
   RELEASE_FORGETTING_SHARDED_SCRIPT,
+  RELEASE_READ_FORGETTING_SCRIPT,
+  RELEASE_READ_FORGETTING_SHARDED_SCRIPT,
+  RELEASE_READ_SCRIPT,
+  RELEASE_READ_SHARDED_SCRIPT,
   RELEASE_SCRIPT,
+  RELEASE_SEMAPHORE_FORGETTING_SCRIPT,
+  RELEASE_SEMAPHORE_FORGETTING_SHARDED_SCRIPT,
+  RELEASE_SEMAPHORE_SCRIPT,
+  RELEASE_SEMAPHORE_SHARDED_SCRIPT,
   RELEASE_SHARDED_SCRIPT,
 } from './lock.scripts.js';
 import { DEADLINE, within } from '../utils/within.js';
@@ -33,36 +54,94 @@ type ReleaseCommand = (
   message: string,
 ) => Promise<number>;
 
-/** Release commands by [sharded pub/sub][fence counter deleted], and their scripts. */
+/** The shapes' script families: the plain lock, a semaphore, a read lock (see `familyOf`). */
+const ACQUIRE_COMMANDS = [
+  'redisLockAcquire',
+  'redisLockAcquireSemaphore',
+  'redisLockAcquireRead',
+] as const;
+const EXTEND_COMMANDS = [
+  'redisLockExtend',
+  'redisLockExtendSemaphore',
+  'redisLockExtendRead',
+] as const;
+/** Release commands by [family][sharded pub/sub][fence counter deleted], and their scripts. */
 const RELEASE_COMMANDS = [
-  ['redisLockRelease', 'redisLockReleaseForgetting'],
-  ['redisLockReleaseSharded', 'redisLockReleaseForgettingSharded'],
+  [
+    ['redisLockRelease', 'redisLockReleaseForgetting'],
+    ['redisLockReleaseSharded', 'redisLockReleaseForgettingSharded'],
+  ],
+  [
+    ['redisLockReleaseSemaphore', 'redisLockReleaseSemaphoreForgetting'],
+    ['redisLockReleaseSemaphoreSharded', 'redisLockReleaseSemaphoreForgettingSharded'],
+  ],
+  [
+    ['redisLockReleaseRead', 'redisLockReleaseReadForgetting'],
+    ['redisLockReleaseReadSharded', 'redisLockReleaseReadForgettingSharded'],
+  ],
 ] as const;
 const RELEASE_SCRIPTS = [
-  [RELEASE_SCRIPT, RELEASE_FORGETTING_SCRIPT],
-  [RELEASE_SHARDED_SCRIPT, RELEASE_FORGETTING_SHARDED_SCRIPT],
+  [
+    [RELEASE_SCRIPT, RELEASE_FORGETTING_SCRIPT],
+    [RELEASE_SHARDED_SCRIPT, RELEASE_FORGETTING_SHARDED_SCRIPT],
+  ],
+  [
+    [RELEASE_SEMAPHORE_SCRIPT, RELEASE_SEMAPHORE_FORGETTING_SCRIPT],
+    [RELEASE_SEMAPHORE_SHARDED_SCRIPT, RELEASE_SEMAPHORE_FORGETTING_SHARDED_SCRIPT],
+  ],
+  [
+    [RELEASE_READ_SCRIPT, RELEASE_READ_FORGETTING_SCRIPT],
+    [RELEASE_READ_SHARDED_SCRIPT, RELEASE_READ_FORGETTING_SHARDED_SCRIPT],
+  ],
 ] as const;
+
+/** 0: the plain lock (a writer), 1: a place in a counting semaphore, 2: a read lock. */
+const familyOf = (shape: LockShape): 0 | 1 | 2 =>
+  shape.mode === 'read' ? 2 : shape.limit > 1 ? 1 : 0;
+
+/** KEYS (2, or 4 for a fair lock), then ARGV. */
+type LockScriptArgs = readonly (string | number)[];
+
+/** Fair-lock release commands by [sharded pub/sub][fence counter deleted], and their scripts. */
+const FAIR_RELEASE_COMMANDS = [
+  ['redisLockReleaseFair', 'redisLockReleaseFairForgetting'],
+  ['redisLockReleaseFairSharded', 'redisLockReleaseFairForgettingSharded'],
+] as const;
+const FAIR_RELEASE_SCRIPTS = [
+  [RELEASE_FAIR_SCRIPT, RELEASE_FAIR_FORGETTING_SCRIPT],
+  [RELEASE_FAIR_SHARDED_SCRIPT, RELEASE_FAIR_FORGETTING_SHARDED_SCRIPT],
+] as const;
+type FairReleaseCommand = (...args: LockScriptArgs) => Promise<number>;
 
 /** The script commands this backend defines on its client (EVALSHA with EVAL fallback). */
 interface LockCommands {
-  redisLockAcquire(
-    lockKey: string,
-    fenceKey: string,
-    token: string,
-    ttl: number,
-    retention: number,
-  ): Promise<number>;
-  redisLockExtend(
-    lockKey: string,
-    fenceKey: string,
-    token: string,
-    ttl: number,
-    retention: number,
-  ): Promise<number>;
+  /** ARGV: token, ttl, fence retention (and, for a semaphore, the limit). */
+  redisLockAcquire(...args: LockScriptArgs): Promise<number>;
+  redisLockAcquireSemaphore(...args: LockScriptArgs): Promise<number>;
+  redisLockAcquireRead(...args: LockScriptArgs): Promise<number>;
+  redisLockExtend(...args: LockScriptArgs): Promise<number>;
+  redisLockExtendSemaphore(...args: LockScriptArgs): Promise<number>;
+  redisLockExtendRead(...args: LockScriptArgs): Promise<number>;
   redisLockRelease: ReleaseCommand;
   redisLockReleaseForgetting: ReleaseCommand;
   redisLockReleaseSharded: ReleaseCommand;
   redisLockReleaseForgettingSharded: ReleaseCommand;
+  redisLockReleaseSemaphore: ReleaseCommand;
+  redisLockReleaseSemaphoreForgetting: ReleaseCommand;
+  redisLockReleaseSemaphoreSharded: ReleaseCommand;
+  redisLockReleaseSemaphoreForgettingSharded: ReleaseCommand;
+  redisLockReleaseRead: ReleaseCommand;
+  redisLockReleaseReadForgetting: ReleaseCommand;
+  redisLockReleaseReadSharded: ReleaseCommand;
+  redisLockReleaseReadForgettingSharded: ReleaseCommand;
+  redisLockIsHeld(lockKey: string, token: string): Promise<number>;
+  redisLockAcquireFair(...args: LockScriptArgs): Promise<number>;
+  /** The number of keys first (it varies), then KEYS and ARGV. */
+  redisLockAcquireAll(...args: LockScriptArgs): Promise<number[] | number>;
+  redisLockReleaseFair: FairReleaseCommand;
+  redisLockReleaseFairForgetting: FairReleaseCommand;
+  redisLockReleaseFairSharded: FairReleaseCommand;
+  redisLockReleaseFairForgettingSharded: FairReleaseCommand;
   redisLockRaiseFence(
     lockKey: string,
     fenceKey: string,
@@ -100,6 +179,11 @@ export class RedisLockBackend implements LockBackend {
   private readonly commandTimeout: number;
   private readonly fenceRetention: number;
   private readonly replicaAck: ReplicaAck | undefined;
+  /**
+   * How long a fair waiter's place lasts without another attempt: it attempts at least every
+   * retryInterval (+ jitter, + a reply within commandTimeout), so twice that never drops a live one.
+   */
+  private readonly queueStay: number;
   private readonly isCluster: boolean;
   /** Cluster: whether releases use sharded pub/sub, once decided (see `shardedPubSub`). */
   private pubSubChoice: Promise<boolean> | undefined;
@@ -109,7 +193,8 @@ export class RedisLockBackend implements LockBackend {
     options: Pick<
       ResolvedModuleOptions,
       'keyPrefix' | 'commandTimeout' | 'fenceRetention' | 'replicaAck'
-    >,
+    > &
+      Partial<Pick<ResolvedModuleOptions, 'defaults'>>,
     /** Whether this backend created the client, and so must close it. */
     private readonly ownsClient: boolean,
     private readonly logger: Logger,
@@ -120,13 +205,29 @@ export class RedisLockBackend implements LockBackend {
       fenceRetention: this.fenceRetention,
       replicaAck: this.replicaAck,
     } = options);
-    client.defineCommand('redisLockAcquire', { numberOfKeys: 2, lua: ACQUIRE_SCRIPT });
-    client.defineCommand('redisLockExtend', { numberOfKeys: 2, lua: EXTEND_SCRIPT });
-    RELEASE_COMMANDS.forEach(([kept, forgetting], i) => {
-      const [keep, forget] = RELEASE_SCRIPTS[i];
-      client.defineCommand(kept, { numberOfKeys: 2, lua: keep });
-      client.defineCommand(forgetting, { numberOfKeys: 2, lua: forget });
+    const { retryInterval = 1_000, retryJitter = 50 } = options.defaults ?? {};
+    this.queueStay = 2 * (retryInterval + retryJitter + this.commandTimeout);
+    const twoKeys: [string, string][] = [
+      ...ACQUIRE_COMMANDS.map((name, i): [string, string] => [
+        name,
+        [ACQUIRE_SCRIPT, ACQUIRE_SEMAPHORE_SCRIPT, ACQUIRE_READ_SCRIPT][i],
+      ]),
+      ...EXTEND_COMMANDS.map((name, i): [string, string] => [
+        name,
+        [EXTEND_SCRIPT, EXTEND_SEMAPHORE_SCRIPT, EXTEND_READ_SCRIPT][i],
+      ]),
+      ...RELEASE_COMMANDS.flat(2).map((name, i): [string, string] => [
+        name,
+        RELEASE_SCRIPTS.flat(2)[i],
+      ]),
+    ];
+    for (const [name, lua] of twoKeys) client.defineCommand(name, { numberOfKeys: 2, lua });
+    client.defineCommand('redisLockAcquireFair', { numberOfKeys: 4, lua: ACQUIRE_FAIR_SCRIPT });
+    client.defineCommand('redisLockAcquireAll', { lua: ACQUIRE_ALL_SCRIPT });
+    FAIR_RELEASE_COMMANDS.flat().forEach((name, i) => {
+      client.defineCommand(name, { numberOfKeys: 4, lua: FAIR_RELEASE_SCRIPTS.flat()[i] });
     });
+    client.defineCommand('redisLockIsHeld', { numberOfKeys: 1, lua: IS_HELD_SCRIPT });
     client.defineCommand('redisLockHandoff', { numberOfKeys: 2, lua: HANDOFF_SCRIPT });
     client.defineCommand('redisLockRaiseFence', { numberOfKeys: 2, lua: RAISE_FENCE_SCRIPT });
     this.commands = client as unknown as LockCommands;
@@ -145,31 +246,60 @@ export class RedisLockBackend implements LockBackend {
     return ttl;
   }
 
-  async tryAcquire(key: string, token: string, ttl: number): Promise<AcquireAttempt> {
+  /** Semaphores and read locks work on one deployment. */
+  readonly shapes = true;
+
+  async tryAcquire(
+    key: string,
+    token: string,
+    ttl: number,
+    shape: LockShape = PLAIN,
+    queue = true,
+  ): Promise<AcquireAttempt> {
     const lockKey = this.lockKey(key);
-    const args = [lockKey, `${lockKey}:fence`, token, ttl, this.fenceRetention] as const;
+    const family = familyOf(shape);
+    const fenceKey = `${lockKey}:fence`;
+    let args: LockScriptArgs;
+    if (shape.fair) {
+      const stay = queue ? this.queueStay : 0;
+      args = [lockKey, fenceKey, ...this.queueKeys(lockKey), token, ttl, this.fenceRetention, stay];
+    } else if (family === 1) {
+      args = [lockKey, fenceKey, token, ttl, this.fenceRetention, shape.limit];
+    } else if (family === 0 && queue) {
+      // A writer that will wait holds new readers off (see WRITER_AFTER_READERS).
+      args = [lockKey, fenceKey, token, ttl, this.fenceRetention, 1];
+    } else {
+      args = [lockKey, fenceKey, token, ttl, this.fenceRetention];
+    }
+    const command = shape.fair ? 'redisLockAcquireFair' : ACQUIRE_COMMANDS[family];
     this.batcher?.beforeSend();
     let reply: number;
     if (this.replicaAck) {
       let acknowledged: number;
-      [reply, acknowledged] = await this.replicated('redisLockAcquire', args);
+      [reply, acknowledged] = await this.replicated(command, args);
       if (reply > 0 && acknowledged < this.replicaAck.replicas) {
-        await this.release(key, token).catch(() => false); // else it expires after its TTL
+        await this.release(key, token, shape).catch(() => false); // else it expires after its TTL
         throw this.unreplicated(key, 'acquire', acknowledged);
       }
     } else {
-      reply = await this.commands.redisLockAcquire(...args);
+      reply = await this.commands[command](...args);
     }
     if (reply > 0) return { acquired: true, fence: reply, validity: ttl };
     return { acquired: false, retryAfter: reply <= -2 ? -2 - reply : undefined };
   }
 
-  async extend(key: string, token: string, ttl: number): Promise<boolean> {
+  async extend(
+    key: string,
+    token: string,
+    ttl: number,
+    shape: LockShape = PLAIN,
+  ): Promise<boolean> {
     const lockKey = this.lockKey(key);
-    const args = [lockKey, `${lockKey}:fence`, token, ttl, this.fenceRetention] as const;
+    const args: LockScriptArgs = [lockKey, `${lockKey}:fence`, token, ttl, this.fenceRetention];
+    const command = EXTEND_COMMANDS[familyOf(shape)];
     this.batcher?.beforeSend();
-    if (!this.replicaAck) return (await this.commands.redisLockExtend(...args)) === 1;
-    const [extended, acknowledged] = await this.replicated('redisLockExtend', args);
+    if (!this.replicaAck) return (await this.commands[command](...args)) === 1;
+    const [extended, acknowledged] = await this.replicated(command, args);
     if (extended === 1 && acknowledged < this.replicaAck.replicas) {
       throw this.unreplicated(key, 'extend', acknowledged);
     }
@@ -182,8 +312,9 @@ export class RedisLockBackend implements LockBackend {
    * replicas acknowledged it.
    */
   private async replicated(
-    command: 'redisLockAcquire' | 'redisLockExtend',
-    args: readonly [string, string, string, number, number],
+    command:
+      (typeof ACQUIRE_COMMANDS)[number] | (typeof EXTEND_COMMANDS)[number] | 'redisLockAcquireFair',
+    args: LockScriptArgs,
     redirects = 0,
   ): Promise<[reply: number, acknowledged: number]> {
     const { replicas, timeout } = this.replicaAck!;
@@ -221,18 +352,28 @@ export class RedisLockBackend implements LockBackend {
   }
 
   /** See `LockBackend.release`; `message` is what the release announces (see `RELEASE_SCRIPT`). */
-  async release(key: string, token: string, message = ''): Promise<boolean> {
+  async release(
+    key: string,
+    token: string,
+    shape: LockShape = PLAIN,
+    message = '',
+  ): Promise<boolean> {
     const lockKey = this.lockKey(key);
     const channel = `${lockKey}:released`;
-    // No handoffs with replicaAck: the heir's lock would be granted without WAIT.
+    if (shape.fair) return (await this.fairRelease(lockKey, token, true, message)) > 0;
+    // No handoffs with replicaAck (the heir's lock would be granted without WAIT), nor of a
+    // semaphore's place or a read lock (the next holder may be any caller; the release wakes one).
     const heir =
-      this.notifier.watching && !this.replicaAck ? this.notifier.takeHeir(channel) : undefined;
+      this.notifier.watching && !this.replicaAck && shape === PLAIN
+        ? this.notifier.takeHeir(channel)
+        : undefined;
     this.batcher?.beforeSend();
     if (heir) return this.handOff(key, lockKey, token, heir);
     let reply = 0;
     try {
       const sharded = this.isCluster && (await this.shardedPubSub());
-      const command = RELEASE_COMMANDS[sharded ? 1 : 0][this.fenceRetention === 0 ? 1 : 0];
+      const command =
+        RELEASE_COMMANDS[familyOf(shape)][sharded ? 1 : 0][this.fenceRetention === 0 ? 1 : 0];
       reply = await this.commands[command](lockKey, `${lockKey}:fence`, token, channel, message);
     } finally {
       // Yielding (see takeHeir): another subscriber than this process's own got the message.
@@ -317,8 +458,55 @@ export class RedisLockBackend implements LockBackend {
     return (await this.client.exists(this.lockKey(key))) === 1;
   }
 
+  tryAcquireAll(
+    keys: readonly string[],
+    token: string,
+    ttl: number,
+  ): Promise<number[] | { retryAfter: number | undefined }> | undefined {
+    if (this.isCluster || this.replicaAck) return undefined;
+    const names = keys.flatMap((key) => {
+      const lockKey = this.lockKey(key);
+      return [lockKey, `${lockKey}:fence`];
+    });
+    this.batcher?.beforeSend();
+    return this.commands
+      .redisLockAcquireAll(names.length, ...names, token, ttl, this.fenceRetention)
+      .then((reply) =>
+        Array.isArray(reply) ? reply : { retryAfter: reply <= -2 ? -2 - reply : undefined },
+      );
+  }
+
+  async leaveQueue(key: string, token: string): Promise<void> {
+    await this.fairRelease(this.lockKey(key), token, false, '');
+  }
+
+  /** A fair lock's release (`releasing`) or a waiter leaving its queue: see `fairRelease` script. */
+  private async fairRelease(
+    lockKey: string,
+    token: string,
+    releasing: boolean,
+    message: string,
+  ): Promise<number> {
+    const sharded = this.isCluster && (await this.shardedPubSub());
+    const command = FAIR_RELEASE_COMMANDS[sharded ? 1 : 0][this.fenceRetention === 0 ? 1 : 0];
+    this.batcher?.beforeSend();
+    return this.commands[command](
+      lockKey,
+      `${lockKey}:fence`,
+      ...this.queueKeys(lockKey),
+      token,
+      message,
+      releasing ? 1 : 0,
+    );
+  }
+
+  /** A fair lock's queue and its waiters' stay (see `ACQUIRE_FAIR_SCRIPT`), in the key's slot. */
+  private queueKeys(lockKey: string): [string, string] {
+    return [`${lockKey}:queue`, `${lockKey}:queue:stay`];
+  }
+
   async isHeld(key: string, token: string): Promise<boolean> {
-    return (await this.client.get(this.lockKey(key))) === token;
+    return (await this.commands.redisLockIsHeld(this.lockKey(key), token)) === 1;
   }
 
   onReconnect(listener: () => void): () => void {
@@ -338,8 +526,10 @@ export class RedisLockBackend implements LockBackend {
     return this.notifier.watching && this.notifier.isWatched(this.releaseChannel(key));
   }
 
-  watchReleases(key: string, claim?: HandoffClaim): ReleaseSubscription {
-    return this.notifier.watch(this.releaseChannel(key), claim);
+  watchReleases(key: string, claim?: HandoffClaim, turnOf?: string): ReleaseSubscription {
+    const channel =
+      turnOf === undefined ? this.releaseChannel(key) : `${this.lockKey(key)}:fair:${turnOf}`;
+    return this.notifier.watch(channel, claim);
   }
 
   /**

@@ -1,3 +1,4 @@
+import { PLAIN } from '../redis-lock.options.js';
 import type { Logger } from '@nestjs/common';
 import type { Redis } from 'ioredis';
 import { LockQuorumError } from '../errors/redis-lock.errors.js';
@@ -47,6 +48,18 @@ interface Round<T> {
  */
 export class RedlockBackend implements LockBackend {
   readonly replyTimeout: number;
+  /** Semaphores and read locks would need their holders counted on a majority: not offered. */
+  readonly shapes = false;
+
+  /** Several keys go one by one here (each a majority round). */
+  tryAcquireAll(): undefined {
+    return undefined;
+  }
+
+  /** No fair locks here (they are rejected up front): nothing to leave. */
+  leaveQueue(): Promise<void> {
+    return Promise.resolve();
+  }
   private readonly quorum: number;
   private readonly deadlines: ReplyDeadlines;
   private readonly notifier: ReleaseNotifier;
@@ -186,7 +199,7 @@ export class RedlockBackend implements LockBackend {
   async release(key: string, token: string): Promise<boolean> {
     const message = `${this.id}:${++this.releases}`;
     const tally = await this.ask(
-      (node) => node.release(key, token, message),
+      (node) => node.release(key, token, PLAIN, message),
       (released) => released,
     ).decided;
     if (tally.yes.length >= this.quorum) return true;

@@ -350,15 +350,16 @@ class ChannelSubscription implements ReleaseSubscription, Partial<Heir> {
     this.current?.waiter.wake();
   }
 
-  dispose(acquired: boolean): void {
+  dispose(acquired: boolean, shared = false): void {
     if (this.disposed) return;
     this.disposed = true;
     this.acquired = acquired;
     // Handed the lock after its wait ended, and leaving without it: give it back.
     if (this.pending && !acquired) this.pending.orphaned();
     this.pending = undefined;
-    // Woken by a release but leaving without having used it: hand the wake-up to the next waiter.
-    if (this.woken && !acquired) this.state.waiters[0]?.wake();
+    // Woken by a release but leaving without having used it, or in with a lock the next waiter
+    // may share (readers queued behind a writer): wake the next waiter.
+    if ((this.woken && !acquired) || (acquired && shared)) this.state.waiters[0]?.wake();
     this.onDispose();
   }
 

@@ -1,7 +1,9 @@
 import {
+  BadRequestException,
   Body,
   Controller,
   Get,
+  Header,
   HttpCode,
   Inject,
   Param,
@@ -12,8 +14,8 @@ import {
 } from '@nestjs/common';
 import { concatMap, from, interval, map, take, type Observable } from 'rxjs';
 import { WithLock } from '../../lib/index.js';
-import { InventoryService, type PurchaseResult } from './inventory.service.js';
-import { PurchasePipe, type PurchaseDto } from './purchase.dto.js';
+import { InventoryService, type MoveResult, type PurchaseResult } from './inventory.service.js';
+import { MovePipe, PurchasePipe, type MoveDto, type PurchaseDto } from './purchase.dto.js';
 
 @Controller('products')
 export class InventoryController {
@@ -22,6 +24,21 @@ export class InventoryController {
   @Get()
   async list(): Promise<string[]> {
     return this.inventory.skus();
+  }
+
+  /**
+   * Stock of every SKU as CSV. An export reads everything and is heavy: at most two run at once
+   * across all instances (a counting semaphore); a third answers 409 while they run.
+   */
+  @Get('export.csv')
+  @Header('content-type', 'text/csv')
+  @WithLock({ key: 'export', limit: 2 })
+  async export(): Promise<string> {
+    const rows = [];
+    for (const sku of await this.inventory.skus()) {
+      rows.push(`${sku},${await this.inventory.stock(sku)}`);
+    }
+    return ['sku,stock', ...rows].join('\n') + '\n';
   }
 
   @Get(':sku')
@@ -49,6 +66,13 @@ export class InventoryController {
     return this.inventory.sell(sku, body.quantity);
   }
 
+  /** Moves stock to another SKU; `inventory.move()` locks both SKUs together. */
+  @Post(':sku/move')
+  async move(@Param('sku') sku: string, @Body(MovePipe) body: MoveDto): Promise<MoveResult> {
+    if (body.to === sku) throw new BadRequestException('cannot move stock to the same SKU');
+    return this.inventory.move(sku, body.to, body.quantity);
+  }
+
   @Put(':sku/stock')
   @HttpCode(204)
   async setStock(@Param('sku') sku: string, @Body() body: { quantity: number }): Promise<void> {
@@ -56,11 +80,13 @@ export class InventoryController {
   }
 
   /**
-   * Counts the shelf while no purchase of this SKU may happen: the lock is taken when the stream
-   * is subscribed and held until it completes or the client goes away.
+   * Counts the shelf while no purchase of this SKU may happen: a read lock, taken when the stream
+   * is subscribed and held until it completes or the client goes away. Several stocktakes of one
+   * SKU run side by side; purchases (writers) wait for them, and new stocktakes wait for a
+   * waiting purchase.
    */
   @Sse(':sku/stocktake')
-  @WithLock({ key: 'sku:{0}' })
+  @WithLock({ key: 'sku:{0}', mode: 'read' })
   stocktake(@Param('sku') sku: string): Observable<MessageEvent> {
     return interval(Number(process.env.STOCKTAKE_STEP ?? 200)).pipe(
       take(5),

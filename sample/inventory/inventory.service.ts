@@ -8,6 +8,16 @@ import { getCurrentLock, WithLock } from '../../lib/index.js';
 import { RedisConnection } from '../redis.provider.js';
 import { SampleConfig } from '../sample.config.js';
 
+export interface MoveResult {
+  from: string;
+  to: string;
+  quantity: number;
+  /** Stock of both SKUs after the move. */
+  remaining: Record<string, number>;
+  /** The fence of each SKU's lock: recorded with the move. */
+  fences: Readonly<Record<string, number>>;
+}
+
 export interface PurchaseResult {
   sku: string;
   quantity: number;
@@ -60,6 +70,35 @@ export class InventoryService {
     const current = Number((await this.redis.client.get(stockKey(sku))) ?? 0);
     await this.redis.client.set(stockKey(sku), current + quantity);
     return current + quantity;
+  }
+
+  /**
+   * Moves stock from one SKU to another (a relabel, a bundle split) under the locks of both:
+   * taken together, all or none, in one order whichever way the move goes, so a move A→B and a
+   * move B→A never deadlock, and no purchase of either SKU runs meanwhile.
+   */
+  @WithLock({ key: ['sku:{0}', 'sku:{1}'] })
+  async move(from: string, to: string, quantity: number): Promise<MoveResult> {
+    return this.moveStock(from, to, quantity);
+  }
+
+  /** The move itself, read-modify-write on both SKUs. Unprotected on purpose, like `sell`. */
+  async moveStock(from: string, to: string, quantity: number): Promise<MoveResult> {
+    const [available, target] = await Promise.all([this.stock(from), this.stock(to)]);
+    if (available < quantity)
+      throw new UnprocessableEntityException(`Only ${available} of ${from} left`);
+    if (this.config.paymentDelay > 0) await sleep(this.config.paymentDelay); // count the shelf
+    await Promise.all([
+      this.redis.client.set(stockKey(from), available - quantity),
+      this.redis.client.set(stockKey(to), target + quantity),
+    ]);
+    return {
+      from,
+      to,
+      quantity,
+      remaining: { [from]: available - quantity, [to]: target + quantity },
+      fences: getCurrentLock()?.fences ?? {},
+    };
   }
 
   async setStock(sku: string, quantity: number): Promise<void> {

@@ -14,3 +14,19 @@ export class PurchasePipe implements PipeTransform<unknown, PurchaseDto> {
     return { quantity };
   }
 }
+
+export interface MoveDto {
+  to: string;
+  quantity: number;
+}
+
+/** Validates a move body: the SKU to move stock to, and how much (default 1). */
+export class MovePipe implements PipeTransform<unknown, MoveDto> {
+  transform(value: unknown): MoveDto {
+    const body = value as Partial<MoveDto> | undefined;
+    if (typeof body?.to !== 'string' || body.to.length === 0) {
+      throw new BadRequestException('to must name the SKU to move stock to');
+    }
+    return { to: body.to, quantity: new PurchasePipe().transform(value).quantity };
+  }
+}

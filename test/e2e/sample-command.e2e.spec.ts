@@ -43,9 +43,20 @@ describe('npm run sample', () => {
     assert.match(output, new RegExp(`using REDIS_URL=${server.url}`));
 
     const url = `http://127.0.0.1:${port}/products`;
-    assert.deepEqual(await (await fetch(url)).json(), ['widget']);
+    assert.deepEqual(await (await fetch(url)).json(), ['gadget', 'widget']);
     const purchase = await fetch(`${url}/widget/purchase`, { method: 'POST' });
     assert.equal(purchase.status, 201);
+    // The README's move: both SKUs locked together.
+    const move = await fetch(`${url}/gadget/move`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: '{"to":"widget","quantity":2}',
+    });
+    assert.equal(move.status, 201);
+    assert.deepEqual(((await move.json()) as { remaining: unknown }).remaining, {
+      gadget: 8,
+      widget: 11,
+    });
 
     sample.kill('SIGTERM');
     await once(sample, 'exit');

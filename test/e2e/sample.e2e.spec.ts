@@ -143,6 +143,64 @@ for (const [adapterName, createAdapter] of adapters) {
       );
     });
 
+    it('moves between two SKUs lock both, all or none: moves both ways and purchases interleave without deadlock or lost stock', async () => {
+      const [a, b] = [uniqueKey('move'), uniqueKey('move')];
+      await inventory.setStock(a, 10);
+      await inventory.setStock(b, 10);
+      const started = performance.now();
+      const statuses = await Promise.all([
+        post(`/products/${a}/move`, { to: b, quantity: 1 }),
+        post(`/products/${b}/move`, { to: a, quantity: 1 }),
+        post(`/products/${a}/purchase`),
+        post(`/products/${a}/move`, { to: b, quantity: 1 }),
+        post(`/products/${b}/move`, { to: a, quantity: 1 }),
+        post(`/products/${a}/purchase`),
+      ]).then((responses) => responses.map((response) => response.status));
+      assert.deepEqual(statuses, [201, 201, 201, 201, 201, 201]);
+      // One holder at a time on A: six sections of PAYMENT_DELAY each, one after another.
+      assert.ok(performance.now() - started >= 6 * PAYMENT_DELAY - 20);
+      assert.equal(await stockOf(a), 8);
+      assert.equal(await stockOf(b), 10);
+
+      const moved = (await (await post(`/products/${a}/move`, { to: b, quantity: 2 })).json()) as {
+        remaining: Record<string, number>;
+        fences: Record<string, number>;
+      };
+      assert.deepEqual(moved.remaining, { [a]: 6, [b]: 12 });
+      assert.ok(moved.fences[`sku:${a}`] > 0 && moved.fences[`sku:${b}`] > 0);
+      assert.equal((await post(`/products/${a}/move`, { to: a, quantity: 1 })).status, 400);
+      assert.equal((await post(`/products/${a}/move`, { quantity: 1 })).status, 400);
+      assert.equal((await post(`/products/${a}/move`, { to: b, quantity: 99 })).status, 422);
+      assert.equal(await locks.isLocked(`sku:${a}`), false);
+      assert.equal(await locks.isLocked(`sku:${b}`), false);
+    });
+
+    it('control: the same moves without the locks lose stock', async () => {
+      const [a, b] = [uniqueKey('move'), uniqueKey('move')];
+      await inventory.setStock(a, 10);
+      await inventory.setStock(b, 10);
+      await Promise.all(Array.from({ length: 4 }, () => inventory.moveStock(a, b, 1)));
+      assert.notDeepEqual([await stockOf(a), await stockOf(b)], [6, 14], 'the race must show');
+    });
+
+    it('the CSV export runs at most two at a time across instances (a counting semaphore): a third answers 409', async () => {
+      const sku = uniqueKey('export');
+      await inventory.setStock(sku, 4);
+      const free = await fetch(`${url}/products/export.csv`);
+      assert.equal(free.status, 200);
+      assert.match(await free.text(), new RegExp(`^${sku},4$`, 'm'));
+      // Two exports running elsewhere (another instance holds both places).
+      const running = await Promise.all(
+        [1, 2].map(() => locks.acquire('export', { limit: 2, ttl: 10_000 })),
+      );
+      const busy = await fetch(`${url}/products/export.csv`);
+      assert.equal(busy.status, 409);
+      assert.ok(Number(busy.headers.get('retry-after')) >= 1);
+      await running[0].release();
+      assert.equal((await fetch(`${url}/products/export.csv`)).status, 200);
+      await running[1].release();
+    });
+
     it('answers 409 with Retry-After when the lock is not acquired within acquireTimeout', async () => {
       const sku = uniqueKey('busy');
       await inventory.setStock(sku, 10);
@@ -226,6 +284,26 @@ for (const [adapterName, createAdapter] of adapters) {
       assert.equal((text.match(/data:/g) ?? []).length >= 4, true);
       assert.equal((await purchase).status, 201);
       assert.ok(await eventually(async () => !(await locks.isLocked(`sku:${sku}`)), 1_000));
+    });
+
+    it('stocktakes of one SKU run side by side (read locks), a purchase waits for them', async () => {
+      const sku = uniqueKey('stocktake');
+      await inventory.setStock(sku, 4);
+      const started = performance.now();
+      const drain = async (): Promise<number> => {
+        const response = await fetch(`${url}/products/${sku}/stocktake`);
+        const reader = response.body!.getReader();
+        while (!(await reader.read()).done);
+        return performance.now() - started;
+      };
+      const both = Promise.all([drain(), drain()]);
+      await sleep(100);
+      const purchase = await post(`/products/${sku}/purchase`);
+      const [first, second] = await both;
+      assert.equal(purchase.status, 201);
+      // Five steps of 200 ms each: together they take one stocktake's time, not two.
+      assert.ok(Math.max(first, second) < 1_700, `stocktakes took ${first} / ${second} ms`);
+      assert.ok(performance.now() - started >= 1_000, 'the purchase waited for both');
     });
 
     it('the SSE stocktake releases the lock when the client disconnects', async () => {

@@ -98,14 +98,31 @@ const hostileKey = fc.oneof(
   fc.string({ unit: 'grapheme', maxLength: 8 }),
   fc.anything(),
 );
+const notAList = hostileKey.filter((key) => !Array.isArray(key));
 /** Tokens long and random enough that finding one in a message can only mean it leaked. */
 const secretToken = fc.string({
   unit: fc.constantFrom(...'0123456789abcdefghijklmnopqrstuvwxyz'),
   minLength: 24,
   maxLength: 40,
 });
-const ACQUIRE_KEYS = ['ttl', 'acquireTimeout', 'autoExtend', 'signal', 'token'] as const;
-const optionValue = fc.oneof(hostileDuration, fc.boolean(), secretToken, fc.anything());
+const ACQUIRE_KEYS = [
+  'ttl',
+  'acquireTimeout',
+  'autoExtend',
+  'signal',
+  'token',
+  'limit',
+  'mode',
+  'fair',
+] as const;
+const optionValue = fc.oneof(
+  hostileDuration,
+  fc.boolean(),
+  secretToken,
+  fc.constantFrom('read', 'write', 'READ'),
+  fc.integer({ min: -1, max: 4 }),
+  fc.anything(),
+);
 const hostileOptions = fc.oneof(
   fc.dictionary(fc.oneof(fc.constantFrom<string>(...ACQUIRE_KEYS), fc.string()), optionValue, {
     maxKeys: 4,
@@ -260,7 +277,8 @@ describe('hostile input (property-based)', () => {
 
   it('keys: any well-formed non-empty string locks exactly itself; anything else is a LockArgumentError', async () => {
     await fc.assert(
-      fc.asyncProperty(hostileKey, hostileKey, async (key, otherKey) => {
+      // (An array is a key list: the next property's.)
+      fc.asyncProperty(notAList, hostileKey, async (key, otherKey) => {
         const { value: lock, error } = await outcome(locks.tryAcquire(key as string), 'tryAcquire');
         seen(error);
         if (!validKey(key)) {
@@ -287,6 +305,55 @@ describe('hostile input (property-based)', () => {
       }),
       { numRuns: 150 },
     );
+  });
+
+  it('key lists: any list of distinct valid keys locks exactly those, all or none; anything else is a LockArgumentError that locks nothing', async () => {
+    const ran = { locked: 0, busy: 0, rejected: 0 };
+    await fc.assert(
+      fc.asyncProperty(
+        fc.array(fc.oneof(hostileKey, fc.constantFrom('a', 'b', 'c')), { maxLength: 4 }),
+        fc.boolean(),
+        async (list, busyFirst) => {
+          const valid =
+            list.length > 0 && list.every(validKey) && new Set(list).size === list.length;
+          const keys = list as string[];
+          // Another caller holds one of the keys: nothing may be kept.
+          const busy = valid && busyFirst ? await other.locks.tryAcquire(keys[0]) : null;
+          const { value: lock, error } = await outcome(locks.tryAcquire(keys), 'tryAcquire list');
+          seen(error);
+          remember(lock);
+          try {
+            if (!valid) {
+              assert.ok(
+                error instanceof LockArgumentError && error.argument === 'key',
+                String(error),
+              );
+              ran.rejected++;
+              return;
+            }
+            if (busy) {
+              ran.busy++;
+              assert.equal(lock, null);
+              for (const key of keys.slice(1)) assert.equal(await locks.isLocked(key), false);
+              return;
+            }
+            assert.ok(lock, `free keys not acquired: ${String(error)}`);
+            assert.deepEqual(lock.keys, [...keys].sort());
+            for (const key of keys) {
+              assert.equal(await bounded(other.locks.tryAcquire(key), 'tryAcquire'), null);
+            }
+            assert.equal(await bounded(lock.release(), 'release'), true);
+            for (const key of keys) assert.equal(await locks.isLocked(key), false);
+            ran.locked++;
+          } finally {
+            await busy?.release();
+          }
+        },
+      ),
+      { numRuns: 200 },
+    );
+    // The generator must reach every branch, or the property proves less than it says.
+    assert.ok(ran.locked > 10 && ran.busy > 10 && ran.rejected > 10, JSON.stringify(ran));
   });
 
   it('a key with } and % is stored as the README says', async () => {
@@ -325,9 +392,20 @@ describe('hostile input (property-based)', () => {
             (name === 'acquireTimeout' && validTimeout(v)) ||
             (name === 'autoExtend' && typeof v === 'boolean') ||
             (name === 'signal' && v instanceof AbortSignal) ||
-            (name === 'token' && typeof v === 'string' && v.length > 0);
+            (name === 'token' && typeof v === 'string' && v.length > 0) ||
+            (name === 'limit' &&
+              Number.isInteger(v) &&
+              (v as number) >= 1 &&
+              (v as number) <= 1e6) ||
+            (name === 'mode' && (v === 'read' || v === 'write')) ||
+            (name === 'fair' && typeof v === 'boolean');
           if (!ok) bad.push(name);
         }
+        // Shapes that do not exist: named by both options (each checked once both are valid).
+        const { limit = 1, mode = 'write', fair = false } = options as AcquireOptions;
+        if (mode === 'read' && Number(limit) > 1) bad.push('mode + limit');
+        if (fair === true && Number(limit) > 1) bad.push('fair + limit');
+        if (fair === true && mode === 'read') bad.push('fair + mode');
         if (bad.length === 0) {
           assert.ok(lock, String(error));
           remember(lock);
@@ -426,7 +504,7 @@ describe('hostile input (property-based)', () => {
     const WELL_FORMED = /^(?:[^{}]|\{\d+(?:\.[A-Za-z_$][\w$]*)*\})+$/;
     fc.assert(
       fc.property(template, fc.array(argument, { maxLength: 3 }), (source, args) => {
-        let resolve: (args: readonly unknown[]) => string;
+        let resolve: (args: readonly unknown[]) => string | string[];
         try {
           resolve = compileLockKey(source, 'Fuzz.method');
         } catch (error) {

@@ -11,7 +11,12 @@ import {
   uniqueKey,
   type LockModuleFixture,
 } from '../support/lock-module.js';
-import { countIncrements } from '../support/processes.js';
+import {
+  countIncrements,
+  countReadersWriters,
+  countSemaphore,
+  countTransfers,
+} from '../support/processes.js';
 import {
   freePort,
   startCluster,
@@ -73,6 +78,74 @@ describe('on Redis Cluster', () => {
     const read = (counter: string): Promise<string | null> => clients[0].get(counter);
     assert.ok((await countIncrements(target, 3, 300, 'nolock', read)) < 900);
     assert.equal(await countIncrements(target, 3, 25, 'lock', read), 75);
+  });
+
+  it('a counting semaphore keeps its holders in one slot: limit 2 across two apps, the third waits for a release and is woken', async () => {
+    const key = uniqueKey('pool');
+    const first = await app.locks.acquire(key, { limit: 2 });
+    const second = await other.locks.acquire(key, { limit: 2 });
+    assert.equal(await app.locks.tryAcquire(key, { limit: 2 }), null);
+    const waiting = app.locks.acquire(key, { limit: 2, acquireTimeout: 5_000 });
+    await sleep(100);
+    const releasedAt = performance.now();
+    await first.release();
+    const third = await waiting;
+    assert.ok(performance.now() - releasedAt < 200);
+    assert.ok(third.fence > second.fence);
+    await Promise.all([second.release(), third.release()]);
+    assert.equal(await app.locks.isLocked(key), false);
+    const read = (counter: string): Promise<string | null> => clients[0].get(counter);
+    const target = `cluster:${cluster.nodes.map((node) => node.port).join(',')}`;
+    const { peak, entries } = await countSemaphore(target, 3, 20, 2, read);
+    assert.equal(peak, 2);
+    assert.equal(entries, 60);
+  });
+
+  it('read locks: readers share a key, a writer waits for the last one and is woken; across processes no writer overlaps anyone', async () => {
+    const key = uniqueKey('doc');
+    const readers = await Promise.all(
+      [app, other].map((fixture) => fixture.locks.acquire(key, { mode: 'read' })),
+    );
+    const writing = app.locks.acquire(key, { acquireTimeout: 5_000 });
+    await sleep(100);
+    await readers[0].release();
+    const releasedAt = performance.now();
+    await readers[1].release();
+    const writer = await writing;
+    assert.ok(performance.now() - releasedAt < 200);
+    assert.ok(writer.fence > readers[1].fence);
+    await writer.release();
+    const read = (counter: string): Promise<string | null> => clients[0].get(counter);
+    const target = `cluster:${cluster.nodes.map((node) => node.port).join(',')}`;
+    const result = await countReadersWriters(target, 2, 2, 20, 'lock', read);
+    assert.equal(result.violations, 0);
+    assert.equal(result.counter, 40);
+  });
+
+  it('fair locks: waiters in two apps get the key in arrival order', async () => {
+    const key = uniqueKey('turns');
+    const holder = await app.locks.acquire(key, { fair: true });
+    const order: number[] = [];
+    const waiters: Promise<void>[] = [];
+    for (let i = 0; i < 4; i++) {
+      waiters.push(
+        (i % 2 ? other : app).locks.using(key, () => void order.push(i), {
+          fair: true,
+          acquireTimeout: 10_000,
+        }),
+      );
+      await sleep(40);
+    }
+    await holder.release();
+    await Promise.all(waiters);
+    assert.deepEqual(order, [0, 1, 2, 3]);
+  });
+
+  it('several keys on different slots: 4 processes, two naming them in the opposite order, end with exact counts and no deadlock', async () => {
+    const target = `cluster:${cluster.nodes.map((node) => node.port).join(',')}`;
+    const read = (counter: string): Promise<string | null> => clients[0].get(counter);
+    assert.ok((await countTransfers(target, 4, 200, 'nolock', read)).some((n) => n < 800));
+    assert.deepEqual(await countTransfers(target, 4, 20, 'lock', read), [80, 80]);
   });
 
   it('announces releases with sharded pub/sub, on the node that owns the key only', async () => {

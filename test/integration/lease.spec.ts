@@ -39,6 +39,11 @@ describe('the lease of a held lock', () => {
     await server?.stop();
   });
 
+  /** Lets Redis refuse ('-') or run ('+') every lock script (ACL on the default user). */
+  const scripts = async (rule: '-' | '+'): Promise<void> => {
+    await redis.acl('SETUSER', 'default', `${rule}evalsha`, `${rule}eval`);
+  };
+
   describe('auto-extension', () => {
     it('using() keeps the lock alive well past its TTL while the work runs', async () => {
       const key = uniqueKey();
@@ -177,15 +182,15 @@ describe('the lease of a held lock', () => {
       const { capture, restore } = LogCapture.install();
       try {
         const lock = await locks.acquire(key, { ttl: 400, autoExtend: true });
-        // Every extension now fails inside Redis (WRONGTYPE) instead of answering "not held".
-        await redis.del(`lock:{${key}}`);
-        await redis.hset(`lock:{${key}}`, 'not', 'a lock');
+        // Every extension now fails (Redis refuses scripts) instead of answering "not held".
+        await scripts('-');
         assert.ok(await eventually(() => lock.signal.aborted, 1_500));
         assert.equal((lock.signal.reason as LockLostError).reason, 'unconfirmed');
         const warnings = capture.lines.filter((line) => line.message.includes('Could not extend'));
         assert.equal(warnings.length, 1, `${warnings.length} warnings for one outage`);
       } finally {
         restore();
+        await scripts('+');
         await redis.del(`lock:{${key}}`);
       }
     });
@@ -217,9 +222,8 @@ describe('the lease of a held lock', () => {
         const result = await locks.using(
           key,
           async () => {
-            // Make the release script fail inside Redis (WRONGTYPE) rather than return 0.
-            await redis.del(`lock:{${key}}`);
-            await redis.hset(`lock:{${key}}`, 'not', 'a lock');
+            // Make the release script fail (Redis refuses it) rather than return 0.
+            await scripts('-');
             return 'kept';
           },
           { autoExtend: false },
@@ -230,6 +234,7 @@ describe('the lease of a held lock', () => {
         );
       } finally {
         restore();
+        await scripts('+');
         await redis.del(`lock:{${key}}`);
       }
     });

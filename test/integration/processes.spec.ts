@@ -6,7 +6,7 @@ import { fileURLToPath } from 'node:url';
 import { Redis } from 'ioredis';
 import type { LockService } from '../../lib/index.js';
 import { startLockModule, uniqueKey, type LockModuleFixture } from '../support/lock-module.js';
-import { countIncrements } from '../support/processes.js';
+import { countIncrements, countTransfers } from '../support/processes.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
 
 const worker = fileURLToPath(new URL('../fixtures/lock-worker.js', import.meta.url));
@@ -54,6 +54,13 @@ describe('locks across processes', () => {
 
   it('4 processes incrementing under the lock end with the exact count', async () => {
     assert.equal(await incrementFrom(4, 40, 'lock'), 160);
+  });
+
+  it('several keys: 4 processes, two naming them in the opposite order, end with exact counts and no deadlock (control without the lock loses updates)', async () => {
+    const read = (counter: string): Promise<string | null> => redis.get(counter);
+    const target = String(server.port);
+    assert.ok((await countTransfers(target, 4, 200, 'nolock', read)).some((n) => n < 800));
+    assert.deepEqual(await countTransfers(target, 4, 40, 'lock', read), [160, 160]);
   });
 
   it('the lock of a SIGKILLed holder becomes free after its TTL, not before', async () => {

@@ -105,7 +105,29 @@ class AccountsService {
   async shortKeyOnly(_name: string): Promise<string> {
     return getCurrentLock()!.key;
   }
+
+  /** Several keys: both accounts of a transfer, whichever way it goes. */
+  @WithLock({ key: ['acct:{0.from}', 'acct:{0.to}'], acquireTimeout: 2_000 })
+  async transfer(_move: { from?: unknown; to?: unknown }): Promise<{
+    keys: readonly string[];
+    fences: Readonly<Record<string, number>>;
+  }> {
+    const lock = getCurrentLock()!;
+    transfersInside++;
+    if (transfersInside > 1) transferOverlaps++;
+    await sleep(5);
+    transfersInside--;
+    return { keys: lock.keys, fences: lock.fences };
+  }
+
+  /** The short form takes a key list too, with functions among the templates. */
+  @WithLock(['pair:{0}', (_a: string, b: string) => `pair:${b}`], 5_000, 150)
+  async pairShort(_a: string, _b: string): Promise<readonly string[]> {
+    return getCurrentLock()!.keys;
+  }
 }
+let transfersInside = 0;
+let transferOverlaps = 0;
 
 /** Records what reaches the gateway's filter and sends it to native ws clients (NestJS 11's default filter does not). */
 const wsExceptions: unknown[] = [];
@@ -461,6 +483,40 @@ describe('@WithLock', () => {
       });
     }
 
+    it('a key list locks every key: calls naming the accounts in either order run one at a time, no deadlock', async () => {
+      const [a, b] = [uniqueKey(), uniqueKey()];
+      const results = await Promise.all(
+        Array.from({ length: 10 }, (_, i) =>
+          accounts.transfer(i % 2 === 0 ? { from: a, to: b } : { from: b, to: a }),
+        ),
+      );
+      assert.equal(transferOverlaps, 0);
+      const sorted = [`acct:${a}`, `acct:${b}`].sort();
+      for (const result of results) assert.deepEqual(result.keys, sorted);
+      const fences = results.map((result) => result.fences[sorted[1]]).sort((x, y) => x - y);
+      assert.equal(new Set(fences).size, 10, 'every call got its own fence for each key');
+      assert.equal(await locks.isLocked(`acct:${a}`), false);
+      assert.equal(await locks.isLocked(`acct:${b}`), false);
+
+      // One account busy: the call times out and leaves the other account free.
+      const held = await locks.acquire(`acct:${b}`);
+      await assert.rejects(
+        accounts.transfer({ from: a, to: b }),
+        (error: unknown) => error instanceof LockAcquireTimeoutError && error.key === `acct:${b}`,
+      );
+      assert.equal(await locks.isLocked(`acct:${a}`), false);
+      await held.release();
+
+      // A placeholder of either key that resolves to nothing locks neither.
+      const error = await accounts.transfer({ from: a }).catch((e: unknown) => e);
+      assert.ok(error instanceof LockKeyResolutionError, String(error));
+      assert.equal(error.template, 'acct:{0.to}');
+      assert.equal(await locks.isLocked(`acct:${a}`), false);
+
+      const [x, y] = [uniqueKey(), uniqueKey()];
+      assert.deepEqual(await accounts.pairShort(x, y), [`pair:${x}`, `pair:${y}`].sort());
+    });
+
     it('the method error passes through unchanged and the lock is released', async () => {
       const name = uniqueKey();
       const error = await accounts.failing(name).catch((e: unknown) => e);
@@ -570,6 +626,8 @@ describe('@WithLock', () => {
         'timeoutStatus + ',
       ],
       ['an unknown option', { key: 'k', timeout: 5 } as never, 'timeout'],
+      ['an empty key list', { key: [] }, 'key'],
+      ['a bad template in a key list', { key: ['a:{0}', 'b:{0'] }, 'key'],
     ];
     for (const [name, options, option] of cases) {
       it(`${name} → RedisLockConfigurationError naming ${option}`, () => {

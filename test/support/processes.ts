@@ -16,22 +16,124 @@ export async function countIncrements(
   target: string,
   processes: number,
   iterations: number,
-  locking: 'lock' | 'nolock',
+  locking: 'lock' | 'fair' | 'nolock',
   read: (counter: string) => Promise<string | null>,
 ): Promise<number> {
   const key = uniqueKey();
   const counter = uniqueKey('counter');
-  const children = Array.from({ length: processes }, () =>
-    spawn(
-      process.execPath,
-      [worker, 'increment', target, key, counter, String(iterations), locking],
-      { stdio: ['ignore', 'ignore', 'inherit'] },
-    ),
+  await runWorkers(
+    Array.from({ length: processes }, () => [
+      'increment',
+      target,
+      key,
+      counter,
+      String(iterations),
+      locking,
+    ]),
+  );
+  return Number(await read(counter));
+}
+
+/**
+ * Like `countIncrements`, with two keys locked together (`LockService.using([a, b])`): every other
+ * process names them in the opposite order. Each step increments one counter per key; resolves
+ * both counters' final values.
+ */
+export async function countTransfers(
+  target: string,
+  processes: number,
+  iterations: number,
+  locking: 'lock' | 'nolock',
+  read: (counter: string) => Promise<string | null>,
+): Promise<number[]> {
+  const keys = [uniqueKey('acct'), uniqueKey('acct')];
+  const prefix = uniqueKey('balance');
+  await runWorkers(
+    Array.from({ length: processes }, (_, i) => [
+      'transfer',
+      target,
+      (i % 2 === 0 ? keys : [...keys].reverse()).join(','),
+      prefix,
+      String(iterations),
+      locking,
+    ]),
+  );
+  return Promise.all(keys.map(async (key) => Number(await read(`${prefix}:${key}`))));
+}
+
+/**
+ * Runs `processes` app instances, each entering a section `iterations` times under a counting
+ * semaphore of `limit` on one key (0: no lock at all). Resolves the most holders ever inside at
+ * once and how many entries there were, as the workers counted them in Redis (read via `read`;
+ * on a Cluster the three counters may live on different nodes: each is a single-key command).
+ */
+export async function countSemaphore(
+  target: string,
+  processes: number,
+  iterations: number,
+  limit: number,
+  read: (counter: string) => Promise<string | null>,
+): Promise<{ peak: number; entries: number }> {
+  const key = uniqueKey('pool');
+  const stats = uniqueKey('stats');
+  await runWorkers(
+    Array.from({ length: processes }, () => [
+      'semaphore',
+      target,
+      key,
+      stats,
+      String(iterations),
+      String(limit),
+    ]),
+  );
+  return {
+    peak: Number(await read(`${stats}:peak`)),
+    entries: Number(await read(`${stats}:entries`)),
+  };
+}
+
+/**
+ * Runs `readers` reader and `writers` writer app instances on one key (`mode: 'read'` / `'write'`,
+ * or no lock at all), `iterations` sections each. Resolves what they counted in Redis (see the
+ * worker's `rw` mode): violations of the read/write rule, reader entries that found another reader
+ * inside, and the writers' read-pause-write counter.
+ */
+export async function countReadersWriters(
+  target: string,
+  readers: number,
+  writers: number,
+  iterations: number,
+  locking: 'lock' | 'nolock',
+  read: (counter: string) => Promise<string | null>,
+): Promise<{ violations: number; shared: number; counter: number }> {
+  const key = uniqueKey('rw');
+  const stats = uniqueKey('stats');
+  const roles = [...Array<string>(readers).fill('read'), ...Array<string>(writers).fill('write')];
+  await runWorkers(
+    roles.map((role) => ['rw', target, key, stats, String(iterations), locking, role]),
+  );
+  const [violations, shared, counter] = await Promise.all(
+    ['violations', 'shared', 'counter'].map(async (name) => Number(await read(`${stats}:${name}`))),
+  );
+  return { violations, shared, counter };
+}
+
+/**
+ * Runs one worker process per argument list, all starting their work together (the worker's start
+ * barrier); asserts that every one exited cleanly.
+ */
+async function runWorkers(argLists: string[][]): Promise<void> {
+  const env = {
+    ...process.env,
+    LOCK_WORKER_BARRIER: uniqueKey('start'),
+    LOCK_WORKER_COUNT: String(argLists.length),
+  };
+  const children = argLists.map((args) =>
+    spawn(process.execPath, [worker, ...args], { stdio: ['ignore', 'ignore', 'inherit'], env }),
   );
   const codes = await Promise.all(children.map(async (child) => (await once(child, 'exit'))[0]));
   assert.deepEqual(
     codes,
     children.map(() => 0),
   );
-  return Number(await read(counter));
 }

@@ -77,9 +77,28 @@ describe('key layout', () => {
         await backend.extend(k, 't', 1_000);
         await backend.raiseFence(k, 't', 5, 1_000);
         await backend.release(k, 't');
+        for (const shape of [
+          { limit: 3, mode: 'write', fair: false },
+          { limit: 1, mode: 'read', fair: false },
+          { limit: 1, mode: 'write', fair: true },
+        ] as const) {
+          await backend.tryAcquire(k, 's', 1_000, shape);
+          await backend.extend(k, 's', 1_000, shape);
+          await backend.release(k, 's', shape);
+        }
+        await backend.leaveQueue(k, 's');
         await backend.isLocked(k);
         await backend.isHeld(k, 't');
-        assert.ok(calls.length >= 6);
+        assert.ok(calls.length >= 16);
+        assert.ok(
+          calls.some(
+            (call) =>
+              call.command === 'redisLockReleaseReadSharded' ||
+              call.command === 'redisLockReleaseReadForgettingSharded' ||
+              call.command === 'redisLockReleaseSemaphoreSharded' ||
+              call.command === 'redisLockReleaseSemaphoreForgettingSharded',
+          ),
+        );
         assert.ok(
           calls.some((call) => call.command.endsWith('Sharded')),
           'SPUBLISH release',

@@ -28,6 +28,7 @@ describe('per-call options (pure validation)', () => {
       autoExtend: false,
       signal: undefined,
       token: undefined,
+      shape: { limit: 1, mode: 'write', fair: false },
     });
     assert.equal(resolveAcquireOptions('k', {}, defaults, 'using').autoExtend, true);
     assert.equal(resolveAcquireOptions('k', {}, defaults, 'tryAcquire').acquireTimeout, 0);

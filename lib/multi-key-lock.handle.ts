@@ -1,0 +1,85 @@
+import type { Lock } from './interfaces/lock.interface.js';
+import type { LockHandle } from './lock.handle.js';
+
+/**
+ * A lock on several keys at once (`acquire(['acct:1', 'acct:2'])`): one lock per key, all with
+ * the same owner token, taken one after another in one global order (see `LockService`) and held
+ * together. Each key keeps its own lease, fence, watchdog and release; this handle only joins
+ * them: its `signal` aborts when any of them is lost, `release()` and `extend()` act on all.
+ */
+export class MultiKeyLock implements Lock {
+  readonly keys: readonly string[];
+  readonly fences: Readonly<Record<string, number>>;
+  private joinedSignal: AbortSignal | undefined;
+
+  /** `handles` in lock order; at least two. */
+  constructor(private readonly handles: readonly LockHandle[]) {
+    this.keys = Object.freeze(handles.map((handle) => handle.key));
+    this.fences = Object.freeze(
+      Object.fromEntries(handles.map((handle) => [handle.key, handle.fence])),
+    );
+  }
+
+  get key(): string {
+    return this.handles[0].key;
+  }
+
+  get token(): string {
+    return this.handles[0].token;
+  }
+
+  get fence(): number {
+    return this.handles[0].fence;
+  }
+
+  get expiresAt(): number {
+    return Math.min(...this.handles.map((handle) => handle.expiresAt));
+  }
+
+  /** Aborts with the `LockLostError` of the first key found lost. */
+  get signal(): AbortSignal {
+    return (this.joinedSignal ??= AbortSignal.any(this.handles.map((handle) => handle.signal)));
+  }
+
+  /** @internal Why a key's lease ended early, without creating any signal. */
+  get lossReason(): Error | undefined {
+    for (const handle of this.handles) if (handle.lossReason) return handle.lossReason;
+    return undefined;
+  }
+
+  /** @internal True once every key has been released. */
+  get released(): boolean {
+    return this.handles.every((handle) => handle.released);
+  }
+
+  /** @internal The lock of one of the keys, if this lock holds it. */
+  handleOf(key: string): LockHandle | undefined {
+    return this.handles.find((handle) => handle.key === key);
+  }
+
+  /** @internal Whether every key's lock was taken by the service these hooks belong to. */
+  belongsTo(hooks: Parameters<LockHandle['belongsTo']>[0]): boolean {
+    return this.handles.every((handle) => handle.belongsTo(hooks));
+  }
+
+  /**
+   * Releases every key (at once, each bounded by `commandTimeout`). Resolves `false` if any was no
+   * longer ours; rejects with the first failure only after every release has been tried.
+   */
+  async release(): Promise<boolean> {
+    return every(this.handles.map((handle) => handle.release()));
+  }
+
+  /** Extends every key. Rejects (`LockLostError`) if any is no longer ours, after trying all. */
+  async extend(ttl?: number): Promise<void> {
+    await every(this.handles.map((handle) => handle.extend(ttl).then(() => true)));
+  }
+}
+
+/** Waits for all; rejects with the first failure, else resolves whether every one was true. */
+async function every(pending: Promise<boolean>[]): Promise<boolean> {
+  const results = await Promise.allSettled(pending);
+  const failed = results.find((result) => result.status === 'rejected');
+  if (failed) throw failed.reason;
+  return results.every((result) => result.status === 'fulfilled' && result.value);
+}

@@ -1,0 +1,209 @@
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+import { Redis } from 'ioredis';
+import {
+  LockAcquireTimeoutError,
+  LockArgumentError,
+  RedisLockConfigurationError,
+  WithLock,
+  type LockService,
+} from '../../lib/index.js';
+import { ACQUIRE_FAIR_SCRIPT } from '../../lib/redis/lock.scripts.js';
+import {
+  sleep,
+  startLockModule,
+  uniqueKey,
+  type LockModuleFixture,
+} from '../support/lock-module.js';
+import { countIncrements } from '../support/processes.js';
+import { startRedis, type RedisServer } from '../support/redis-server.js';
+
+describe('fair locks (fair: true)', () => {
+  let server: RedisServer;
+  let apps: LockModuleFixture[];
+  let redis: Redis;
+
+  before(async () => {
+    server = await startRedis();
+    apps = await Promise.all(
+      [0, 1, 2].map(() => startLockModule({ connection: server.url, fenceRetention: 0 })),
+    );
+    redis = new Redis(server.port, '127.0.0.1');
+  });
+  after(async () => {
+    await Promise.all((apps ?? []).map((app) => app.close()));
+    redis?.disconnect();
+    await server?.stop();
+  });
+
+  const fair = { fair: true } as const;
+  const locksOf = (i: number): LockService => apps[i].locks;
+
+  /**
+   * Six waiters, alternating between two apps, ask 40 ms apart while a third app holds the key;
+   * resolves the order in which they got it.
+   */
+  async function arrivalRace(fairness: boolean): Promise<number[]> {
+    const key = uniqueKey('turns');
+    const holder = await locksOf(2).acquire(key);
+    const order: number[] = [];
+    const waiters: Promise<void>[] = [];
+    for (let i = 0; i < 6; i++) {
+      waiters.push(
+        locksOf(i % 2).using(
+          key,
+          async () => {
+            order.push(i);
+            await sleep(15);
+          },
+          { fair: fairness, acquireTimeout: 10_000 },
+        ),
+      );
+      await sleep(40);
+    }
+    await holder.release();
+    await Promise.all(waiters);
+    return order;
+  }
+
+  it('hands the key to waiters in the order they arrived, across apps (control: without fair it goes round each process first)', async () => {
+    assert.deepEqual(await arrivalRace(true), [0, 1, 2, 3, 4, 5]);
+    assert.notDeepEqual(await arrivalRace(false), [0, 1, 2, 3, 4, 5]);
+  });
+
+  /** Queues a waiter that never comes back, whose place lasts `stay` ms (a process that died). */
+  const queueGhost = (key: string, token: string, stay: number): Promise<unknown> => {
+    const lockKey = `lock:{${key}}`;
+    return redis.eval(
+      ACQUIRE_FAIR_SCRIPT,
+      4,
+      lockKey,
+      `${lockKey}:fence`,
+      `${lockKey}:queue`,
+      `${lockKey}:queue:stay`,
+      token,
+      5_000,
+      0,
+      stay,
+    );
+  };
+
+  it('a newcomer cannot barge ahead of the queue while the key is free (control: a caller without fair can)', async () => {
+    const key = uniqueKey('turns');
+    const holder = await locksOf(0).acquire(key, fair);
+    assert.ok(Number(await queueGhost(key, 'head-of-queue', 5_000)) < 0);
+    await holder.release();
+    assert.equal(await locksOf(0).isLocked(key), false, 'the key is free');
+    assert.equal(await locksOf(1).tryAcquire(key, fair), null, 'not the newcomer’s turn');
+    await assert.rejects(
+      locksOf(2).acquire(key, { ...fair, acquireTimeout: 300 }),
+      LockAcquireTimeoutError,
+    );
+    const barging = (await locksOf(1).tryAcquire(key))!;
+    assert.ok(barging, 'fairness binds only the callers that ask for it');
+    await barging.release();
+    await redis.zrem(`lock:{${key}}:queue`, 'head-of-queue');
+    await redis.zrem(`lock:{${key}}:queue:stay`, 'head-of-queue');
+    const turn = (await locksOf(1).tryAcquire(key, fair))!;
+    assert.ok(turn, 'free and nobody queues: anyone gets it');
+    await turn.release();
+  });
+
+  it('a waiter that gives up leaves the queue: the next one is not held up', async () => {
+    const key = uniqueKey('turns');
+    const holder = await locksOf(0).acquire(key, fair);
+    const quitter = locksOf(1).acquire(key, { ...fair, acquireTimeout: 200 });
+    await sleep(20);
+    const patient = locksOf(2).acquire(key, { ...fair, acquireTimeout: 5_000 });
+    await assert.rejects(quitter, LockAcquireTimeoutError);
+    await sleep(100);
+    const releasedAt = performance.now();
+    await holder.release();
+    const lock = await patient;
+    assert.ok(performance.now() - releasedAt < 200, 'woken as the new head');
+    await lock.release();
+  });
+
+  it('a waiter that died stops counting once its stay lapses (the Redis clock), and the next gets the key', async () => {
+    const key = uniqueKey('turns');
+    const lockKey = `lock:{${key}}`;
+    const holder = await locksOf(0).acquire(key, fair);
+    // A waiter that queued, then died: its place lasts 300 ms without another attempt.
+    assert.ok(Number(await queueGhost(key, 'dead-waiter', 300)) < 0, 'queued behind the holder');
+    const alive = locksOf(1).acquire(key, { ...fair, acquireTimeout: 5_000 });
+    await sleep(50);
+    const releasedAt = performance.now();
+    await holder.release();
+    const lock = await alive;
+    const waited = performance.now() - releasedAt;
+    assert.ok(waited < 2_000, `the live waiter waited ${waited.toFixed(0)} ms`);
+    assert.equal(await redis.zscore(`${lockKey}:queue`, 'dead-waiter'), null);
+    await lock.release();
+    assert.deepEqual(await redis.keys(`${lockKey}*`), [], 'nothing left (fenceRetention 0)');
+  });
+
+  it('a holder that crashed frees the key after its TTL, to the head of the queue', async () => {
+    const key = uniqueKey('turns');
+    await locksOf(0).acquire(key, { ...fair, ttl: 400 }); // never released: its process "died"
+    const first = locksOf(1).acquire(key, { ...fair, acquireTimeout: 3_000 });
+    await sleep(30);
+    const second = locksOf(2).acquire(key, { ...fair, acquireTimeout: 3_000 });
+    const started = performance.now();
+    const lock = await first;
+    const after = performance.now() - started;
+    assert.ok(after > 250 && after < 1_800, `free after ${after.toFixed(0)} ms`);
+    await lock.release();
+    await (await second).release();
+  });
+
+  it('keeps a TTL on every key it writes, queue included', async () => {
+    const key = uniqueKey('turns');
+    const holder = await locksOf(0).acquire(key, fair);
+    const waiting = locksOf(1).acquire(key, { ...fair, acquireTimeout: 5_000 });
+    await sleep(50);
+    for (const name of await redis.keys(`lock:{${key}}*`)) {
+      assert.ok((await redis.pttl(name)) > 0, `${name} without TTL`);
+    }
+    await holder.release();
+    await (await waiting).release();
+  });
+
+  it('bad values and combinations are a LockArgumentError naming them; on @WithLock a RedisLockConfigurationError', async () => {
+    const cases: [object, string][] = [
+      [{ fair: 'yes' }, 'fair'],
+      [{ fair: true, limit: 2 }, 'fair + limit'],
+      [{ fair: true, mode: 'read' }, 'fair + mode'],
+    ];
+    for (const [options, argument] of cases) {
+      const error = await locksOf(0)
+        .acquire(uniqueKey(), options as never)
+        .catch((e: unknown) => e);
+      assert.ok(error instanceof LockArgumentError && error.argument === argument, String(error));
+    }
+    // Re-entry in one call chain must ask for the same shape.
+    const key = uniqueKey();
+    await locksOf(0).using(
+      key,
+      async () => {
+        await assert.rejects(
+          locksOf(0).using(key, () => 1),
+          LockArgumentError,
+        );
+        assert.equal(await locksOf(0).using(key, () => 1, fair), 1);
+      },
+      fair,
+    );
+    assert.throws(
+      () =>
+        WithLock({ key: 'k', fair: 'on' as never })(class Jobs {}.prototype, 'run', {
+          value: async () => 1,
+        }),
+      RedisLockConfigurationError,
+    );
+  });
+
+  it('4 processes incrementing under a fair lock end with the exact count', async () => {
+    const read = (counter: string): Promise<string | null> => redis.get(counter);
+    assert.equal(await countIncrements(String(server.port), 4, 25, 'fair', read), 100);
+  });
+});

@@ -1,0 +1,240 @@
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+import { Injectable, Module } from '@nestjs/common';
+import { Test } from '@nestjs/testing';
+import { Redis } from 'ioredis';
+import {
+  LockAcquireTimeoutError,
+  LockArgumentError,
+  LockLostError,
+  LockService,
+  RedisLockConfigurationError,
+  RedisLockModule,
+  WithLock,
+  type Lock,
+} from '../../lib/index.js';
+import {
+  sleep,
+  startLockModule,
+  uniqueKey,
+  type LockModuleFixture,
+} from '../support/lock-module.js';
+import { countSemaphore } from '../support/processes.js';
+import { startRedis, type RedisServer } from '../support/redis-server.js';
+
+let exportsInside = 0;
+let exportsPeak = 0;
+
+@Injectable()
+class ExportJobs {
+  /** At most two exports at once, across every instance. */
+  @WithLock({ key: 'exports', limit: 2, acquireTimeout: 5_000 })
+  async run(): Promise<number> {
+    exportsPeak = Math.max(exportsPeak, ++exportsInside);
+    await sleep(30);
+    exportsInside--;
+    return exportsPeak;
+  }
+}
+
+describe('counting semaphores (limit)', () => {
+  let server: RedisServer;
+  let app: LockModuleFixture;
+  let other: LockModuleFixture;
+  let locks: LockService;
+  let redis: Redis;
+
+  before(async () => {
+    server = await startRedis();
+    app = await startLockModule({ connection: server.url, fenceRetention: 0 });
+    other = await startLockModule({ connection: server.url, fenceRetention: 0 });
+    locks = app.locks;
+    redis = new Redis(server.port, '127.0.0.1');
+  });
+  after(async () => {
+    await app?.close();
+    await other?.close();
+    redis?.disconnect();
+    await server?.stop();
+  });
+
+  it('admits `limit` holders, each with its own token and a greater fence; the next waits until one leaves', async () => {
+    const key = uniqueKey('pool');
+    const holders: Lock[] = [];
+    for (const service of [locks, other.locks, locks]) {
+      holders.push(await service.acquire(key, { limit: 3, ttl: 10_000 }));
+    }
+    assert.equal(new Set(holders.map((lock) => lock.token)).size, 3);
+    for (let i = 1; i < 3; i++) assert.ok(holders[i].fence > holders[i - 1].fence);
+    assert.equal(await other.locks.tryAcquire(key, { limit: 3 }), null, 'full');
+    assert.equal(await locks.isLocked(key), true);
+
+    const waiting = other.locks.acquire(key, { limit: 3, acquireTimeout: 5_000 });
+    await sleep(100);
+    const releasedAt = performance.now();
+    assert.equal(await holders[1].release(), true);
+    const fourth = await waiting;
+    assert.ok(performance.now() - releasedAt < 200, 'woken by the release');
+    assert.ok(fourth.fence > holders[2].fence);
+    assert.equal(await holders[1].release(), false, 'a place is given back once');
+
+    for (const lock of [holders[0], holders[2], fourth]) assert.equal(await lock.release(), true);
+    assert.equal(await locks.isLocked(key), false);
+    assert.equal(await redis.keys(`lock:{${key}}*`).then((keys) => keys.length), 0);
+  });
+
+  it('never more than `limit` at once under load, and the limit is reached (control: without it, more run at once)', async () => {
+    const key = uniqueKey('pool');
+    let inside = 0;
+    let peak = 0;
+    const work = async (): Promise<void> => {
+      peak = Math.max(peak, ++inside);
+      await sleep(5);
+      inside--;
+    };
+    await Promise.all(
+      Array.from({ length: 30 }, (_, i) =>
+        (i % 2 ? locks : other.locks).using(key, work, { limit: 3, acquireTimeout: 10_000 }),
+      ),
+    );
+    assert.equal(peak, 3);
+    peak = 0;
+    await Promise.all(Array.from({ length: 30 }, work));
+    assert.ok(peak > 3, `control peak ${peak}`);
+  });
+
+  it('a crashed holder’s place frees itself after its TTL, not before (Redis’s clock, no client clocks)', async () => {
+    const key = uniqueKey('pool');
+    const abandoned = await other.locks.acquire(key, { limit: 2, ttl: 600 });
+    const kept = await locks.acquire(key, { limit: 2, ttl: 10_000 });
+    assert.equal(await locks.tryAcquire(key, { limit: 2 }), null);
+    const started = performance.now();
+    const next = await locks.acquire(key, { limit: 2, acquireTimeout: 3_000 });
+    const after = performance.now() - started;
+    assert.ok(after > 350 && after < 1_700, `freed after ${after.toFixed(0)} ms`);
+    assert.equal(await abandoned.release(), false);
+    await Promise.all([kept.release(), next.release()]);
+  });
+
+  it('auto-extends in using(), aborts the signal when its place is gone, and extend() never takes a lapsed place back', async () => {
+    const key = uniqueKey('pool');
+    await locks.using(
+      key,
+      async (lock) => {
+        await sleep(700);
+        assert.equal(lock.signal.aborted, false);
+        assert.ok((await redis.zscore(`lock:{${key}}`, lock.token)) !== null);
+      },
+      { limit: 2, ttl: 300 },
+    );
+    const lock = await locks.acquire(key, { limit: 2, ttl: 10_000 });
+    await redis.zrem(`lock:{${key}}`, lock.token); // lost, as an eviction or a failover loses it
+    const error = await lock.extend().catch((e: unknown) => e);
+    assert.ok(error instanceof LockLostError && error.reason === 'not-held', String(error));
+    assert.equal(lock.signal.aborted, true);
+    assert.equal(await redis.zscore(`lock:{${key}}`, lock.token), null);
+  });
+
+  it('times out with LockAcquireTimeoutError (and retryAfterMs) while full; every key keeps a TTL', async () => {
+    const key = uniqueKey('pool');
+    const held = await Promise.all([1, 2].map(() => locks.acquire(key, { limit: 2, ttl: 5_000 })));
+    const error = await other.locks
+      .acquire(key, { limit: 2, acquireTimeout: 200 })
+      .catch((e: unknown) => e);
+    assert.ok(error instanceof LockAcquireTimeoutError, String(error));
+    assert.ok(error.retryAfterMs! > 4_000 && error.retryAfterMs! <= 5_000);
+    for (const name of await redis.keys(`lock:{${key}}*`)) assert.ok((await redis.pttl(name)) > 0);
+    await Promise.all(held.map((lock) => lock.release()));
+  });
+
+  it('callers that disagree on the limit are each admitted while fewer than their own limit hold it; a plain lock excludes every semaphore caller and the other way round', async () => {
+    const key = uniqueKey('pool');
+    const two = await Promise.all([1, 2].map(() => locks.acquire(key, { limit: 2 })));
+    assert.equal(await other.locks.tryAcquire(key, { limit: 2 }), null);
+    const third = (await other.locks.tryAcquire(key, { limit: 3 }))!;
+    assert.ok(third, 'a caller with limit 3 joins two holders');
+    assert.equal(await other.locks.tryAcquire(key, { limit: 3 }), null);
+    assert.equal(await other.locks.tryAcquire(key), null, 'the plain lock waits for all of them');
+    await Promise.all([...two, third].map((lock) => lock.release()));
+
+    const plain = await locks.acquire(key);
+    assert.equal(await other.locks.tryAcquire(key, { limit: 5 }), null);
+    const error = await other.locks
+      .acquire(key, { limit: 5, acquireTimeout: 150 })
+      .catch((e: unknown) => e);
+    assert.ok(error instanceof LockAcquireTimeoutError, String(error));
+    assert.equal(await plain.release(), true);
+    const place = (await other.locks.tryAcquire(key, { limit: 5 }))!;
+    assert.ok(place);
+    assert.equal(await locks.tryAcquire(key), null);
+    await place.release();
+  });
+
+  it('re-enters in the same call chain with the same limit; another limit there is a LockArgumentError', async () => {
+    const key = uniqueKey('pool');
+    await locks.using(
+      key,
+      async (outer) => {
+        const fence = await locks.using(key, (inner) => inner.fence, {
+          limit: 2,
+          acquireTimeout: 0,
+        });
+        assert.equal(fence, outer.fence);
+        await assert.rejects(
+          locks.using(key, () => 1),
+          LockArgumentError,
+        );
+        await assert.rejects(locks.acquire(key, { limit: 3 }), LockArgumentError);
+      },
+      { limit: 2 },
+    );
+    assert.equal(await locks.isLocked(key), false);
+  });
+
+  it('bad limits are a LockArgumentError naming `limit`', async () => {
+    for (const limit of [0, -1, 1.5, Number.NaN, Infinity, '2', null, 2_000_000]) {
+      const error = await locks
+        .acquire(uniqueKey(), { limit: limit as number })
+        .catch((e: unknown) => e);
+      assert.ok(
+        error instanceof LockArgumentError && error.argument === 'limit',
+        `${String(limit)}: ${String(error)}`,
+      );
+    }
+  });
+
+  it('@WithLock({ limit }) runs at most `limit` calls at once, and a bad limit fails at definition', async () => {
+    @Module({
+      imports: [RedisLockModule.forRoot({ connection: server.url })],
+      providers: [ExportJobs],
+    })
+    class JobsModule {}
+    const module = await Test.createTestingModule({ imports: [JobsModule] }).compile();
+    await module.init();
+    try {
+      const jobs = module.get(ExportJobs);
+      const peaks = await Promise.all(Array.from({ length: 8 }, () => jobs.run()));
+      assert.equal(Math.max(...peaks), 2);
+      assert.equal(await module.get(LockService).isLocked('exports'), false);
+    } finally {
+      await module.close();
+    }
+    assert.throws(
+      () =>
+        WithLock({ key: 'k', limit: 0 })(class Jobs {}.prototype, 'run', {
+          value: async () => 1,
+        }),
+      RedisLockConfigurationError,
+    );
+  });
+
+  it('across 4 processes, limit 2: never more than 2 inside, every entry counted (control: without it, more)', async () => {
+    const read = (counter: string): Promise<string | null> => redis.get(counter);
+    const target = String(server.port);
+    const control = await countSemaphore(target, 4, 30, 0, read);
+    assert.ok(control.peak > 2, `control peak ${control.peak}`);
+    const { peak, entries } = await countSemaphore(target, 4, 30, 2, read);
+    assert.equal(peak, 2);
+    assert.equal(entries, 120);
+  });
+});
