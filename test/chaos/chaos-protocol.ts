@@ -1,12 +1,29 @@
 /** What the chaos runner and its workers say to each other. Times are ms on the system-wide monotonic clock. */
 
+/** An address as ioredis takes it in `sentinels`, Cluster startup nodes and `natMap`. */
+export interface Address {
+  host: string;
+  port: number;
+}
+
+/**
+ * How a worker reaches the lock servers: always through its own fault proxies, one in front of
+ * each lock server. Cluster and Sentinel announce the servers' own addresses, so the worker maps
+ * them to its proxies with ioredis' `natMap` (`host:port` of a server → its proxy).
+ */
+export type WorkerLock =
+  /** One Redis: the sample's own connection (which the lock module borrows) through the proxy. */
+  | { mode: 'standalone'; url: string }
+  /** Redlock across the proxies (`nodes`); the sample's own data on the first. */
+  | { mode: 'redlock'; urls: string[] }
+  /** The worker's own ioredis `Cluster` (`client`), as an app passes one. */
+  | { mode: 'cluster'; startupNodes: Address[]; natMap: Record<string, Address> }
+  /** A `connection` the module creates: the Sentinels (reached directly) name the master. */
+  | { mode: 'sentinel'; sentinels: Address[]; name: string; natMap: Record<string, Address> };
+
 export interface WorkerConfig {
   slot: number;
-  /**
-   * The worker's own fault proxies, one in front of each lock Redis. One: the sample's own
-   * connection through it. Several: Redlock across them (`nodes`), the sample's data on the first.
-   */
-  proxyPorts: number[];
+  lock: WorkerLock;
   /** The healthy Redis holding the fence-guarded resource. */
   dbPort: number;
   keys: string[];

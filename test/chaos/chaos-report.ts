@@ -101,7 +101,14 @@ loops on ${profile.keys} hot keys, TTL ${profile.ttl} ms, acquireTimeout ${profi
 (the default), ${profile.runs} run(s) × ${profile.windowMs / 1000} s of faults per row; ${Math.round(seconds)} s in all) on ${new Date().toISOString().slice(0, 10)}.
 Half the calls go through \`LockService.using()\`, half through the sample app's \`@WithLock\` purchase route.
 Rows named "Redlock (3 nodes)" run the same scenario with \`nodes\` on three servers: network faults hit a worker's
-links to every node, Redis faults (pause, restart) hit one node, a minority.
+links to every node, Redis faults (pause, restart) hit one node, a minority. Rows named "Cluster (3 masters +
+replicas)" run it on a Redis Cluster of three masters with a replica each (the worker's own ioredis \`Cluster\` as
+\`client\`), rows named "Sentinel (master + replica)" through three Sentinels (\`connection: { sentinels, name }\`):
+there every worker reaches each data node through its own fault proxies (ioredis \`natMap\`), and Redis faults hit
+the master of a hot key. A pause (at most 2 s) stays short of a failover (\`cluster-node-timeout\` and
+\`down-after-milliseconds\` 2500 ms); a kill is one: the replica is promoted, and the killed node comes back empty
+as the new master's replica, ready for the next kill. Replication is asynchronous (no \`replicaAck\`), so a
+failover may lose the last lock writes, as a restart without persistence does.
 
 ${renderTable(results)}
 
@@ -116,8 +123,8 @@ ${summary(results)}
 - **overlaps**: sections entered while another holder of the key still believed it held the lock (between
   entering and leaving its section, before its \`signal\` aborted). They happen only where the lease cannot
   see: a holder frozen (SIGSTOP, a GC pause) past its TTL runs on for a moment after it thaws, before its
-  overdue timers tell it; and a Redis restarted empty forgets every lock at once, so a new holder can enter
-  before the old one's next extension finds its lock gone. A holder that is alive but cut off (partition,
+  overdue timers tell it; and a Redis restarted empty forgets every lock at once (a failover that lost the last
+  writes forgets those), so a new holder can enter before the old one's next extension finds its lock gone. A holder that is alive but cut off (partition,
   paused Redis, latency) stops believing at its own TTL, which starts before Redis's: no overlap.
 - **stale writes accepted / rejected**: writes to the fence-guarded resource. The guard accepts a fence at
   least as high as every fence it accepted before. *Rejected* writes are overlapping holders caught by
@@ -131,7 +138,7 @@ ${summary(results)}
   the lease had run out unnoticed (a frozen holder's I/O can finish its section before its overdue timers run). **signal delay**: from the intruder's entry to the
   lost holder's \`signal\` (0 when the signal came first).
 - **leaks / no TTL**: lock keys left in Redis after every worker shut down (and every killed holder's TTL ran
-  out; in Redlock mode, keys a majority of the nodes still hold), and keys without a TTL. **unhandled / crashes**: unhandled rejections in any worker, workers that
+  out; in Redlock mode, keys a majority of the nodes still hold; on Cluster and Sentinel, keys on the masters), and keys without a TTL. **unhandled / crashes**: unhandled rejections in any worker, workers that
   died on their own. **unsettled**: calls still pending after acquireTimeout + 2 × commandTimeout + the
   longest section + 1 s (calls spanning their own worker's SIGSTOP excused), and shutdowns over their bound.
 - **acquire**: from calling \`using()\` to entering the section, including waits for busy keys.

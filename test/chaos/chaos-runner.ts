@@ -8,10 +8,12 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 import { Redis } from 'ioredis';
-import { startRedis, type RedisServer } from '../support/redis-server.js';
+import { startRedis } from '../support/redis-server.js';
 import type { ChaosEvent, WorkerConfig } from './chaos-protocol.js';
 import { emptyRecord, type Call, type ScenarioRecord, type Section } from './chaos-checker.js';
-import { FaultProxy } from '../support/fault-proxy.js';
+import { MODE_LABELS, startTopology, type ChaosMode, type WorkerLink } from './chaos-topologies.js';
+
+export type { ChaosMode } from './chaos-topologies.js';
 
 export interface ChaosProfile {
   name: string;
@@ -55,25 +57,21 @@ const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout
 const between = (min: number, max: number): number => min + Math.random() * (max - min);
 const workerScript = fileURLToPath(new URL('./chaos-worker.js', import.meta.url));
 
-/** Where the locks live: one Redis, or Redlock across three (faults hit one node: a minority). */
-export type ChaosMode = 'standalone' | 'redlock';
-const LOCK_SERVERS: Record<ChaosMode, number> = { standalone: 1, redlock: 3 };
-
-/** The network faults a scenario can put on one worker's connections (to every lock node). */
-export type WorkerLink = Pick<FaultProxy, 'stall' | 'heal' | 'setLatency' | 'dropAll'>;
-
 /** What a scenario's fault injector can do. */
 export interface FaultContext {
   readonly ttl: number;
-  /** Each worker's link to the lock Redis (its fault proxies), by slot. */
+  /** Each worker's link to the lock servers (its fault proxies), by slot. */
   readonly proxies: readonly WorkerLink[];
   /** Slots whose worker is inside a critical section right now. */
   holders(): number[];
   killWorker(slot: number): Promise<void>;
   pauseWorker(slot: number, ms: number): Promise<void>;
-  /** Freezes the lock Redis (Redlock: one node of three) for `ms`. */
+  /** Freezes the lock Redis (Redlock: one node of three; Cluster, Sentinel: a master) for `ms`. */
   pauseRedis(ms: number): Promise<void>;
-  /** Kills the lock Redis (Redlock: one node of three) and starts it empty after `downMs`. */
+  /**
+   * Kills the lock Redis (Redlock: one node of three) and starts it empty after `downMs`; on
+   * Cluster and Sentinel a master, which is failed over and comes back as a replica.
+   */
   restartRedis(downMs: number): Promise<void>;
   /** True until the fault window closes. */
   active(): boolean;
@@ -216,7 +214,7 @@ export async function runScenario(
   profile: ChaosProfile,
   mode: ChaosMode = 'standalone',
 ): Promise<ScenarioRecord> {
-  const name = mode === 'redlock' ? `Redlock (3 nodes): ${scenario.name}` : scenario.name;
+  const name = MODE_LABELS[mode] ? `${MODE_LABELS[mode]}: ${scenario.name}` : scenario.name;
   const record = emptyRecord(name, scenario.losesState ?? false, profile.runs);
   for (let run = 0; run < profile.runs; run++) await runOnce(scenario, profile, mode, record, run);
   return record;
@@ -229,25 +227,15 @@ async function runOnce(
   record: ScenarioRecord,
   run: number,
 ): Promise<void> {
-  const lockServers: RedisServer[] = await Promise.all(
-    Array.from({ length: LOCK_SERVERS[mode] }, () => startRedis()),
-  );
-  const db = await startRedis();
-  // proxies[slot][node]: a restarted node keeps its port, so the proxies need not follow it.
-  const proxies = await Promise.all(
-    Array.from({ length: profile.workers }, () =>
-      Promise.all(lockServers.map(({ port }) => FaultProxy.start(() => port))),
-    ),
-  );
-  const links = proxies.map((group): WorkerLink => ({
-    stall: () => group.forEach((proxy) => proxy.stall()),
-    heal: () => group.forEach((proxy) => proxy.heal()),
-    setLatency: (ms) => group.forEach((proxy) => proxy.setLatency(ms)),
-    dropAll: () => group.forEach((proxy) => proxy.dropAll()),
-  }));
-  /** The node a Redis fault hits: the only one, or a random one of Redlock's three. */
-  const victim = (): number => Math.floor(Math.random() * lockServers.length);
   const keys = Array.from({ length: profile.keys }, (_, i) => `hot${run}-${i}`);
+  // The sample's lock keys: prefix 'sample:lock:', the purchase key 'sku:<sku>' in a hash tag.
+  const topology = await startTopology(
+    mode,
+    profile.workers,
+    keys.map((key) => `sample:lock:{sku:${key}}`),
+  );
+  const links = topology.links;
+  const db = await startRedis();
   const sections = new Map<string, Section>();
   const workers: Worker[] = [];
   const longWorkMs: [number, number] = [0.5 * profile.ttl, 1.5 * profile.ttl];
@@ -257,7 +245,7 @@ async function runOnce(
   const spawnWorker = (slot: number): Worker => {
     const config: WorkerConfig = {
       slot,
-      proxyPorts: proxies[slot].map((proxy) => proxy.port),
+      lock: topology.workerLock(slot),
       dbPort: db.port,
       keys,
       loops: profile.loops,
@@ -373,18 +361,8 @@ async function runOnce(
       await sleep(ms);
       child.kill('SIGCONT');
     },
-    pauseRedis: async (ms) => {
-      const server = lockServers[victim()];
-      server.signal('SIGSTOP');
-      await sleep(ms);
-      server.signal('SIGCONT');
-    },
-    restartRedis: async (downMs) => {
-      const node = victim();
-      await lockServers[node].kill();
-      await sleep(downMs);
-      lockServers[node] = await lockServers[node].restart();
-    },
+    pauseRedis: (ms) => topology.pauseRedis(ms),
+    restartRedis: (downMs) => topology.restartRedis(downMs),
     active: () => now() < windowEnds,
   };
 
@@ -418,21 +396,9 @@ async function runOnce(
     );
     record.end = now();
 
-    // A lock left behind is one that a majority of the lock servers still hold (the only one,
-    // or 2 of Redlock's 3: a copy on one node whose release failed while it restarted is no lock,
-    // and expires after its TTL).
-    const copies = new Map<string, number>();
-    for (const server of lockServers) {
-      const inspect = new Redis(server.port, '127.0.0.1');
-      for (const key of await inspect.keys('*')) {
-        if (!key.endsWith(':fence')) copies.set(key, (copies.get(key) ?? 0) + 1);
-        if ((await inspect.pttl(key)) === -1) record.keysWithoutTtl++;
-      }
-      inspect.disconnect();
-    }
-    for (const count of copies.values()) {
-      if (count > lockServers.length / 2) record.leftoverLocks++;
-    }
+    const leftovers = await topology.leftovers();
+    record.leftoverLocks += leftovers.locks;
+    record.keysWithoutTtl += leftovers.keysWithoutTtl;
     const resource = new Redis(db.port, '127.0.0.1');
     for (const key of keys) {
       const fences = await resource.lrange(`resource:sku:${key}:accepted`, 0, -1);
@@ -443,8 +409,7 @@ async function runOnce(
   } finally {
     for (const worker of workers) if (worker.child.exitCode === null) worker.child.kill('SIGKILL');
     await Promise.all(workers.map((w) => w.exited));
-    await Promise.all(proxies.flat().map((proxy) => proxy.close()));
-    await Promise.all(lockServers.map((server) => server.stop()));
+    await topology.stop();
     await db.stop();
   }
 }

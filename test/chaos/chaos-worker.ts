@@ -11,7 +11,7 @@
 import 'reflect-metadata';
 import { Injectable, Logger, type INestApplication, type LoggerService } from '@nestjs/common';
 import { Test } from '@nestjs/testing';
-import { Redis } from 'ioredis';
+import { Cluster, Redis } from 'ioredis';
 import {
   getCurrentLock,
   LockService,
@@ -105,25 +105,50 @@ class CountingLogger implements LoggerService {
   }
 }
 
-const urls = config.proxyPorts.map((port) => `redis://127.0.0.1:${port}`);
+/** The sample's lock options (prefix, per-environment timing) on another deployment. */
+const sampleLockOptions = (
+  deployment: Pick<RedisLockModuleOptions, 'client' | 'connection' | 'nodes'>,
+): RedisLockModuleOptions => ({
+  ...deployment,
+  keyPrefix: 'sample:lock:',
+  defaults: { ttl: config.ttl, acquireTimeout: config.acquireTimeout },
+});
+
+const target = config.lock;
+/** Where the sample keeps its own data: the lock Redis when there is one, else the healthy one. */
+const sampleRedisUrl =
+  target.mode === 'standalone'
+    ? target.url
+    : target.mode === 'redlock'
+      ? target.urls[0]
+      : `redis://127.0.0.1:${config.dbPort}`;
+/** A Cluster client is the app's own: the worker closes it after the app. */
+let cluster: Cluster | undefined;
 let builder = Test.createTestingModule({ imports: [AppModule] })
   .overrideProvider(SampleConfig)
   .useValue(
     new SampleConfig({
-      redisUrl: urls[0],
+      redisUrl: sampleRedisUrl,
       reportInterval: 0,
       paymentDelay: 0,
       lockTtl: config.ttl,
       lockWait: config.acquireTimeout,
     }),
   );
-if (urls.length > 1) {
-  // Redlock: the sample's lock options, on `nodes` instead of the app's connection.
-  builder = builder.overrideProvider(REDIS_LOCK_MODULE_OPTIONS).useValue({
-    nodes: urls,
-    keyPrefix: 'sample:lock:',
-    defaults: { ttl: config.ttl, acquireTimeout: config.acquireTimeout },
-  } satisfies RedisLockModuleOptions);
+if (target.mode !== 'standalone') {
+  let deployment: Pick<RedisLockModuleOptions, 'client' | 'connection' | 'nodes'>;
+  if (target.mode === 'redlock') deployment = { nodes: target.urls };
+  else if (target.mode === 'sentinel') {
+    const { sentinels, name, natMap } = target;
+    deployment = { connection: { sentinels, name, natMap } };
+  } else {
+    cluster = new Cluster(target.startupNodes, { natMap: target.natMap });
+    cluster.on('error', () => {}); // ioredis reports each failed slot refresh; the lock reports its own
+    deployment = { client: cluster };
+  }
+  builder = builder
+    .overrideProvider(REDIS_LOCK_MODULE_OPTIONS)
+    .useValue(sampleLockOptions(deployment));
 }
 const module = await builder.overrideProvider(InventoryService).useClass(ChaosInventory).compile();
 const app: INestApplication = module.createNestApplication({ logger: false });
@@ -202,6 +227,7 @@ clearInterval(ticker);
 const closeStart = now();
 await app.close();
 const shutdownMs = now() - closeStart;
+cluster?.disconnect();
 db.disconnect();
 emit({ t: 'summary', unhandled, shutdownMs, pauses: pauses.length, logs: logger.counts });
 process.exitCode = 0;

@@ -1,14 +1,15 @@
 /**
- * `npm run chaos`: every fault scenario with the full profile, on one Redis and in Redlock mode;
- * prints the table and writes the report. Options: --profile short|full, --mode
- * standalone|redlock|all (default all), --only <text in a scenario name>, --report <path>
+ * `npm run chaos`: every fault scenario with the full profile, on one Redis, in Redlock mode, on a
+ * Cluster and through Sentinel; prints the table and writes the report. Options: --profile
+ * short|full, --mode standalone|redlock|cluster|sentinel|all (default all), --only <text in a scenario name>, --report <path>
  * (default test/chaos/REPORT.md; `-` for none). Exits 1 when any scenario has a violation.
  */
-import { writeFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
+import { writeMarkdown } from '../support/markdown.js';
 import { check, type ScenarioFigures } from './chaos-checker.js';
 import { renderReport, renderTable, violations } from './chaos-report.js';
-import { PROFILES, runScenario, SCENARIOS, type ChaosMode } from './chaos-runner.js';
+import { PROFILES, runScenario, SCENARIOS } from './chaos-runner.js';
+import { CHAOS_MODES, type ChaosMode } from './chaos-topologies.js';
 
 const { values } = parseArgs({
   options: {
@@ -24,10 +25,10 @@ const scenarios = SCENARIOS.filter(
   (s) => values.only === undefined || s.name.includes(values.only),
 );
 
-const modes: ChaosMode[] =
-  values.mode === 'all' ? ['standalone', 'redlock'] : [values.mode as ChaosMode];
-if (!modes.every((mode) => mode === 'standalone' || mode === 'redlock')) {
-  throw new Error(`unknown mode ${values.mode}; use standalone, redlock or all`);
+const modes: readonly ChaosMode[] =
+  values.mode === 'all' ? CHAOS_MODES : [values.mode as ChaosMode];
+if (!modes.every((mode) => CHAOS_MODES.includes(mode))) {
+  throw new Error(`unknown mode ${values.mode}; use ${CHAOS_MODES.join(', ')} or all`);
 }
 
 const started = performance.now();
@@ -44,7 +45,7 @@ for (const mode of modes) {
 }
 console.log(`\n${renderTable(results)}\n`);
 if (values.report !== '-') {
-  writeFileSync(
+  await writeMarkdown(
     values.report,
     renderReport(profile, results, (performance.now() - started) / 1000),
   );

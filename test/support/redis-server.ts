@@ -60,11 +60,15 @@ function redisPlan(extraArgs: readonly string[]): LaunchPlan {
   ];
 }
 
-/** Starts a Sentinel that monitors `master` under the name `masterName`. */
+/**
+ * Starts a Sentinel that monitors `master` under the name `masterName`; it takes the master for
+ * down after `downAfterMs` without an answer.
+ */
 export function startSentinel(
   master: RedisServer,
   masterName = 'mymaster',
   quorum = 1,
+  downAfterMs = 1_000,
 ): Promise<RedisServer> {
   return onFreePort((port, dir) => {
     // Sentinel insists on a config file it can rewrite.
@@ -78,7 +82,7 @@ export function startSentinel(
         `dir ${dir}`,
         'logfile ""',
         `sentinel monitor ${masterName} ${master.host} ${master.port} ${quorum}`,
-        `sentinel down-after-milliseconds ${masterName} 1000`,
+        `sentinel down-after-milliseconds ${masterName} ${downAfterMs}`,
         `sentinel failover-timeout ${masterName} 5000`,
         '',
       ].join('\n'),
@@ -100,7 +104,10 @@ export interface SentinelGroup {
   stop(): Promise<void>;
 }
 
-export async function startSentinelGroup(name = 'mymaster'): Promise<SentinelGroup> {
+export async function startSentinelGroup(
+  name = 'mymaster',
+  downAfterMs = 1_000,
+): Promise<SentinelGroup> {
   const master = await startRedis();
   const replica = await startRedis(['--replicaof', master.host, String(master.port)]);
   const servers = [master, replica];
@@ -115,7 +122,9 @@ export async function startSentinelGroup(name = 'mymaster'): Promise<SentinelGro
         ),
       'the replica never synced with its master',
     );
-    const sentinels = await Promise.all([0, 1, 2].map(() => startSentinel(master, name, 2)));
+    const sentinels = await Promise.all(
+      [0, 1, 2].map(() => startSentinel(master, name, 2, downAfterMs)),
+    );
     servers.push(...sentinels);
     // Sentinels find each other through the master's hello channel (every 2 s).
     for (const sentinel of sentinels) {
@@ -164,7 +173,7 @@ export async function startSentinelGroup(name = 'mymaster'): Promise<SentinelGro
 }
 
 /** Polls `condition` every 20 ms for up to 30 s; throws `problem` if it never holds. */
-async function until(condition: () => Promise<boolean>, problem: string): Promise<void> {
+export async function until(condition: () => Promise<boolean>, problem: string): Promise<void> {
   for (let tries = 0; !(await condition().catch(() => false)); tries++) {
     if (tries > 1_500) throw new Error(problem);
     await new Promise((resolve) => setTimeout(resolve, 20));
@@ -181,14 +190,25 @@ export interface RedisClusterFixture {
   ownerOf(slot: number): Promise<RedisServer>;
   /** The slot ranges each master serves right now. */
   slotTable(): Promise<Map<RedisServer, [number, number][]>>;
+  /**
+   * Starts a killed node again on its port, empty (its nodes.conf is gone, so it is a new node
+   * id), and adds it as a replica of `master`; every node forgets its old id. It takes the dead
+   * node's place in `nodes`.
+   */
+  restartAsReplica(dead: RedisServer, master: RedisServer): Promise<RedisServer>;
   stop(): Promise<void>;
 }
 
 /**
  * Starts `masters` masters and `replicas` replicas of each (`redis-cli --cluster create`), and
- * waits until every node reports `cluster_state:ok` and every replica is in sync.
+ * waits until every node reports `cluster_state:ok` and every replica is in sync. A master that
+ * does not answer for `nodeTimeoutMs` is failed over to its replica.
  */
-export async function startCluster(masters = 3, replicas = 0): Promise<RedisClusterFixture> {
+export async function startCluster(
+  masters = 3,
+  replicas = 0,
+  nodeTimeoutMs = 2_000,
+): Promise<RedisClusterFixture> {
   const nodes = await Promise.all(
     Array.from({ length: masters * (1 + replicas) }, () =>
       startRedis([
@@ -197,7 +217,7 @@ export async function startCluster(masters = 3, replicas = 0): Promise<RedisClus
         '--cluster-config-file',
         'nodes.conf',
         '--cluster-node-timeout',
-        '2000',
+        String(nodeTimeoutMs),
       ]),
     ),
   );
@@ -264,7 +284,40 @@ export async function startCluster(masters = 3, replicas = 0): Promise<RedisClus
     }
     throw new Error(`no owner found for slot ${slot}`);
   };
-  return { nodes, cli, ownerOf, slotTable, stop };
+  const idOf = async (node: RedisServer): Promise<string> =>
+    (await cli(node, 'cluster', 'myid')).trim();
+  const restartAsReplica = async (dead: RedisServer, master: RedisServer): Promise<RedisServer> => {
+    const oldId = (await cli(master, 'cluster', 'nodes'))
+      .split('\n')
+      .find((line) => line.split(' ')[1]?.startsWith(`${dead.host}:${dead.port}@`))
+      ?.split(' ')[0];
+    const fresh = await dead.restart();
+    nodes[nodes.indexOf(dead)] = fresh;
+    // Every node must forget the old id within a minute, or gossip brings it back.
+    if (oldId) {
+      await Promise.all(
+        nodes
+          .filter((node) => node !== fresh)
+          .map((node) => cli(node, 'cluster', 'forget', oldId).catch(() => '')),
+      );
+    }
+    const masterId = await idOf(master);
+    await cli(fresh, 'cluster', 'meet', master.host, String(master.port));
+    await until(
+      async () => (await cli(fresh, 'cluster', 'nodes')).includes(masterId),
+      `restarted node ${fresh.port} never met the cluster`,
+    );
+    await until(
+      async () => (await cli(fresh, 'cluster', 'replicate', masterId)).startsWith('OK'),
+      `restarted node ${fresh.port} never became a replica`,
+    );
+    await until(
+      async () => (await cli(fresh, 'info', 'replication')).includes('master_link_status:up'),
+      `restarted node ${fresh.port} never synced`,
+    );
+    return fresh;
+  };
+  return { nodes, cli, ownerOf, slotTable, restartAsReplica, stop };
 }
 
 /**
