@@ -89,6 +89,20 @@ const oursObserved: Contender = {
   },
 };
 
+/** Ours with `fair: true`: waiters get the hot key in arrival order across processes. */
+const oursFair: Contender = {
+  name: 'nestjs-redis-lock (fair)',
+  workloads: ['hot'],
+  create(client) {
+    const locks = new LockService({ client, keyPrefix: 'nrl:' });
+    return {
+      acquire: (key, ttl, waitMs) =>
+        locks.acquire(key, { ttl, acquireTimeout: waitMs, fair: true }),
+      close: () => locks.onApplicationShutdown(),
+    };
+  },
+};
+
 const redisSemaphore: Contender = {
   name: 'redis-semaphore',
   create(client) {
@@ -180,6 +194,7 @@ export const CONTENDERS: Contender[] = [
   minimum,
   ours,
   oursObserved,
+  oursFair,
   redisSemaphore,
   sesame('defaults'),
   sesame('10 ms'),

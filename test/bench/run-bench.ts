@@ -10,6 +10,7 @@
 import autocannon from 'autocannon';
 import { spawn } from 'node:child_process';
 import { writeFileSync } from 'node:fs';
+import { writeMarkdown } from '../support/markdown.js';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
@@ -154,16 +155,18 @@ try {
 const report = render((performance.now() - started) / 1_000);
 console.log(`\n${report}`);
 if (values.report !== '-') {
-  writeFileSync(values.report, report);
+  await writeMarkdown(values.report, report);
   const hot = plans.find((p) => p.id === 'hot-5');
   if (hot) {
     const chart = renderChart(
-      contenders.map((c) => ({
-        name: c.name,
-        handoffP50: summarize(hot, c.name, 'handoffP50').median,
-        handoffP99: summarize(hot, c.name, 'handoffP99').median,
-        commandsPerSection: summarize(hot, c.name, 'commandsPerSection').median,
-      })),
+      contenders
+        .filter((c) => runs(hot, c))
+        .map((c) => ({
+          name: c.name,
+          handoffP50: summarize(hot, c.name, 'handoffP50').median,
+          handoffP99: summarize(hot, c.name, 'handoffP99').median,
+          commandsPerSection: summarize(hot, c.name, 'commandsPerSection').median,
+        })),
       `npm run bench, ${new Date().toISOString().slice(0, 10)}: medians of ${rounds} rounds, redis-server 7 on loopback, 2 cores`,
     );
     writeFileSync(join(dirname(values.report), 'chart.svg'), chart);
@@ -393,7 +396,7 @@ function render(seconds: number): string {
       if (!runs(plan, c)) {
         const why = c.retryVariant
           ? 'same code as its defaults when nobody waits: not run'
-          : 'a variant run only in workloads 1 and 2';
+          : `a variant run only in the ${c.workloads!.join(' and ')} workload(s)`;
         return [c.name, why];
       }
       const cell = (field: string, withRatio = false): string => {
