@@ -45,6 +45,7 @@ import { DEADLINE, within } from '../utils/within.js';
 import { logOutages } from './connection-log.js';
 import { closeQuietly, ReleaseNotifier, type Heir } from './release.notifier.js';
 import { WriteBatcher } from './write-batcher.js';
+import { lockScripts, type ScriptDefinition } from './lock-scripts.runner.js';
 
 type ReleaseCommand = (
   lockKey: string,
@@ -113,7 +114,7 @@ const FAIR_RELEASE_SCRIPTS = [
 ] as const;
 type FairReleaseCommand = (...args: LockScriptArgs) => Promise<number>;
 
-/** The script commands this backend defines on its client (EVALSHA with EVAL fallback). */
+/** The lock scripts (see `lockScripts`: EVALSHA, EVAL if the server does not have it). */
 interface LockCommands {
   /** ARGV: token, ttl, fence retention (and, for a semaphore, the limit). */
   redisLockAcquire(...args: LockScriptArgs): Promise<number>;
@@ -207,30 +208,22 @@ export class RedisLockBackend implements LockBackend {
     } = options);
     const { retryInterval = 1_000, retryJitter = 50 } = options.defaults ?? {};
     this.queueStay = 2 * (retryInterval + retryJitter + this.commandTimeout);
-    const twoKeys: [string, string][] = [
-      ...ACQUIRE_COMMANDS.map((name, i): [string, string] => [
-        name,
-        [ACQUIRE_SCRIPT, ACQUIRE_SEMAPHORE_SCRIPT, ACQUIRE_READ_SCRIPT][i],
-      ]),
-      ...EXTEND_COMMANDS.map((name, i): [string, string] => [
-        name,
-        [EXTEND_SCRIPT, EXTEND_SEMAPHORE_SCRIPT, EXTEND_READ_SCRIPT][i],
-      ]),
-      ...RELEASE_COMMANDS.flat(2).map((name, i): [string, string] => [
-        name,
-        RELEASE_SCRIPTS.flat(2)[i],
-      ]),
-    ];
-    for (const [name, lua] of twoKeys) client.defineCommand(name, { numberOfKeys: 2, lua });
-    client.defineCommand('redisLockAcquireFair', { numberOfKeys: 4, lua: ACQUIRE_FAIR_SCRIPT });
-    client.defineCommand('redisLockAcquireAll', { lua: ACQUIRE_ALL_SCRIPT });
+    const scripts: Record<string, ScriptDefinition> = {
+      redisLockAcquireFair: { numberOfKeys: 4, lua: ACQUIRE_FAIR_SCRIPT },
+      redisLockAcquireAll: { lua: ACQUIRE_ALL_SCRIPT },
+      redisLockIsHeld: { numberOfKeys: 1, lua: IS_HELD_SCRIPT },
+      redisLockHandoff: { numberOfKeys: 2, lua: HANDOFF_SCRIPT },
+      redisLockRaiseFence: { numberOfKeys: 2, lua: RAISE_FENCE_SCRIPT },
+    };
+    const twoKeys = (names: readonly string[], luas: readonly string[]): void =>
+      names.forEach((name, i) => (scripts[name] = { numberOfKeys: 2, lua: luas[i] }));
+    twoKeys(ACQUIRE_COMMANDS, [ACQUIRE_SCRIPT, ACQUIRE_SEMAPHORE_SCRIPT, ACQUIRE_READ_SCRIPT]);
+    twoKeys(EXTEND_COMMANDS, [EXTEND_SCRIPT, EXTEND_SEMAPHORE_SCRIPT, EXTEND_READ_SCRIPT]);
+    twoKeys(RELEASE_COMMANDS.flat(2), RELEASE_SCRIPTS.flat(2));
     FAIR_RELEASE_COMMANDS.flat().forEach((name, i) => {
-      client.defineCommand(name, { numberOfKeys: 4, lua: FAIR_RELEASE_SCRIPTS.flat()[i] });
+      scripts[name] = { numberOfKeys: 4, lua: FAIR_RELEASE_SCRIPTS.flat()[i] };
     });
-    client.defineCommand('redisLockIsHeld', { numberOfKeys: 1, lua: IS_HELD_SCRIPT });
-    client.defineCommand('redisLockHandoff', { numberOfKeys: 2, lua: HANDOFF_SCRIPT });
-    client.defineCommand('redisLockRaiseFence', { numberOfKeys: 2, lua: RAISE_FENCE_SCRIPT });
-    this.commands = client as unknown as LockCommands;
+    this.commands = lockScripts(client, scripts) as unknown as LockCommands;
     this.batcher = WriteBatcher.for(client);
     this.isCluster = (client as { isCluster?: boolean }).isCluster === true;
     this.notifier = new ReleaseNotifier(

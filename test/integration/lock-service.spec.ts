@@ -49,6 +49,20 @@ describe('LockService on a single Redis', () => {
       assert.equal(await locks.isLocked(key), false);
     });
 
+    it('loads its scripts again when the server lost them (SCRIPT FLUSH): every operation still works', async () => {
+      const key = uniqueKey();
+      const first = await locks.acquire(key, { ttl: 5_000 });
+      await redis.script('FLUSH');
+      await first.extend(6_000);
+      assert.equal(await first.release(), true);
+      await redis.script('FLUSH');
+      const second = await locks.acquire(key, { ttl: 5_000 });
+      assert.ok(second.fence > first.fence);
+      await redis.script('FLUSH');
+      assert.equal(await second.release(), true);
+      assert.equal(await redis.exists(`lock:{${key}}`), 0);
+    });
+
     it('gives every acquisition a fresh token', async () => {
       const key = uniqueKey();
       const tokens = new Set<string>();

@@ -4,6 +4,7 @@
  * whose keys span slots, and sharded pub/sub needs the channel in the keys' slot.
  */
 import assert from 'node:assert/strict';
+import { createHash } from 'node:crypto';
 import { describe, it } from 'node:test';
 import { Logger } from '@nestjs/common';
 import fc from 'fast-check';
@@ -28,24 +29,29 @@ interface Call {
   channel: string | undefined;
 }
 
-/** A stand-in client that records the scripts the backend defines and the calls it makes. */
+/**
+ * A stand-in client that records the scripts the backend defines and the calls it makes (each an
+ * `EVALSHA <sha> <key count> <keys...> <args...>` through `sendCommand`).
+ */
 function recordingClient(calls: Call[]): Redis {
-  const numberOfKeys = new Map<string, number>();
+  const names = new Map<string, string>();
   const client: Record<string, unknown> = {
     // A Cluster of Redis 7 whose ioredis routes sharded subscriptions: releases use SPUBLISH.
     isCluster: true,
+    options: {},
     info: () => Promise.resolve('redis_version:7.0.15\r\n'),
     duplicate: () => ({ shardedSubscribers: {}, disconnect: () => undefined }),
-    defineCommand(name: string, { numberOfKeys: count }: { numberOfKeys: number }) {
-      numberOfKeys.set(name, count);
-      client[name] = (...args: unknown[]) => {
-        const keys = args.slice(0, count).map(String);
-        const argv = args.slice(count).map(String);
-        // The release scripts publish on their channel: the argument that ends in ':released'.
-        const channel = argv.find((arg) => arg.endsWith(':released'));
-        calls.push({ command: name, keys, channel });
-        return Promise.resolve(1);
-      };
+    defineCommand(name: string, { lua }: { lua: string }) {
+      names.set(createHash('sha1').update(lua).digest('hex'), name);
+    },
+    sendCommand({ name, args }: { name: string; args: unknown[] }) {
+      assert.equal(name, 'evalsha');
+      const [sha, count, ...rest] = args.map(String);
+      const keys = rest.slice(0, Number(count));
+      // The release scripts publish on their channel: the argument that ends in ':released'.
+      const channel = rest.slice(Number(count)).find((arg) => arg.endsWith(':released'));
+      calls.push({ command: names.get(sha)!, keys, channel });
+      return Promise.resolve(1);
     },
     exists: (key: string) => (
       calls.push({ command: 'exists', keys: [key], channel: undefined }),
