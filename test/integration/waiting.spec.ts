@@ -18,6 +18,7 @@ import {
 import { monitorRedis, scriptCalls } from '../support/redis-monitor.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
 import { ACQUIRE_SCRIPT, HANDOFF_SCRIPT, RELEASE_SCRIPT } from '../../lib/redis/lock.scripts.js';
+import { TURN_MS } from '../../lib/redis/release.notifier.js';
 import { FaultProxy } from '../support/fault-proxy.js';
 
 describe('waiting for a held lock', () => {
@@ -194,11 +195,12 @@ describe('waiting for a held lock', () => {
     }
   });
 
-  it('after four handoffs in a row a release frees the lock, so waiters in other processes get a turn', async () => {
+  it('hands over within a turn of TURN_MS; the first release after it frees the lock, so waiters in other processes get a turn', async () => {
     const key = uniqueKey();
     const held = await waiter.acquire(key, { ttl: 30_000 });
+    // Each section outlasts a turn: every other release ends one.
     const local = Array.from({ length: 6 }, () =>
-      waiter.using(key, () => sleep(5), { acquireTimeout: 10_000 }),
+      waiter.using(key, () => sleep(TURN_MS + 5), { acquireTimeout: 10_000 }),
     );
     await sleep(100);
     const monitor = await monitorRedis(server.port);
@@ -213,21 +215,22 @@ describe('waiting for a held lock', () => {
       const kinds = scripts.map((s) =>
         s === sha(HANDOFF_SCRIPT) ? 'H' : s === sha(RELEASE_SCRIPT) ? 'R' : 'A',
       );
-      // Six sections after the first: four handed over, then a release that publishes and an
-      // attempt by the woken waiter, then handoffs again, then the last release.
-      assert.deepEqual(kinds.join(''), 'HHHHRAHR');
+      // Six sections after the first: a handoff starts a turn; the next release, past the turn,
+      // frees the lock and publishes it, and the woken waiter attempts; its release starts a new
+      // turn with a handoff; and so on, then the last release.
+      assert.deepEqual(kinds.join(''), 'HRAHRAHRAR');
     } finally {
       monitor.stop();
     }
   });
 
-  it('after four handoffs the releasing process holds back, and a waiter in another process takes its turn', async () => {
+  it('at the end of its turn the releasing process holds back, and a waiter in another process takes its turn', async () => {
     const key = uniqueKey();
     const held = await waiter.acquire(key, { ttl: 30_000 });
     const order: string[] = [];
     const section = (name: string) => async (): Promise<void> => {
       order.push(name);
-      await sleep(2);
+      await sleep(TURN_MS + 5);
     };
     const local = Array.from({ length: 6 }, (_, i) =>
       waiter.using(key, section(`local${i}`), { acquireTimeout: 10_000 }),
@@ -236,8 +239,9 @@ describe('waiting for a held lock', () => {
     await sleep(150); // all queued: six in this process, one in the other
     await held.release();
     await Promise.all([...local, remote]);
-    // Four handed over in this process, then the lock is freed and this process yields it.
-    assert.deepEqual(order.slice(0, 5), ['local0', 'local1', 'local2', 'local3', 'remote']);
+    // Handed over in this process (a turn begins); the release after the turn frees the lock and
+    // this process yields it.
+    assert.deepEqual(order.slice(0, 2), ['local0', 'remote']);
     assert.equal(order.length, 7);
   });
 
