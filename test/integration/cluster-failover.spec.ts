@@ -87,16 +87,24 @@ describe('on Redis Cluster with replicas (3 masters, 1 replica each), resharded 
     }
   }
 
-  /** Tries a fresh key on the slots of `master` every 20 ms until locked; ms since `since`. */
+  /**
+   * Tries a fresh key on the slots of `master` every 20 ms until locked; ms since `since`. Fails
+   * after 20 s (a test never waits without a bound).
+   */
   async function lockingResumed(key: () => string, since: number): Promise<number> {
-    for (;;) {
-      const lock = await app.locks.tryAcquire(key()).catch(() => null);
+    let lastError: unknown = 'the key was taken';
+    while (performance.now() - since < 20_000) {
+      const lock = await app.locks.tryAcquire(key()).catch((error: unknown) => {
+        lastError = error;
+        return null;
+      });
       if (lock) {
         await lock.release();
         return performance.now() - since;
       }
       await sleep(20);
     }
+    assert.fail(`locking did not resume within 20 s; last attempt: ${String(lastError)}`);
   }
 
   it('spreads keys over every master', async () => {
