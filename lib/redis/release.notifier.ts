@@ -29,8 +29,9 @@ const NOT_SHARDED = Promise.resolve(false);
  * workers forever. A bound in time, not in handoffs: a switch between processes costs a message and
  * a wake-up (~0.3–1 ms on loopback, against ~0.1 ms for a handoff), so short sections get long
  * turns of many handoffs, and long sections (≥ TURN_MS) alternate between processes at every
- * release. Measured (`npm run bench`, hot key, 1 ms sections): turns of 4 handoffs gave 0.93× the
- * hand-written minimum's throughput; turns of 25 ms, 0.98×.
+ * release. Measured side by side (`npm run bench`, hot key, 1 ms sections, 2 rounds each): turns of
+ * 4 handoffs gave 0.91–0.95× the hand-written minimum's throughput, 19 handoffs (~25 ms)
+ * 0.98–0.99×, turns of 25 ms 0.92–1.01×.
  */
 export const TURN_MS = 25;
 
