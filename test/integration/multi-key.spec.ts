@@ -1,6 +1,5 @@
 import assert from 'node:assert/strict';
-import { after, before, describe, it } from 'node:test';
-import { Redis } from 'ioredis';
+import { describe, it } from 'node:test';
 import {
   getCurrentLock,
   LockAcquireTimeoutError,
@@ -8,51 +7,26 @@ import {
   LockLostError,
   type Lock,
   type LockEvent,
-  type LockService,
 } from '../../lib/index.js';
-import {
-  sleep,
-  startLockModule,
-  uniqueKey,
-  type LockModuleFixture,
-} from '../support/lock-module.js';
+import { sleep, twoAppsOnOneRedis, uniqueKey } from '../support/lock-module.js';
 import { monitorRedis, scriptCalls } from '../support/redis-monitor.js';
-import { startRedis, type RedisServer } from '../support/redis-server.js';
 import { ACQUIRE_ALL_SCRIPT, ACQUIRE_SCRIPT } from '../../lib/redis/lock.scripts.js';
 
 describe('several keys at once (acquire([a, b]))', () => {
-  let server: RedisServer;
-  let app: LockModuleFixture;
-  let other: LockModuleFixture;
-  let locks: LockService;
-  let redis: Redis;
-
-  before(async () => {
-    server = await startRedis();
-    app = await startLockModule({ connection: server.url });
-    other = await startLockModule({ connection: server.url });
-    locks = app.locks;
-    redis = new Redis(server.port, '127.0.0.1');
-  });
-  after(async () => {
-    await app?.close();
-    await other?.close();
-    redis?.disconnect();
-    await server?.stop();
-  });
+  const env = twoAppsOnOneRedis();
 
   /** Two fresh keys, sorted as the lock sorts them. */
   const pair = (): [string, string] => {
     const keys = [uniqueKey('acct'), uniqueKey('acct')].sort();
     return [keys[0], keys[1]];
   };
-  const stored = (key: string): Promise<string | null> => redis.get(`lock:{${key}}`);
+  const stored = (key: string): Promise<string | null> => env.redis.get(`lock:{${key}}`);
 
   it('locks every key with one token, lists them in lock order, and gives each its own fence', async () => {
     const [a, b] = pair();
-    const earlier = await locks.acquire(b);
+    const earlier = await env.locks.acquire(b);
     await earlier.release();
-    const lock = await locks.acquire([b, a], { ttl: 5_000 });
+    const lock = await env.locks.acquire([b, a], { ttl: 5_000 });
     assert.deepEqual(lock.keys, [a, b]);
     assert.equal(lock.key, a);
     assert.equal(await stored(a), lock.token);
@@ -60,22 +34,22 @@ describe('several keys at once (acquire([a, b]))', () => {
     assert.equal(lock.fence, lock.fences[a]);
     assert.ok(lock.fences[b] > earlier.fence, 'each key’s fence grows on its own');
     assert.ok(lock.expiresAt <= performance.now() + 5_000);
-    assert.equal(await locks.isLocked(a), true);
-    assert.equal(await locks.isLocked(b), true);
+    assert.equal(await env.locks.isLocked(a), true);
+    assert.equal(await env.locks.isLocked(b), true);
 
     await lock.extend(8_000);
-    assert.ok((await redis.pttl(`lock:{${b}}`)) > 6_000);
+    assert.ok((await env.redis.pttl(`lock:{${b}}`)) > 6_000);
     assert.equal(await lock.release(), true);
-    assert.equal(await locks.isLocked(a), false);
-    assert.equal(await locks.isLocked(b), false);
+    assert.equal(await env.locks.isLocked(a), false);
+    assert.equal(await env.locks.isLocked(b), false);
     assert.equal(await lock.release(), false);
   });
 
   it('takes free keys in one script, one round trip; when one is taken, goes key by key in order', async () => {
     const [a, b] = pair();
-    const monitor = await monitorRedis(server.port);
+    const monitor = await monitorRedis(env.server.port);
     try {
-      const lock = await locks.acquire([b, a]);
+      const lock = await env.locks.acquire([b, a]);
       await sleep(100); // MONITOR reports what ran, a moment later
       assert.equal(scriptCalls(monitor.commands, ACQUIRE_ALL_SCRIPT, `lock:{${a}}`), 1);
       for (const key of [a, b]) {
@@ -85,10 +59,10 @@ describe('several keys at once (acquire([a, b]))', () => {
       assert.ok(lock.fences[a] > 0 && lock.fences[b] > 0);
       await lock.release();
 
-      const holder = await other.locks.acquire(b);
-      const waiting = locks.acquire([a, b], { acquireTimeout: 3_000 });
+      const holder = await env.other.locks.acquire(b);
+      const waiting = env.locks.acquire([a, b], { acquireTimeout: 3_000 });
       await sleep(100);
-      assert.equal(await locks.isLocked(a), true, 'a is held while b is awaited');
+      assert.equal(await env.locks.isLocked(a), true, 'a is held while b is awaited');
       assert.equal(scriptCalls(monitor.commands, ACQUIRE_ALL_SCRIPT, `lock:{${a}}`), 2);
       await holder.release();
       const both = await waiting;
@@ -101,22 +75,22 @@ describe('several keys at once (acquire([a, b]))', () => {
 
   it('takes none when one key stays taken: the keys taken before it are released (acquire and tryAcquire)', async () => {
     const [a, b] = pair();
-    const holder = await other.locks.acquire(b, { ttl: 10_000 });
+    const holder = await env.other.locks.acquire(b, { ttl: 10_000 });
     const started = performance.now();
-    const error = await locks.acquire([a, b], { acquireTimeout: 300 }).catch((e: unknown) => e);
+    const error = await env.locks.acquire([a, b], { acquireTimeout: 300 }).catch((e: unknown) => e);
     assert.ok(error instanceof LockAcquireTimeoutError, String(error));
     assert.equal(error.key, b);
     assert.equal(error.acquireTimeout, 300);
     assert.ok(error.waitedMs >= 290 && performance.now() - started < 1_000);
-    assert.equal(await locks.isLocked(a), false, 'the first key was given back');
+    assert.equal(await env.locks.isLocked(a), false, 'the first key was given back');
 
-    assert.equal(await locks.tryAcquire([a, b]), null);
-    assert.equal(await locks.isLocked(a), false);
+    assert.equal(await env.locks.tryAcquire([a, b]), null);
+    assert.equal(await env.locks.isLocked(a), false);
     // The other order names the same keys: the same answer.
-    assert.equal(await locks.tryAcquire([b, a]), null);
-    assert.equal(await locks.isLocked(a), false);
+    assert.equal(await env.locks.tryAcquire([b, a]), null);
+    assert.equal(await env.locks.isLocked(a), false);
     await holder.release();
-    const lock = (await locks.tryAcquire([b, a]))!;
+    const lock = (await env.locks.tryAcquire([b, a]))!;
     assert.deepEqual(lock.keys, [a, b]);
     await lock.release();
   });
@@ -124,10 +98,10 @@ describe('several keys at once (acquire([a, b]))', () => {
   it('never deadlocks against a caller naming the same keys in the other order (control: taking them in the order given does)', async () => {
     const [a, b] = pair();
     // Control: each side takes its first key, then waits for the other's.
-    const first = await Promise.all([locks.acquire(a), other.locks.acquire(b)]);
+    const first = await Promise.all([env.locks.acquire(a), env.other.locks.acquire(b)]);
     const crossed = await Promise.allSettled([
-      locks.acquire(b, { acquireTimeout: 300 }),
-      other.locks.acquire(a, { acquireTimeout: 300 }),
+      env.locks.acquire(b, { acquireTimeout: 300 }),
+      env.other.locks.acquire(a, { acquireTimeout: 300 }),
     ]);
     assert.ok(crossed.every((result) => result.status === 'rejected'));
     await Promise.all(first.map((lock) => lock.release()));
@@ -144,8 +118,8 @@ describe('several keys at once (acquire([a, b]))', () => {
     await Promise.all(
       Array.from({ length: 20 }, (_, i) =>
         i % 2 === 0
-          ? locks.using([a, b], work, { acquireTimeout: 10_000 })
-          : other.locks.using([b, a], work, { acquireTimeout: 10_000 }),
+          ? env.locks.using([a, b], work, { acquireTimeout: 10_000 })
+          : env.other.locks.using([b, a], work, { acquireTimeout: 10_000 }),
       ),
     );
     assert.equal(overlaps, 0);
@@ -154,21 +128,21 @@ describe('several keys at once (acquire([a, b]))', () => {
 
   it('bounds the wait for a later key by the lease of the keys already held (without auto-extension)', async () => {
     const [a, b] = pair();
-    const holder = await other.locks.acquire(b, { ttl: 5_000 });
+    const holder = await env.other.locks.acquire(b, { ttl: 5_000 });
     const started = performance.now();
-    const error = await locks
+    const error = await env.locks
       .acquire([a, b], { ttl: 400, acquireTimeout: 3_000 })
       .catch((e: unknown) => e);
     const waited = performance.now() - started;
     assert.ok(error instanceof LockAcquireTimeoutError, String(error));
     assert.ok(waited < 1_000, `waited ${waited.toFixed(0)} ms past the first key's lease`);
-    assert.equal(await locks.isLocked(a), false);
+    assert.equal(await env.locks.isLocked(a), false);
     await holder.release();
   });
 
   it('using(): auto-extends every key, exposes the lock and each key’s own through getCurrentLock, and nests without deadlock', async () => {
     const [a, b] = pair();
-    const result = await locks.using(
+    const result = await env.locks.using(
       [b, a],
       async (lock) => {
         assert.equal(getCurrentLock(), lock);
@@ -179,37 +153,37 @@ describe('several keys at once (acquire([a, b]))', () => {
         assert.equal(await stored(a), lock.token);
         assert.equal(await stored(b), lock.token);
         // Re-entry: one key, and both, in the same call chain.
-        const inner = await locks.using(b, (nested) => nested.fence, { acquireTimeout: 0 });
+        const inner = await env.locks.using(b, (nested) => nested.fence, { acquireTimeout: 0 });
         assert.equal(inner, lock.fences[b]);
-        await locks.using([a, b], () => undefined, { acquireTimeout: 0 });
+        await env.locks.using([a, b], () => undefined, { acquireTimeout: 0 });
         assert.equal(await stored(b), lock.token, 're-entry does not release');
         return 'done';
       },
       { ttl: 300 },
     );
     assert.equal(result, 'done');
-    assert.equal(await locks.isLocked(a), false);
-    assert.equal(await locks.isLocked(b), false);
+    assert.equal(await env.locks.isLocked(a), false);
+    assert.equal(await env.locks.isLocked(b), false);
   });
 
   it('aborts the signal when any key is lost; extend() throws, release() frees the rest and says false', async () => {
     const [a, b] = pair();
-    const lock = await locks.acquire([a, b], { ttl: 10_000 });
+    const lock = await env.locks.acquire([a, b], { ttl: 10_000 });
     const signal = lock.signal;
-    await redis.del(`lock:{${b}}`); // lost, as an eviction or a failover would lose it
+    await env.redis.del(`lock:{${b}}`); // lost, as an eviction or a failover would lose it
     const error = await lock.extend().catch((e: unknown) => e);
     assert.ok(error instanceof LockLostError, String(error));
     assert.equal(signal.aborted, true);
     assert.ok(signal.reason instanceof LockLostError);
     assert.equal(signal.reason.key, b);
     assert.equal(await lock.release(), false);
-    assert.equal(await locks.isLocked(a), false);
+    assert.equal(await env.locks.isLocked(a), false);
   });
 
   it('wakes a waiter on one of the keys when the set is released', async () => {
     const [a, b] = pair();
-    const lock = await locks.acquire([a, b], { ttl: 10_000 });
-    const waiting = other.locks.acquire(b, { acquireTimeout: 5_000 });
+    const lock = await env.locks.acquire([a, b], { ttl: 10_000 });
+    const waiting = env.other.locks.acquire(b, { acquireTimeout: 5_000 });
     await sleep(100);
     const releasedAt = performance.now();
     await lock.release();
@@ -221,19 +195,19 @@ describe('several keys at once (acquire([a, b]))', () => {
 
   it('LockService.release() and extend() take it; another app’s service refuses it', async () => {
     const [a, b] = pair();
-    const lock = await locks.acquire([a, b]);
-    await assert.rejects(other.locks.release(lock), LockArgumentError);
-    await locks.extend(lock, 6_000);
-    assert.ok((await redis.pttl(`lock:{${a}}`)) > 5_000);
-    assert.equal(await locks.release(lock), true);
+    const lock = await env.locks.acquire([a, b]);
+    await assert.rejects(env.other.locks.release(lock), LockArgumentError);
+    await env.locks.extend(lock, 6_000);
+    assert.ok((await env.redis.pttl(`lock:{${a}}`)) > 5_000);
+    assert.equal(await env.locks.release(lock), true);
   });
 
   it('reports events per key', async () => {
     const [a, b] = pair();
     const seen: LockEvent[] = [];
-    const subscription = locks.events.subscribe((event) => seen.push(event));
+    const subscription = env.locks.events.subscribe((event) => seen.push(event));
     try {
-      const lock = await locks.acquire([a, b]);
+      const lock = await env.locks.acquire([a, b]);
       await lock.release();
     } finally {
       subscription.unsubscribe();
@@ -247,28 +221,28 @@ describe('several keys at once (acquire([a, b]))', () => {
   it('combines with the other shapes, each key taking it: read locks, semaphores, fair locks', async () => {
     const [a, b] = pair();
     const readers = await Promise.all(
-      [locks, other.locks].map((service) => service.acquire([a, b], { mode: 'read' })),
+      [env.locks, env.other.locks].map((service) => service.acquire([a, b], { mode: 'read' })),
     );
-    assert.equal(await locks.tryAcquire(b), null, 'a writer waits for the readers of b');
+    assert.equal(await env.locks.tryAcquire(b), null, 'a writer waits for the readers of b');
     await Promise.all(readers.map((lock) => lock.release()));
     const places = await Promise.all(
-      [locks, other.locks].map((service) => service.acquire([b, a], { limit: 2 })),
+      [env.locks, env.other.locks].map((service) => service.acquire([b, a], { limit: 2 })),
     );
-    assert.equal(await locks.tryAcquire([a, b], { limit: 2 }), null, 'both keys are full');
+    assert.equal(await env.locks.tryAcquire([a, b], { limit: 2 }), null, 'both keys are full');
     await Promise.all(places.map((lock) => lock.release()));
-    const fair = await locks.acquire([a, b], { fair: true });
-    assert.equal(await other.locks.tryAcquire(a, { fair: true }), null);
+    const fair = await env.locks.acquire([a, b], { fair: true });
+    assert.equal(await env.other.locks.tryAcquire(a, { fair: true }), null);
     await fair.release();
-    assert.equal(await locks.isLocked(a), false);
-    assert.equal(await locks.isLocked(b), false);
+    assert.equal(await env.locks.isLocked(a), false);
+    assert.equal(await env.locks.isLocked(b), false);
   });
 
   it('a holder that crashed frees every key after its TTL, not before', async () => {
     const [a, b] = pair();
-    await other.locks.acquire([a, b], { ttl: 400 }); // never released: its process "died"
-    assert.equal(await locks.tryAcquire([a, b]), null);
+    await env.other.locks.acquire([a, b], { ttl: 400 }); // never released: its process "died"
+    assert.equal(await env.locks.tryAcquire([a, b]), null);
     const started = performance.now();
-    const lock = await locks.acquire([b, a], { acquireTimeout: 3_000 });
+    const lock = await env.locks.acquire([b, a], { acquireTimeout: 3_000 });
     const after = performance.now() - started;
     assert.ok(after > 250 && after < 1_500, `free after ${after.toFixed(0)} ms`);
     await lock.release();
@@ -276,7 +250,7 @@ describe('several keys at once (acquire([a, b]))', () => {
 
   it('a one-key array is a plain lock', async () => {
     const key = uniqueKey();
-    const lock: Lock = await locks.acquire([key]);
+    const lock: Lock = await env.locks.acquire([key]);
     assert.equal(lock.key, key);
     assert.deepEqual(lock.keys, [key]);
     assert.deepEqual(lock.fences, { [key]: lock.fence });
@@ -292,13 +266,13 @@ describe('several keys at once (acquire([a, b]))', () => {
       [key, 7],
       [key, null],
     ] as unknown as string[][]) {
-      await assert.rejects(locks.acquire(keys), LockArgumentError, JSON.stringify(keys));
-      await assert.rejects(locks.tryAcquire(keys), LockArgumentError);
+      await assert.rejects(env.locks.acquire(keys), LockArgumentError, JSON.stringify(keys));
+      await assert.rejects(env.locks.tryAcquire(keys), LockArgumentError);
       await assert.rejects(
-        locks.using(keys, () => undefined),
+        env.locks.using(keys, () => undefined),
         LockArgumentError,
       );
     }
-    assert.equal(await locks.isLocked(key), false);
+    assert.equal(await env.locks.isLocked(key), false);
   });
 });

@@ -1,6 +1,5 @@
 import assert from 'node:assert/strict';
-import { after, before, describe, it } from 'node:test';
-import { Redis } from 'ioredis';
+import { describe, it } from 'node:test';
 import {
   LockAcquireTimeoutError,
   LockArgumentError,
@@ -8,61 +7,36 @@ import {
   RedisLockConfigurationError,
   WithLock,
   type Lock,
-  type LockService,
 } from '../../lib/index.js';
-import {
-  sleep,
-  startLockModule,
-  uniqueKey,
-  type LockModuleFixture,
-} from '../support/lock-module.js';
+import { sleep, twoAppsOnOneRedis, uniqueKey } from '../support/lock-module.js';
 import { countReadersWriters } from '../support/processes.js';
-import { startRedis, type RedisServer } from '../support/redis-server.js';
 
 describe("read/write locks (mode: 'read')", () => {
-  let server: RedisServer;
-  let app: LockModuleFixture;
-  let other: LockModuleFixture;
-  let locks: LockService;
-  let redis: Redis;
-
-  before(async () => {
-    server = await startRedis();
-    app = await startLockModule({ connection: server.url, fenceRetention: 0 });
-    other = await startLockModule({ connection: server.url, fenceRetention: 0 });
-    locks = app.locks;
-    redis = new Redis(server.port, '127.0.0.1');
-  });
-  after(async () => {
-    await app?.close();
-    await other?.close();
-    redis?.disconnect();
-    await server?.stop();
-  });
+  const env = twoAppsOnOneRedis({ fenceRetention: 0 });
 
   const read = { mode: 'read' } as const;
 
   it('readers share the key, each with its own token, lease and greater fence; they exclude writers and writers exclude them', async () => {
     const key = uniqueKey('doc');
-    const first = await locks.acquire(key, read);
-    const second = await other.locks.acquire(key, { ...read, ttl: 5_000 });
+    const first = await env.locks.acquire(key, read);
+    const second = await env.other.locks.acquire(key, { ...read, ttl: 5_000 });
     assert.notEqual(first.token, second.token);
     assert.ok(second.fence > first.fence);
-    assert.equal(await locks.isLocked(key), true);
-    assert.equal(await other.locks.tryAcquire(key), null, 'a writer waits for the readers');
-    assert.equal(await other.locks.tryAcquire(key, { mode: 'write' }), null);
+    assert.equal(await env.locks.isLocked(key), true);
+    assert.equal(await env.other.locks.tryAcquire(key), null, 'a writer waits for the readers');
+    assert.equal(await env.other.locks.tryAcquire(key, { mode: 'write' }), null);
 
     await first.release();
-    const waiting = other.locks.acquire(key, { acquireTimeout: 5_000 });
+    const waiting = env.other.locks.acquire(key, { acquireTimeout: 5_000 });
     await sleep(100);
     const releasedAt = performance.now();
     assert.equal(await second.release(), true);
     const writer = await waiting;
     assert.ok(performance.now() - releasedAt < 200, 'the last reader’s release wakes the writer');
     assert.ok(writer.fence > second.fence);
-    assert.equal(await locks.tryAcquire(key, read), null, 'a reader waits for the writer');
+    assert.equal(await env.locks.tryAcquire(key, read), null, 'a reader waits for the writer');
     assert.equal(await writer.release(), true);
-    assert.equal(await redis.exists(`lock:{${key}}`), 0, 'nothing left');
+    assert.equal(await env.redis.exists(`lock:{${key}}`), 0, 'nothing left');
   });
 
   it('never lets a writer overlap anyone, while readers do overlap each other (control: without the lock both rules break)', async () => {
@@ -87,7 +61,7 @@ describe("read/write locks (mode: 'read')", () => {
         Array.from({ length: 40 }, (_, i) => {
           const [work, mode] =
             i % 4 === 0 ? [writing, 'write' as const] : [reading, 'read' as const];
-          const service = i % 2 ? locks : other.locks;
+          const service = i % 2 ? env.locks : env.other.locks;
           return locked ? service.using(key, work, { mode, acquireTimeout: 10_000 }) : work();
         }),
       );
@@ -100,11 +74,11 @@ describe("read/write locks (mode: 'read')", () => {
 
   it('readers queued in one process behind a writer all get in at its release, not one per retry interval', async () => {
     const key = uniqueKey('doc');
-    const writer = await other.locks.acquire(key);
+    const writer = await env.other.locks.acquire(key);
     let releasedAt = 0;
     const waits: number[] = [];
     const readers = [0, 1, 2].map(() =>
-      locks.acquire(key, { ...read, acquireTimeout: 5_000 }).then((lock) => {
+      env.locks.acquire(key, { ...read, acquireTimeout: 5_000 }).then((lock) => {
         waits.push(performance.now() - releasedAt);
         return lock;
       }),
@@ -127,7 +101,7 @@ describe("read/write locks (mode: 'read')", () => {
     const readerLoop = async (offset: number): Promise<void> => {
       await sleep(offset);
       while (!stop) {
-        await other.locks
+        await env.other.locks
           .using(key, () => sleep(60), { ...read, acquireTimeout: 5_000 })
           .catch(() => undefined);
       }
@@ -135,7 +109,7 @@ describe("read/write locks (mode: 'read')", () => {
     const loops = [0, 15, 30, 45].map(readerLoop);
     await sleep(200);
     const started = performance.now();
-    const writer = await locks.acquire(key, { acquireTimeout: 3_000 });
+    const writer = await env.locks.acquire(key, { acquireTimeout: 3_000 });
     const waited = performance.now() - started;
     assert.ok(waited < 1_000, `the writer waited ${waited.toFixed(0)} ms`);
     await writer.release();
@@ -145,17 +119,17 @@ describe("read/write locks (mode: 'read')", () => {
 
   it('a waiting writer blocks new readers only while its mark lives (2 s after its last attempt); readers already in may renew', async () => {
     const key = uniqueKey('doc');
-    const holder = await other.locks.acquire(key, { ...read, ttl: 10_000 });
+    const holder = await env.other.locks.acquire(key, { ...read, ttl: 10_000 });
     // A writer that only tries once leaves no mark: readers still join.
-    assert.equal(await locks.tryAcquire(key), null);
-    const alsoReading = (await locks.tryAcquire(key, read))!;
+    assert.equal(await env.locks.tryAcquire(key), null);
+    const alsoReading = (await env.locks.tryAcquire(key, read))!;
     assert.ok(alsoReading);
     await alsoReading.release();
-    await assert.rejects(locks.acquire(key, { acquireTimeout: 100 }), LockAcquireTimeoutError);
+    await assert.rejects(env.locks.acquire(key, { acquireTimeout: 100 }), LockAcquireTimeoutError);
     const gaveUp = performance.now();
-    assert.equal(await locks.tryAcquire(key, read), null, 'held off by the writer’s mark');
+    assert.equal(await env.locks.tryAcquire(key, read), null, 'held off by the writer’s mark');
     await holder.extend(10_000); // the reader in keeps its lease
-    const joined = await locks.acquire(key, { ...read, acquireTimeout: 4_000 });
+    const joined = await env.locks.acquire(key, { ...read, acquireTimeout: 4_000 });
     const after = performance.now() - gaveUp;
     assert.ok(
       after > 1_500 && after < 3_000,
@@ -166,53 +140,53 @@ describe("read/write locks (mode: 'read')", () => {
 
   it('each reader’s lease is its own: a crashed reader frees its share after its TTL, a lost one is signalled', async () => {
     const key = uniqueKey('doc');
-    const crashed = await other.locks.acquire(key, { ...read, ttl: 400 });
-    const kept = await locks.acquire(key, { ...read, ttl: 10_000 });
+    const crashed = await env.other.locks.acquire(key, { ...read, ttl: 400 });
+    const kept = await env.locks.acquire(key, { ...read, ttl: 10_000 });
     await sleep(500);
     await assert.rejects(crashed.extend(), LockLostError);
-    assert.equal(await other.locks.tryAcquire(key), null, 'the live reader still holds it');
-    await redis.hdel(`lock:{${key}}`, kept.token); // lost, as an eviction or a failover loses it
+    assert.equal(await env.other.locks.tryAcquire(key), null, 'the live reader still holds it');
+    await env.redis.hdel(`lock:{${key}}`, kept.token); // lost, as an eviction or a failover loses it
     const error = await kept.extend().catch((e: unknown) => e);
     assert.ok(error instanceof LockLostError && error.reason === 'not-held', String(error));
     assert.equal(kept.signal.aborted, true);
-    const writer = await other.locks.acquire(key, { acquireTimeout: 1_000 });
+    const writer = await env.other.locks.acquire(key, { acquireTimeout: 1_000 });
     await writer.release();
   });
 
   it('a plain lock is a writer; semaphores and read locks on one key exclude each other', async () => {
     const key = uniqueKey('doc');
-    const reader = await locks.acquire(key, read);
-    assert.equal(await other.locks.tryAcquire(key, { limit: 3 }), null);
+    const reader = await env.locks.acquire(key, read);
+    assert.equal(await env.other.locks.tryAcquire(key, { limit: 3 }), null);
     await reader.release();
-    const place = await locks.acquire(key, { limit: 3 });
-    assert.equal(await other.locks.tryAcquire(key, read), null);
+    const place = await env.locks.acquire(key, { limit: 3 });
+    assert.equal(await env.other.locks.tryAcquire(key, read), null);
     await place.release();
   });
 
   it('re-enters in one call chain as the same shape; upgrading a read lock to write is a LockArgumentError', async () => {
     const key = uniqueKey('doc');
-    await locks.using(
+    await env.locks.using(
       key,
       async (outer: Lock) => {
-        assert.equal(await locks.using(key, (inner) => inner.fence, read), outer.fence);
+        assert.equal(await env.locks.using(key, (inner) => inner.fence, read), outer.fence);
         await assert.rejects(
-          locks.using(key, () => 1),
+          env.locks.using(key, () => 1),
           LockArgumentError,
         );
       },
       read,
     );
-    assert.equal(await locks.isLocked(key), false);
+    assert.equal(await env.locks.isLocked(key), false);
   });
 
   it('bad modes and mode with limit are a LockArgumentError naming them; on @WithLock a RedisLockConfigurationError', async () => {
     for (const mode of ['READ', 1, null, '']) {
-      const error = await locks
+      const error = await env.locks
         .acquire(uniqueKey(), { mode: mode as 'read' })
         .catch((e: unknown) => e);
       assert.ok(error instanceof LockArgumentError && error.argument === 'mode', String(error));
     }
-    const both = await locks.acquire(uniqueKey(), { mode: 'read', limit: 2 }).catch((e) => e);
+    const both = await env.locks.acquire(uniqueKey(), { mode: 'read', limit: 2 }).catch((e) => e);
     assert.ok(both instanceof LockArgumentError && both.argument === 'mode + limit', String(both));
     for (const options of [
       { key: 'k', mode: 'shared' as never },
@@ -226,8 +200,8 @@ describe("read/write locks (mode: 'read')", () => {
   });
 
   it('across processes (3 readers, 2 writers): no writer overlaps anyone, readers share, the writers’ count is exact (control: without the lock, violations)', async () => {
-    const target = String(server.port);
-    const read = (counter: string): Promise<string | null> => redis.get(counter);
+    const target = String(env.server.port);
+    const read = (counter: string): Promise<string | null> => env.redis.get(counter);
     const control = await countReadersWriters(target, 3, 2, 60, 'nolock', read);
     assert.ok(control.violations > 0, JSON.stringify(control));
     const result = await countReadersWriters(target, 3, 2, 30, 'lock', read);

@@ -1,8 +1,7 @@
 import assert from 'node:assert/strict';
-import { after, before, describe, it } from 'node:test';
+import { describe, it } from 'node:test';
 import { Injectable, Module } from '@nestjs/common';
 import { Test } from '@nestjs/testing';
-import { Redis } from 'ioredis';
 import {
   LockAcquireTimeoutError,
   LockArgumentError,
@@ -13,14 +12,8 @@ import {
   WithLock,
   type Lock,
 } from '../../lib/index.js';
-import {
-  sleep,
-  startLockModule,
-  uniqueKey,
-  type LockModuleFixture,
-} from '../support/lock-module.js';
+import { sleep, twoAppsOnOneRedis, uniqueKey } from '../support/lock-module.js';
 import { countSemaphore } from '../support/processes.js';
-import { startRedis, type RedisServer } from '../support/redis-server.js';
 
 let exportsInside = 0;
 let exportsPeak = 0;
@@ -38,38 +31,20 @@ class ExportJobs {
 }
 
 describe('counting semaphores (limit)', () => {
-  let server: RedisServer;
-  let app: LockModuleFixture;
-  let other: LockModuleFixture;
-  let locks: LockService;
-  let redis: Redis;
-
-  before(async () => {
-    server = await startRedis();
-    app = await startLockModule({ connection: server.url, fenceRetention: 0 });
-    other = await startLockModule({ connection: server.url, fenceRetention: 0 });
-    locks = app.locks;
-    redis = new Redis(server.port, '127.0.0.1');
-  });
-  after(async () => {
-    await app?.close();
-    await other?.close();
-    redis?.disconnect();
-    await server?.stop();
-  });
+  const env = twoAppsOnOneRedis({ fenceRetention: 0 });
 
   it('admits `limit` holders, each with its own token and a greater fence; the next waits until one leaves', async () => {
     const key = uniqueKey('pool');
     const holders: Lock[] = [];
-    for (const service of [locks, other.locks, locks]) {
+    for (const service of [env.locks, env.other.locks, env.locks]) {
       holders.push(await service.acquire(key, { limit: 3, ttl: 10_000 }));
     }
     assert.equal(new Set(holders.map((lock) => lock.token)).size, 3);
     for (let i = 1; i < 3; i++) assert.ok(holders[i].fence > holders[i - 1].fence);
-    assert.equal(await other.locks.tryAcquire(key, { limit: 3 }), null, 'full');
-    assert.equal(await locks.isLocked(key), true);
+    assert.equal(await env.other.locks.tryAcquire(key, { limit: 3 }), null, 'full');
+    assert.equal(await env.locks.isLocked(key), true);
 
-    const waiting = other.locks.acquire(key, { limit: 3, acquireTimeout: 5_000 });
+    const waiting = env.other.locks.acquire(key, { limit: 3, acquireTimeout: 5_000 });
     await sleep(100);
     const releasedAt = performance.now();
     assert.equal(await holders[1].release(), true);
@@ -79,8 +54,8 @@ describe('counting semaphores (limit)', () => {
     assert.equal(await holders[1].release(), false, 'a place is given back once');
 
     for (const lock of [holders[0], holders[2], fourth]) assert.equal(await lock.release(), true);
-    assert.equal(await locks.isLocked(key), false);
-    assert.equal(await redis.keys(`lock:{${key}}*`).then((keys) => keys.length), 0);
+    assert.equal(await env.locks.isLocked(key), false);
+    assert.equal(await env.redis.keys(`lock:{${key}}*`).then((keys) => keys.length), 0);
   });
 
   it('never more than `limit` at once under load, and the limit is reached (control: without it, more run at once)', async () => {
@@ -94,7 +69,10 @@ describe('counting semaphores (limit)', () => {
     };
     await Promise.all(
       Array.from({ length: 30 }, (_, i) =>
-        (i % 2 ? locks : other.locks).using(key, work, { limit: 3, acquireTimeout: 10_000 }),
+        (i % 2 ? env.locks : env.other.locks).using(key, work, {
+          limit: 3,
+          acquireTimeout: 10_000,
+        }),
       ),
     );
     assert.equal(peak, 3);
@@ -105,11 +83,11 @@ describe('counting semaphores (limit)', () => {
 
   it('a crashed holder’s place frees itself after its TTL, not before (Redis’s clock, no client clocks)', async () => {
     const key = uniqueKey('pool');
-    const abandoned = await other.locks.acquire(key, { limit: 2, ttl: 600 });
-    const kept = await locks.acquire(key, { limit: 2, ttl: 10_000 });
-    assert.equal(await locks.tryAcquire(key, { limit: 2 }), null);
+    const abandoned = await env.other.locks.acquire(key, { limit: 2, ttl: 600 });
+    const kept = await env.locks.acquire(key, { limit: 2, ttl: 10_000 });
+    assert.equal(await env.locks.tryAcquire(key, { limit: 2 }), null);
     const started = performance.now();
-    const next = await locks.acquire(key, { limit: 2, acquireTimeout: 3_000 });
+    const next = await env.locks.acquire(key, { limit: 2, acquireTimeout: 3_000 });
     const after = performance.now() - started;
     assert.ok(after > 350 && after < 1_700, `freed after ${after.toFixed(0)} ms`);
     assert.equal(await abandoned.release(), false);
@@ -118,82 +96,89 @@ describe('counting semaphores (limit)', () => {
 
   it('auto-extends in using(), aborts the signal when its place is gone, and extend() never takes a lapsed place back', async () => {
     const key = uniqueKey('pool');
-    await locks.using(
+    await env.locks.using(
       key,
       async (lock) => {
         await sleep(700);
         assert.equal(lock.signal.aborted, false);
-        assert.ok((await redis.zscore(`lock:{${key}}`, lock.token)) !== null);
+        assert.ok((await env.redis.zscore(`lock:{${key}}`, lock.token)) !== null);
       },
       { limit: 2, ttl: 300 },
     );
-    const lock = await locks.acquire(key, { limit: 2, ttl: 10_000 });
-    await redis.zrem(`lock:{${key}}`, lock.token); // lost, as an eviction or a failover loses it
+    const lock = await env.locks.acquire(key, { limit: 2, ttl: 10_000 });
+    await env.redis.zrem(`lock:{${key}}`, lock.token); // lost, as an eviction or a failover loses it
     const error = await lock.extend().catch((e: unknown) => e);
     assert.ok(error instanceof LockLostError && error.reason === 'not-held', String(error));
     assert.equal(lock.signal.aborted, true);
-    assert.equal(await redis.zscore(`lock:{${key}}`, lock.token), null);
+    assert.equal(await env.redis.zscore(`lock:{${key}}`, lock.token), null);
   });
 
   it('times out with LockAcquireTimeoutError (and retryAfterMs) while full; every key keeps a TTL', async () => {
     const key = uniqueKey('pool');
-    const held = await Promise.all([1, 2].map(() => locks.acquire(key, { limit: 2, ttl: 5_000 })));
-    const error = await other.locks
+    const held = await Promise.all(
+      [1, 2].map(() => env.locks.acquire(key, { limit: 2, ttl: 5_000 })),
+    );
+    const error = await env.other.locks
       .acquire(key, { limit: 2, acquireTimeout: 200 })
       .catch((e: unknown) => e);
     assert.ok(error instanceof LockAcquireTimeoutError, String(error));
     assert.ok(error.retryAfterMs! > 4_000 && error.retryAfterMs! <= 5_000);
-    for (const name of await redis.keys(`lock:{${key}}*`)) assert.ok((await redis.pttl(name)) > 0);
+    for (const name of await env.redis.keys(`lock:{${key}}*`))
+      assert.ok((await env.redis.pttl(name)) > 0);
     await Promise.all(held.map((lock) => lock.release()));
   });
 
   it('callers that disagree on the limit are each admitted while fewer than their own limit hold it; a plain lock excludes every semaphore caller and the other way round', async () => {
     const key = uniqueKey('pool');
-    const two = await Promise.all([1, 2].map(() => locks.acquire(key, { limit: 2 })));
-    assert.equal(await other.locks.tryAcquire(key, { limit: 2 }), null);
-    const third = (await other.locks.tryAcquire(key, { limit: 3 }))!;
+    const two = await Promise.all([1, 2].map(() => env.locks.acquire(key, { limit: 2 })));
+    assert.equal(await env.other.locks.tryAcquire(key, { limit: 2 }), null);
+    const third = (await env.other.locks.tryAcquire(key, { limit: 3 }))!;
     assert.ok(third, 'a caller with limit 3 joins two holders');
-    assert.equal(await other.locks.tryAcquire(key, { limit: 3 }), null);
-    assert.equal(await other.locks.tryAcquire(key), null, 'the plain lock waits for all of them');
+    assert.equal(await env.other.locks.tryAcquire(key, { limit: 3 }), null);
+    assert.equal(
+      await env.other.locks.tryAcquire(key),
+      null,
+      'the plain lock waits for all of them',
+    );
     await Promise.all([...two, third].map((lock) => lock.release()));
 
-    const plain = await locks.acquire(key);
-    assert.equal(await other.locks.tryAcquire(key, { limit: 5 }), null);
-    const error = await other.locks
+    const plain = await env.locks.acquire(key);
+    assert.equal(await env.other.locks.tryAcquire(key, { limit: 5 }), null);
+    const error = await env.other.locks
       .acquire(key, { limit: 5, acquireTimeout: 150 })
       .catch((e: unknown) => e);
     assert.ok(error instanceof LockAcquireTimeoutError, String(error));
     assert.equal(await plain.release(), true);
-    const place = (await other.locks.tryAcquire(key, { limit: 5 }))!;
+    const place = (await env.other.locks.tryAcquire(key, { limit: 5 }))!;
     assert.ok(place);
-    assert.equal(await locks.tryAcquire(key), null);
+    assert.equal(await env.locks.tryAcquire(key), null);
     await place.release();
   });
 
   it('re-enters in the same call chain with the same limit; another limit there is a LockArgumentError', async () => {
     const key = uniqueKey('pool');
-    await locks.using(
+    await env.locks.using(
       key,
       async (outer) => {
-        const fence = await locks.using(key, (inner) => inner.fence, {
+        const fence = await env.locks.using(key, (inner) => inner.fence, {
           limit: 2,
           acquireTimeout: 0,
         });
         assert.equal(fence, outer.fence);
         await assert.rejects(
-          locks.using(key, () => 1),
+          env.locks.using(key, () => 1),
           LockArgumentError,
         );
-        await assert.rejects(locks.acquire(key, { limit: 3 }), LockArgumentError);
+        await assert.rejects(env.locks.acquire(key, { limit: 3 }), LockArgumentError);
       },
       { limit: 2 },
     );
-    assert.equal(await locks.isLocked(key), false);
+    assert.equal(await env.locks.isLocked(key), false);
   });
 
   it('bad limits are a LockArgumentError naming `limit`', async () => {
     for (const limit of [0, -1, 1.5, Number.NaN, Infinity, '2', null, 2_000_000]) {
-      const error = await locks
+      const error = await env.locks
         .acquire(uniqueKey(), { limit: limit as number })
         .catch((e: unknown) => e);
       assert.ok(
@@ -205,7 +190,7 @@ describe('counting semaphores (limit)', () => {
 
   it('@WithLock({ limit }) runs at most `limit` calls at once, and a bad limit fails at definition', async () => {
     @Module({
-      imports: [RedisLockModule.forRoot({ connection: server.url })],
+      imports: [RedisLockModule.forRoot({ connection: env.server.url })],
       providers: [ExportJobs],
     })
     class JobsModule {}
@@ -229,8 +214,8 @@ describe('counting semaphores (limit)', () => {
   });
 
   it('across 4 processes, limit 2: never more than 2 inside, every entry counted (control: without it, more)', async () => {
-    const read = (counter: string): Promise<string | null> => redis.get(counter);
-    const target = String(server.port);
+    const read = (counter: string): Promise<string | null> => env.redis.get(counter);
+    const target = String(env.server.port);
     const control = await countSemaphore(target, 4, 30, 0, read);
     assert.ok(control.peak > 2, `control peak ${control.peak}`);
     const { peak, entries } = await countSemaphore(target, 4, 30, 2, read);

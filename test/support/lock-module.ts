@@ -1,7 +1,10 @@
 import { Logger, type LoggerService } from '@nestjs/common';
 import { Test, type TestingModule } from '@nestjs/testing';
+import { Redis } from 'ioredis';
 import { randomUUID } from 'node:crypto';
+import { after, before } from 'node:test';
 import { LockService, RedisLockModule, type RedisLockModuleOptions } from '../../lib/index.js';
+import { startRedis, type RedisServer } from './redis-server.js';
 
 export interface LockModuleFixture {
   readonly module: TestingModule;
@@ -16,6 +19,42 @@ export async function startLockModule(options: RedisLockModuleOptions): Promise<
   }).compile();
   await module.init();
   return { module, locks: module.get(LockService), close: () => module.close() };
+}
+
+/** A private Redis with two instances of an app on it: see `twoAppsOnOneRedis`. */
+export interface TwoApps {
+  readonly server: RedisServer;
+  /** The first app, and its LockService as `locks`. */
+  readonly app: LockModuleFixture;
+  readonly locks: LockService;
+  /** A second app on the same Redis: another instance of the service. */
+  readonly other: LockModuleFixture;
+  /** A plain client of that Redis, to look at what the locks leave there. */
+  readonly redis: Redis;
+}
+
+/**
+ * Registers, in the calling `describe`, hooks that start a private redis-server and two lock
+ * modules on it (`options` plus the connection) before its tests, and stop exactly those after
+ * them. The returned object is filled in by the time the tests run.
+ */
+export function twoAppsOnOneRedis(options: Partial<RedisLockModuleOptions> = {}): TwoApps {
+  const env = {} as { -readonly [K in keyof TwoApps]: TwoApps[K] };
+  before(async () => {
+    env.server = await startRedis();
+    const moduleOptions = { ...options, connection: env.server.url } as RedisLockModuleOptions;
+    env.app = await startLockModule(moduleOptions);
+    env.other = await startLockModule(moduleOptions);
+    env.locks = env.app.locks;
+    env.redis = new Redis(env.server.port, '127.0.0.1');
+  });
+  after(async () => {
+    await env.app?.close();
+    await env.other?.close();
+    env.redis?.disconnect();
+    await env.server?.stop();
+  });
+  return env;
 }
 
 /** A key no other test uses. */
