@@ -588,7 +588,8 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
   }
 
   private async releaseQuietly(lock: LockHandle | MultiKeyLock): Promise<void> {
-    const name =
+    // Named only when there is something to say (a release that went well builds no string).
+    const name = (): string =>
       lock instanceof MultiKeyLock
         ? `Locks ${lock.keys.map((key) => `"${key}" (fence ${lock.fences[key]})`).join(', ')}`
         : `Lock "${lock.key}" (fence ${lock.fence})`;
@@ -597,12 +598,12 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
       // Read without creating the signal, which nobody may have asked for.
       const lost = lock.lossReason;
       if (lost) {
-        this.logger.warn(`${name}: lost before the work finished: ${String(lost)}`);
+        this.logger.warn(`${name()}: lost before the work finished: ${String(lost)}`);
       } else if (!released) {
-        this.logger.warn(`${name}: no longer held when the work finished.`);
+        this.logger.warn(`${name()}: no longer held when the work finished.`);
       }
     } catch (error) {
-      this.logger.error(`${name}: could not release; it expires after its TTL: ${String(error)}`);
+      this.logger.error(`${name()}: could not release; it expires after its TTL: ${String(error)}`);
     }
   }
 
