@@ -2,13 +2,18 @@
  * Workload 5's server: the sample app (its AppModule, as `npm run sample` runs it) on a free
  * loopback port, with no payment delay and no report job, so that a request costs what the
  * framework, Redis and the lock cost. Stocks SKUs `d0`…`d999` (distinct keys) and `hot` plenty.
+ * Adds one route of its own, `POST /products/:sku/purchase-minimum`: the same purchase under the
+ * benchmark's hand-written minimum lock (`SET NX PX`, 10 ms poll, compare-and-delete), the floor
+ * that `@WithLock`'s added latency is read against.
  * Prints `{"port": N}` once listening; stops when its stdin closes.
  *
  * Usage: node bench-app.js <redis port>
  */
 import 'reflect-metadata';
+import { Body, Controller, Inject, Module, Param, Post } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
 import { Redis } from 'ioredis';
+import { CONTENDERS, type Locker } from './contenders.js';
 
 const redisPort = Number(process.argv[2]);
 Object.assign(process.env, {
@@ -19,7 +24,42 @@ Object.assign(process.env, {
 });
 // After the environment is set: SampleConfig reads it when the app is created.
 const { AppModule } = await import('../../sample/app.module.js');
-const { stockKey } = await import('../../sample/inventory/inventory.service.js');
+const { InventoryService, stockKey } = await import('../../sample/inventory/inventory.service.js');
+const { RedisConnection } = await import('../../sample/redis.provider.js');
+const { PurchasePipe } = await import('../../sample/inventory/purchase.dto.js');
+
+/** The sample's purchase under the hand-written minimum lock, on the app's own connection. */
+@Controller('products')
+class MinimumLockController {
+  private readonly lock: Locker;
+
+  constructor(
+    @Inject(InventoryService) private readonly inventory: InstanceType<typeof InventoryService>,
+    @Inject(RedisConnection) redis: InstanceType<typeof RedisConnection>,
+  ) {
+    this.lock = CONTENDERS[0].create(redis.client);
+  }
+
+  @Post(':sku/purchase-minimum')
+  async purchase(
+    @Param('sku') sku: string,
+    @Body(PurchasePipe) body: { quantity: number },
+  ): Promise<unknown> {
+    const held = await this.lock.acquire(`sku:${sku}`, 10_000, 30_000);
+    try {
+      return await this.inventory.sell(sku, body.quantity);
+    } finally {
+      await held.release();
+    }
+  }
+}
+
+@Module({
+  imports: [AppModule],
+  controllers: [MinimumLockController],
+  providers: [InventoryService],
+})
+class BenchAppModule {}
 
 const stock = new Redis(redisPort, '127.0.0.1');
 await stock.mset(
@@ -32,7 +72,7 @@ await stock.mset(
 );
 stock.disconnect();
 
-const app = await NestFactory.create(AppModule, { logger: false });
+const app = await NestFactory.create(BenchAppModule, { logger: false });
 await app.listen(0, '127.0.0.1');
 const address = app.getHttpServer().address() as { port: number };
 process.stdout.write(`${JSON.stringify({ port: address.port })}\n`);

@@ -1,4 +1,10 @@
-/** What the benchmark runner asks of a worker process, and what it gets back. */
+/**
+ * What the benchmark runner asks of a worker process, and what it gets back. A worker prints
+ * `READY` once connected and set up, then waits for a line on its stdin: the runner sends it to
+ * every process of a run at once, when all are ready, so that they start together.
+ */
+
+export const READY = 'ready';
 
 export type Workload = 'sequential' | 'concurrent' | 'hot' | 'idle' | 'memory';
 
@@ -8,8 +14,6 @@ export interface BenchJob {
   port: number;
   /** This process's index among the processes of the run. */
   proc: number;
-  /** Wall-clock ms (Date.now()) at which every process of the run starts together. */
-  startAt: number;
   pairs: number;
   durationMs: number;
   workers: number;

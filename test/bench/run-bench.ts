@@ -5,7 +5,9 @@
  * ratios to the hand-written minimum (medians of per-round ratios: the machine is shared and noisy).
  *
  * Options: --rounds N (3), --only <text in a contender name>, --workloads a,b (all),
- * --report <path> (test/bench/REPORT.md, and chart.svg beside it; `-` for none).
+ * --report <path> (test/bench/REPORT.md, and chart.svg beside it; `-` for none), --smoke (every
+ * workload at a tiny size, runs of 0.3 s and HTTP loads of 1 s: checks that the benchmark works,
+ * measures nothing; `test/bench/bench.spec.ts` runs it).
  */
 import autocannon from 'autocannon';
 import { spawn } from 'node:child_process';
@@ -17,7 +19,7 @@ import { parseArgs } from 'node:util';
 import { Redis } from 'ioredis';
 import { percentile } from '../chaos/chaos-checker.js';
 import { startRedis } from '../support/redis-server.js';
-import type { BenchJob, BenchResult, Workload } from './bench-protocol.js';
+import { READY, type BenchJob, type BenchResult, type Workload } from './bench-protocol.js';
 import { renderChart } from './bench-chart.js';
 import { CONTENDERS, type Contender } from './contenders.js';
 
@@ -27,8 +29,14 @@ const { values } = parseArgs({
     only: { type: 'string' },
     workloads: { type: 'string' },
     report: { type: 'string', default: 'test/bench/REPORT.md' },
+    smoke: { type: 'boolean', default: false },
   },
 });
+/** A smoke run's job: the workload's shape at a tiny size. */
+const sized = (job: WorkloadPlan['job']): WorkloadPlan['job'] =>
+  values.smoke
+    ? { ...job, pairs: Math.min(job.pairs, 300), durationMs: Math.min(job.durationMs, 300) }
+    : job;
 const rounds = Number(values.rounds);
 const worker = fileURLToPath(new URL('./bench-worker.js', import.meta.url));
 const appServer = fileURLToPath(new URL('./bench-app.js', import.meta.url));
@@ -40,6 +48,12 @@ interface WorkloadPlan {
   workload: Workload;
   processes: number;
   job: Pick<BenchJob, 'pairs' | 'durationMs' | 'workers' | 'thinkMs'>;
+  /**
+   * Runs of every contender per round (default 1), the order rotated again for each: the short
+   * uncontended runs swing by up to 2× from one process to the next on this shared machine
+   * (whatever the contender), so they get more samples for their medians.
+   */
+  runsPerRound?: number;
 }
 
 const PLANS: WorkloadPlan[] = [
@@ -49,6 +63,7 @@ const PLANS: WorkloadPlan[] = [
     workload: 'sequential',
     processes: 1,
     job: { pairs: 5_000, durationMs: 0, workers: 1, thinkMs: 0 },
+    runsPerRound: 3,
   },
   {
     id: 'concurrent',
@@ -56,6 +71,7 @@ const PLANS: WorkloadPlan[] = [
     workload: 'concurrent',
     processes: 1,
     job: { pairs: 0, durationMs: 5_000, workers: 100, thinkMs: 0 },
+    runsPerRound: 2,
   },
   {
     id: 'hot-0',
@@ -90,21 +106,29 @@ const PLANS: WorkloadPlan[] = [
 ];
 
 /** Workload 5: the sample app's purchase route, locked and unlocked, under autocannon. */
+type HttpRoute = 'purchase-unlocked' | 'purchase' | 'purchase-minimum';
 interface HttpVariant {
   id: string;
-  route: 'purchase' | 'purchase-unlocked';
+  route: HttpRoute;
   /** `distinct`: a different SKU per request (1,000 in turn); `hot`: every request on one. */
   keys: 'distinct' | 'hot';
   connections: number;
 }
-const HTTP_SECONDS = 5;
-const HTTP_VARIANTS: HttpVariant[] = [
-  { id: 'distinct-unlocked', route: 'purchase-unlocked', keys: 'distinct', connections: 1 },
-  { id: 'distinct-locked', route: 'purchase', keys: 'distinct', connections: 1 },
-  { id: 'hot-unlocked', route: 'purchase-unlocked', keys: 'hot', connections: 10 },
-  { id: 'hot-locked', route: 'purchase', keys: 'hot', connections: 10 },
+const HTTP_SECONDS = values.smoke ? 1 : 5;
+const HTTP_ROUTES: readonly { route: HttpRoute; name: string }[] = [
+  { route: 'purchase-unlocked', name: 'no lock' },
+  { route: 'purchase', name: '`@WithLock`' },
+  { route: 'purchase-minimum', name: 'hand-written minimum lock' },
 ];
-const HTTP_TITLE = `5. \`@WithLock\` overhead: the sample app's \`POST /products/:sku/purchase\` (locked) against \`purchase-unlocked\` (the same handler, no lock), autocannon, ${HTTP_SECONDS} s each`;
+const HTTP_VARIANTS: HttpVariant[] = (['distinct', 'hot'] as const).flatMap((keys) =>
+  HTTP_ROUTES.map(({ route }) => ({
+    id: `${keys}-${route}`,
+    route,
+    keys,
+    connections: keys === 'hot' ? 10 : 1,
+  })),
+);
+const HTTP_TITLE = `5. \`@WithLock\` overhead: the sample app's \`POST /products/:sku/purchase\` (\`@WithLock\`) against \`purchase-unlocked\` (the same handler, no lock) and the same purchase under the hand-written minimum lock, autocannon, ${HTTP_SECONDS} s each`;
 
 /** The figures of one run of one contender on one workload. */
 type Figures = Record<string, number>;
@@ -133,17 +157,23 @@ const started = performance.now();
 try {
   for (let round = 0; round < rounds; round++) {
     for (const plan of plans) {
-      const order = contenders
-        .map((_, i) => contenders[(i + round) % contenders.length])
-        .filter((c) => runs(plan, c));
-      for (const contender of order) {
-        await admin.flushall();
-        const outputs = await runOnce(plan, contender.name);
-        const figures = measure(plan, outputs, Number(await admin.get('counter')));
-        const byContender = results.get(plan.id) ?? new Map<string, Figures[]>();
-        byContender.set(contender.name, [...(byContender.get(contender.name) ?? []), figures]);
-        results.set(plan.id, byContender);
-        console.log(`round ${round + 1} ${plan.id} ${contender.name}: ${JSON.stringify(figures)}`);
+      const repeats = values.smoke ? 1 : (plan.runsPerRound ?? 1);
+      for (let repeat = 0; repeat < repeats; repeat++) {
+        const shift = round * repeats + repeat;
+        const order = contenders
+          .map((_, i) => contenders[(i + shift) % contenders.length])
+          .filter((c) => runs(plan, c));
+        for (const contender of order) {
+          await admin.flushall();
+          const outputs = await runOnce(plan, contender.name);
+          const figures = measure(plan, outputs, Number(await admin.get('counter')));
+          const byContender = results.get(plan.id) ?? new Map<string, Figures[]>();
+          byContender.set(contender.name, [...(byContender.get(contender.name) ?? []), figures]);
+          results.set(plan.id, byContender);
+          console.log(
+            `round ${round + 1} ${plan.id} ${contender.name}: ${JSON.stringify(figures)}`,
+          );
+        }
       }
     }
     if (runHttp) await httpRound(round);
@@ -154,7 +184,8 @@ try {
 }
 const report = render((performance.now() - started) / 1_000);
 console.log(`\n${report}`);
-if (values.report !== '-') {
+// A smoke run measures nothing: it never overwrites the report.
+if (values.report !== '-' && !values.smoke) {
   await writeMarkdown(values.report, report);
   const hot = plans.find((p) => p.id === 'hot-5');
   if (hot) {
@@ -174,36 +205,50 @@ if (values.report !== '-') {
 }
 
 async function runOnce(plan: WorkloadPlan, contender: string): Promise<BenchResult[]> {
-  const startAt = Date.now() + 800;
-  return Promise.all(
-    Array.from({ length: plan.processes }, (_, proc) => {
-      const job: BenchJob = {
-        contender,
-        workload: plan.workload,
-        port: server.port,
-        proc,
-        startAt,
-        ...plan.job,
-      };
-      return new Promise<BenchResult>((resolve, reject) => {
-        const child = spawn(process.execPath, ['--expose-gc', worker, JSON.stringify(job)], {
-          stdio: ['ignore', 'pipe', 'inherit'],
-        });
-        let output = '';
-        child.stdout.on('data', (chunk: Buffer) => (output += chunk.toString()));
-        child.once('exit', (code) => {
-          const line = output.trim().split('\n').pop() ?? '';
-          if (code === 0 && line.startsWith('{')) resolve(JSON.parse(line) as BenchResult);
-          else
-            reject(
-              new Error(
-                `${contender} ${plan.id} process ${proc} exited ${code}: ${output.slice(-500)}`,
-              ),
-            );
-        });
+  const children = Array.from({ length: plan.processes }, (_, proc) => {
+    const job: BenchJob = {
+      contender,
+      workload: plan.workload,
+      port: server.port,
+      proc,
+      ...sized(plan.job),
+    };
+    const child = spawn(process.execPath, ['--expose-gc', worker, JSON.stringify(job)], {
+      stdio: ['pipe', 'pipe', 'inherit'],
+    });
+    let output = '';
+    let announceReady: () => void;
+    const ready = new Promise<void>((resolve) => (announceReady = resolve));
+    child.stdout.on('data', (chunk: Buffer) => {
+      output += chunk.toString();
+      if (output.startsWith(`${READY}\n`)) announceReady();
+    });
+    const result = new Promise<BenchResult>((resolve, reject) => {
+      child.once('exit', (code) => {
+        const line = output.trim().split('\n').pop() ?? '';
+        if (code === 0 && line.startsWith('{')) resolve(JSON.parse(line) as BenchResult);
+        else
+          reject(
+            new Error(
+              `${contender} ${plan.id} process ${proc} exited ${code}: ${output.slice(-500)}`,
+            ),
+          );
       });
-    }),
-  );
+    });
+    return { child, ready: Promise.race([ready, result.then(() => {})]), result };
+  });
+  // Every process connected and set up: start them together.
+  try {
+    await Promise.all(children.map((c) => c.ready));
+  } catch (error) {
+    for (const { child, result } of children) {
+      result.catch(() => {});
+      child.kill();
+    }
+    throw error;
+  }
+  for (const { child } of children) child.stdin.end('go\n');
+  return Promise.all(children.map((c) => c.result));
 }
 
 /** One round of workload 5: a fresh app process, the variants in rotated order. */
@@ -350,44 +395,44 @@ function markdownTable(header: string[], rows: string[][]): string {
 }
 
 function renderHttp(): string {
-  const m = (id: string, field: string): number =>
-    median(httpResults.get(id)!.map((f) => f[field]));
-  /** Median over rounds of locked minus unlocked (each round's pair measured in one app). */
-  const added = (keys: string, field: string): number =>
-    median(
-      httpResults
-        .get(`${keys}-locked`)!
-        .map((f, i) => f[field] - httpResults.get(`${keys}-unlocked`)![i][field]),
-    );
-  const rows = (['distinct', 'hot'] as const).map((keys) => {
-    const variant = HTTP_VARIANTS.find((v) => v.keys === keys)!;
-    const ratio = median(
-      httpResults
-        .get(`${keys}-locked`)!
-        .map((f, i) => f.reqPerSec / httpResults.get(`${keys}-unlocked`)![i].reqPerSec),
-    );
+  const rounds = (id: string): Figures[] => httpResults.get(id)!;
+  const m = (id: string, field: string): number => median(rounds(id).map((f) => f[field]));
+  /** Median over rounds of this variant's figure against the unlocked one's, measured in the same app. */
+  const against = (
+    variant: HttpVariant,
+    field: string,
+    compare: (own: number, unlocked: number) => number,
+  ): number => {
+    const unlocked = rounds(`${variant.keys}-purchase-unlocked`);
+    return median(rounds(variant.id).map((f, i) => compare(f[field], unlocked[i][field])));
+  };
+  const rows = HTTP_VARIANTS.map((variant) => {
+    const base = variant.route === 'purchase-unlocked';
+    const ratio = against(variant, 'reqPerSec', (own, unlocked) => own / unlocked);
+    const added = (field: string): string =>
+      fmt(against(variant, field, (own, unlocked) => own - unlocked));
     return [
-      `${keys === 'hot' ? 'one hot SKU' : 'a different SKU per request'}, ${variant.connections} connection${variant.connections > 1 ? 's' : ''}`,
-      fmt(m(`${keys}-unlocked`, 'reqPerSec')),
-      `${fmt(m(`${keys}-locked`, 'reqPerSec'))} (${fmt(ratio)}×)`,
-      `${fmt(m(`${keys}-unlocked`, 'p50'))} / ${fmt(m(`${keys}-unlocked`, 'p99'))}`,
-      `${fmt(m(`${keys}-locked`, 'p50'))} / ${fmt(m(`${keys}-locked`, 'p99'))}`,
-      `${fmt(added(keys, 'p50'))} / ${fmt(added(keys, 'p99'))}`,
-      fmt(m(`${keys}-locked`, 'failed') + m(`${keys}-unlocked`, 'failed')),
+      `${variant.keys === 'hot' ? 'one hot SKU, 10 connections' : 'a different SKU per request, 1 connection'}`,
+      HTTP_ROUTES.find((r) => r.route === variant.route)!.name,
+      base
+        ? fmt(m(variant.id, 'reqPerSec'))
+        : `${fmt(m(variant.id, 'reqPerSec'))} (${fmt(ratio)}×)`,
+      `${fmt(m(variant.id, 'p50'))} / ${fmt(m(variant.id, 'p99'))}`,
+      base ? '—' : `${added('p50')} / ${added('p99')}`,
+      fmt(m(variant.id, 'failed')),
     ];
   });
   const header = [
     'requests',
-    'unlocked req/s',
-    'locked req/s (ratio)',
-    'unlocked p50 / p99 ms',
-    'locked p50 / p99 ms',
+    'route',
+    'req/s (ratio to no lock)',
+    'p50 / p99 ms',
     'added p50 / p99 ms',
     'failed requests',
   ];
   const table = markdownTable(header, rows);
   const rtt = fmt(m('rtt', 'p50'), 3);
-  return `### ${HTTP_TITLE}\n\n${table}\n\nA Redis round trip (\`PING\` from the load generator's process, p50) took ${rtt} ms in this run: a locked request makes two more (acquire, release), so the added latency cannot be below about twice that. On one hot SKU the unlocked route oversells (its read-modify-write races); the locked one serializes the purchases, so its rate is that of one purchase at a time.\n`;
+  return `### ${HTTP_TITLE}\n\n${table}\n\nA Redis round trip (\`PING\` from the load generator's process, p50) took ${rtt} ms in this run: a locked request makes two more (acquire, release), whichever lock it uses. On one hot SKU the unlocked route oversells (its read-modify-write races); a locked one serializes the purchases, so its rate is that of one purchase at a time (the hand-written minimum polls every 10 ms for it).\n`;
 }
 
 function render(seconds: number): string {
@@ -458,14 +503,16 @@ function render(seconds: number): string {
                 'client CPU µs per pair (ratio)',
                 'commands per pair',
               ];
-    return `### ${plan.title}\n\n${markdownTable(header, rows)}\n`;
+    const runsEach = rounds * (values.smoke ? 1 : (plan.runsPerRound ?? 1));
+    return `### ${plan.title} (${runsEach} run${runsEach > 1 ? 's' : ''} each)\n\n${markdownTable(header, rows)}\n`;
   });
   if (runHttp) sections.push(renderHttp());
   return `# Benchmark report
 
 \`npm run bench\` on ${new Date().toISOString().slice(0, 10)}: ${rounds} rounds, contender order rotated each round, every run in
 fresh processes against one private redis-server 7 on loopback; ${Math.round(seconds)} s in all. Each cell is the median over
-the rounds; a ratio is the median of the per-round ratios to the **${BASELINE}** (bare \`SET NX PX\`, 10 ms poll,
+the runs (the short uncontended workloads run several times per round); a ratio is the median of the ratios to the
+**${BASELINE}**'s run of the same round and repetition (bare \`SET NX PX\`, 10 ms poll,
 compare-and-delete \`EVALSHA\`, \`randomUUID\` tokens). Commands are counted on the client, subscriber connections included.
 
 ${sections.join('\n')}`;
