@@ -31,7 +31,8 @@ const NOT_SHARDED = Promise.resolve(false);
  * turns of many handoffs, and long sections (≥ TURN_MS) alternate between processes at every
  * release. Measured side by side (`npm run bench`, hot key, 1 ms sections, 2 rounds each): turns of
  * 4 handoffs gave 0.91–0.95× the hand-written minimum's throughput, 19 handoffs (~25 ms)
- * 0.98–0.99×, turns of 25 ms 0.92–1.01×.
+ * 0.98–0.99×, turns of 25 ms 0.92–1.01× (0.99× in the committed `test/bench/REPORT.md`); turns of
+ * 50 ms did not lower the handoff gap's p99.
  */
 export const TURN_MS = 25;
 

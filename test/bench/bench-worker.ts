@@ -155,7 +155,7 @@ async function idle(): Promise<BenchResult> {
   for (let i = 0; i < job.workers; i++) {
     locker.acquire('idle', 60_000, 60_000).catch(() => {});
   }
-  // Waiters settle (subscribed, queued) before counting; a smoke run's are not counted seriously.
+  // Waiters settle (subscribed, queued) before counting: 1 s (a smoke run, 0.3 s).
   await sleep(Math.min(1_000, job.durationMs));
   const start = commands;
   const t0 = now();
