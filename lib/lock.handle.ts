@@ -104,13 +104,14 @@ export class LockHandle implements Lock {
     return this;
   }
 
-  async release(): Promise<boolean> {
-    if (this.state === 'released') return false;
+  /** Not `async`: the release's own reply is returned as it is, without a promise around it. */
+  release(): Promise<boolean> {
+    if (this.state === 'released') return Promise.resolve(false);
     // A lease that ran out unobserved, or while the event loop could not fire its timer (a frozen
     // process, a blocked loop, I/O handled first after a thaw), is reported now: the signal never
     // stays silent about an overrun just because the release came first.
     this.checkExpiry();
-    if (--this.depth > 0) return this.state === 'held';
+    if (--this.depth > 0) return Promise.resolve(this.state === 'held');
     if (this.settle('released')) this.reportRelease(false);
     return this.releaseInRedis();
   }

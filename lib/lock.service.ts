@@ -443,7 +443,7 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
    * was given up and says we got the lock is answered with a release, so an abandoned attempt
    * never leaves a lock behind (unless the token is the caller's, which may hold it already).
    */
-  private async attempt(
+  private attempt(
     key: string,
     token: string,
     opts: ResolvedAcquireOptions,
@@ -455,16 +455,15 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
       opts.shape,
       opts.acquireTimeout > 0,
     );
-    try {
-      return await this.reply(key, 'acquire', pending, opts.signal, true);
-    } catch (error) {
+    return this.deadlines.bound(pending, opts.signal, true, (error) => {
+      const failure = this.failure(key, 'acquire', opts.signal, error);
       if (opts.token === undefined) {
-        this.undoLateGrant(error, pending, (late) =>
+        this.undoLateGrant(failure, pending, (late) =>
           late.acquired ? this.backend.release(key, token, opts.shape) : undefined,
         );
       }
-      throw error;
-    }
+      return failure;
+    });
   }
 
   /**
@@ -536,33 +535,41 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
    * reason. Every other failure becomes a `LockBackendError` naming the operation; a reply that
    * never comes is one with `timedOut: true`.
    */
-  private async reply<T>(
+  private reply<T>(
     key: string,
     operation: LockOperation,
     pending: Promise<T>,
     signal?: AbortSignal,
     interruptible = false,
   ): Promise<T> {
-    try {
-      return await this.deadlines.bound(pending, signal, interruptible);
-    } catch (error) {
-      if (error === DEADLINE) {
-        const silence = new Error(
-          this.backend.replyTimeout === this.commandTimeout
-            ? `no reply within commandTimeout (${this.commandTimeout} ms)`
-            : `no answer within ${this.backend.replyTimeout} ms (Redlock: two rounds of commandTimeout)`,
-        );
-        throw new LockBackendError(key, operation, silence, true);
-      }
-      if (
-        error === this.stopping.signal.reason ||
-        (signal?.aborted && error === signal.reason) ||
-        error instanceof LockBackendError
-      ) {
-        throw error;
-      }
-      throw new LockBackendError(key, operation, error);
+    return this.deadlines.bound(pending, signal, interruptible, (error) =>
+      this.failure(key, operation, signal, error),
+    );
+  }
+
+  /** What `reply()` rejects with when `error` ended the wait (see `reply`). */
+  private failure(
+    key: string,
+    operation: LockOperation,
+    signal: AbortSignal | undefined,
+    error: unknown,
+  ): Error {
+    if (error === DEADLINE) {
+      const silence = new Error(
+        this.backend.replyTimeout === this.commandTimeout
+          ? `no reply within commandTimeout (${this.commandTimeout} ms)`
+          : `no answer within ${this.backend.replyTimeout} ms (Redlock: two rounds of commandTimeout)`,
+      );
+      return new LockBackendError(key, operation, silence, true);
     }
+    if (
+      error === this.stopping.signal.reason ||
+      (signal?.aborted && error === signal.reason) ||
+      error instanceof LockBackendError
+    ) {
+      return error as Error;
+    }
+    return new LockBackendError(key, operation, error);
   }
 
   private hold(

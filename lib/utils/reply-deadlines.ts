@@ -2,7 +2,7 @@ import { DEADLINE } from './within.js';
 
 interface Pending {
   readonly due: number;
-  readonly reject: (reason: Error) => void;
+  readonly reject: (reason: unknown) => void;
   /** Rejected by `interrupt()` (acquisition attempts; not releases, which shutdown waits for). */
   readonly interruptible: boolean;
 }
@@ -22,10 +22,18 @@ export class ReplyDeadlines {
   /**
    * Settles like `promise`, unless `ms` pass first (rejects with `DEADLINE`), `signal` aborts
    * (rejects with its reason) or, if `interruptible`, `interrupt()` is called (rejects with its
-   * reason).
+   * reason). `fail`, if given, turns every rejection reason into the error to reject with (one
+   * promise per reply, where a wrapper around this one would add another).
    */
-  bound<T>(promise: Promise<T>, signal?: AbortSignal, interruptible = false): Promise<T> {
-    if (signal?.aborted) return Promise.reject(signal.reason as Error);
+  bound<T>(
+    promise: Promise<T>,
+    signal?: AbortSignal,
+    interruptible = false,
+    fail?: (reason: unknown) => Error,
+  ): Promise<T> {
+    if (signal?.aborted) {
+      return Promise.reject(fail ? fail(signal.reason) : (signal.reason as Error));
+    }
     return new Promise<T>((resolve, reject) => {
       let onAbort: (() => void) | undefined;
       const entry: Pending = {
@@ -34,7 +42,7 @@ export class ReplyDeadlines {
         reject: (reason) => {
           this.pending.delete(entry);
           if (onAbort) signal!.removeEventListener('abort', onAbort);
-          reject(reason);
+          reject(fail ? fail(reason) : (reason as Error));
         },
       };
       this.pending.add(entry);

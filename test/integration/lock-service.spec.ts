@@ -63,6 +63,31 @@ describe('LockService on a single Redis', () => {
       assert.equal(await redis.exists(`lock:{${key}}`), 0);
     });
 
+    it('works on a client with an ioredis keyPrefix of its own: keys under both prefixes, waiters woken, scripts reloaded', async () => {
+      const client = new Redis(server.port, '127.0.0.1', { keyPrefix: 'app:' });
+      const app = await startLockModule({ client });
+      try {
+        const key = uniqueKey();
+        const lock = await app.locks.acquire(key, { ttl: 5_000 });
+        assert.equal(await redis.get(`app:lock:{${key}}`), lock.token);
+        assert.ok(Number(await redis.get(`app:lock:{${key}}:fence`)) === lock.fence);
+        const started = performance.now();
+        const waiter = app.locks.acquire(key, { acquireTimeout: 5_000 });
+        await sleep(50);
+        await redis.script('FLUSH');
+        assert.equal(await lock.release(), true);
+        const next = await waiter;
+        assert.ok(performance.now() - started < 1_000, 'woken by the release, not by a poll');
+        assert.ok(next.fence > lock.fence);
+        await redis.script('FLUSH');
+        assert.equal(await next.release(), true);
+        assert.equal(await redis.exists(`app:lock:{${key}}`), 0);
+      } finally {
+        await app.close();
+        client.disconnect();
+      }
+    });
+
     it('gives every acquisition a fresh token', async () => {
       const key = uniqueKey();
       const tokens = new Set<string>();
