@@ -6,6 +6,7 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
+import { monitorEventLoopDelay } from 'node:perf_hooks';
 import {
   Controller,
   Module,
@@ -71,17 +72,26 @@ interface Outcome<T> {
   elapsed: number;
   /** When it settled, on the performance.now() clock. */
   at: number;
+  /**
+   * The longest the event loop was held up meanwhile (ms): on a loaded machine the process may not
+   * run at all for a while, and no timer, the library's or anyone's, fires before it runs again.
+   */
+  stalled: number;
 }
 
 /** Records how `promise` settles and when, counted from `from` (default: now). */
 async function settle<T>(promise: Promise<T>, from = performance.now()): Promise<Outcome<T>> {
+  const delay = monitorEventLoopDelay({ resolution: 10 });
+  delay.enable();
+  const outcome = (result: { value?: T; error?: unknown }): Outcome<T> => {
+    delay.disable();
+    const at = performance.now();
+    return { ...result, elapsed: at - from, at, stalled: delay.max / 1e6 };
+  };
   try {
-    const value = await promise;
-    const at = performance.now();
-    return { value, elapsed: at - from, at };
+    return outcome({ value: await promise });
   } catch (error) {
-    const at = performance.now();
-    return { error, elapsed: at - from, at };
+    return outcome({ error });
   }
 }
 
@@ -91,7 +101,11 @@ function assertBackendError(outcome: Outcome<unknown>, operation: string, bound 
     `expected LockBackendError: ${String(outcome.error ?? outcome.value)}`,
   );
   assert.equal(outcome.error.operation, operation);
-  assert.ok(outcome.elapsed < bound, `${operation} settled after ${outcome.elapsed.toFixed(0)} ms`);
+  // A stall of the whole process (a loaded CI machine) is not the library's wait: it is added.
+  assert.ok(
+    outcome.elapsed < bound + outcome.stalled,
+    `${operation} settled after ${outcome.elapsed.toFixed(0)} ms (event loop held up ${outcome.stalled.toFixed(0)} ms at most)`,
+  );
 }
 
 const sources = {

@@ -88,7 +88,10 @@ describe('the lease of a held lock', () => {
 
     it('keeps the lock on a link whose round trip is longer than ttl / 3, with no spurious abort', async () => {
       const proxy = await FaultProxy.start(() => server.port);
-      proxy.setLatency(200); // each way: a 400 ms round trip, against a 900 ms TTL
+      // Each way: a 420 ms round trip, longer than ttl / 3 (400 ms) of the 1,200 ms TTL below.
+      // Extensions then go back to back, each confirmed ttl - 2 round trips (360 ms) before the
+      // lease would run out: room for a loaded machine's hiccups.
+      proxy.setLatency(210);
       // A first call on a new connection takes three round trips (ready check, script load).
       const slow = await startLockModule({
         connection: `redis://127.0.0.1:${proxy.port}`,
@@ -97,7 +100,7 @@ describe('the lease of a held lock', () => {
       try {
         // Warm the connection: on the first call the three round trips alone outlast the TTL.
         await (await slow.locks.acquire(uniqueKey())).release();
-        const lock = await slow.locks.acquire(uniqueKey(), { ttl: 900, autoExtend: true });
+        const lock = await slow.locks.acquire(uniqueKey(), { ttl: 1_200, autoExtend: true });
         await sleep(3_000);
         assert.equal(lock.signal.aborted, false, String(lock.signal.reason));
         assert.equal(await redis.get(`lock:{${lock.key}}`), lock.token);
