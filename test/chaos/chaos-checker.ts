@@ -122,6 +122,9 @@ export function check(record: ScenarioRecord): ScenarioFigures {
     let highest = -Infinity;
     let believing: Section[] = [];
     for (const section of sections) {
+      // Entered with its signal already aborted (paused between the grant and the section, past
+      // its lease): it never believed it held the lock and never used its fence.
+      if (section.abortAt !== undefined && section.abortAt <= section.enter) continue;
       if (section.fence <= highest) fenceRegressions++;
       highest = Math.max(highest, section.fence);
       believing = believing.filter((s) => beliefEnd(s, record.end) > section.enter);

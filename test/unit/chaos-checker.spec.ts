@@ -55,6 +55,28 @@ describe('chaos checker', () => {
     );
   });
 
+  it('a section entered with its signal already aborted is neither an overlap nor a fence regression', () => {
+    // Paused between its grant (fence 1) and its section, past its lease, while fence 2 entered.
+    const figures = check(
+      record([
+        { fence: 2, enter: 0, exit: 200 },
+        { fence: 1, enter: 100, exit: 100, abortAt: 100 },
+      ]),
+    );
+    assert.equal(figures.overlaps, 0);
+    assert.equal(figures.fenceRegressions, 0);
+    assert.equal(figures.lostUnsignalled, 0);
+    // Without the abort at entry, the same history is both.
+    const believing = check(
+      record([
+        { fence: 2, enter: 0, exit: 200 },
+        { fence: 1, enter: 100, exit: 150 },
+      ]),
+    );
+    assert.equal(believing.overlaps, 1);
+    assert.equal(believing.fenceRegressions, 1);
+  });
+
   it('a holder stops believing when its signal aborts: no overlap after it, a delay before it', () => {
     assert.equal(check(record([{ enter: 0, exit: 200, abortAt: 90 }, { enter: 100 }])).overlaps, 0);
     const late = check(record([{ enter: 0, exit: 200, abortAt: 130 }, { enter: 100 }]));
