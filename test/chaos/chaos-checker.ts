@@ -24,6 +24,11 @@ export interface Call {
   ms: number;
   unsettled: boolean;
   excused: boolean;
+  /**
+   * The machine was starved during the call: its worker's event loop, or the runner's (which
+   * carries every worker's traffic through the fault proxies), stood still for over 250 ms.
+   */
+  starved: boolean;
 }
 
 export interface ScenarioRecord {
@@ -61,6 +66,8 @@ export interface ScenarioFigures {
    * them); other (anything else: a bug, must stay 0).
    */
   calls: Record<'ok' | 'busy' | 'failed' | 'other', number>;
+  /** Failed calls during which the machine was starved (see `Call.starved`). */
+  failedStarved: number;
   /** Sections entered while another holder of the key still believed it held the lock. */
   overlaps: number;
   staleAccepted: number;
@@ -156,7 +163,12 @@ export function check(record: ScenarioRecord): ScenarioFigures {
   }
 
   const calls = { ok: 0, busy: 0, failed: 0, other: 0 };
-  for (const call of record.calls) calls[classify(call.outcome)]++;
+  let failedStarved = 0;
+  for (const call of record.calls) {
+    const kind = classify(call.outcome);
+    calls[kind]++;
+    if (kind === 'failed' && call.starved) failedStarved++;
+  }
   const waits = record.sections.flatMap((s) => (s.waited === undefined ? [] : [s.waited]));
 
   return {
@@ -166,6 +178,7 @@ export function check(record: ScenarioRecord): ScenarioFigures {
     faults: record.faults,
     sections: record.sections.length,
     calls,
+    failedStarved,
     overlaps,
     staleAccepted,
     staleRejected: record.rejected,

@@ -71,6 +71,8 @@ export type ChaosEvent =
       unsettled: boolean;
       /** Over the bound, but the worker itself was frozen (SIGSTOP) meanwhile. */
       excused: boolean;
+      /** The worker's event loop stood still for over 250 ms during the call. */
+      stalled: boolean;
     }
   /** The section's lock signal aborted after the section ended (at the release, say). */
   | { t: 'signal'; id: string; at: number }

@@ -52,7 +52,7 @@ export function renderTable(results: readonly ScenarioFigures[]): string {
     r.runs,
     r.faults,
     r.sections,
-    `${r.calls.ok} / ${r.calls.busy} / ${r.calls.failed} / ${r.calls.other}`,
+    `${r.calls.ok} / ${r.calls.busy} / ${r.calls.failed}${r.failedStarved ? ` (${r.failedStarved} starved)` : ''} / ${r.calls.other}`,
     r.overlaps,
     r.staleAccepted,
     r.staleRejected,
@@ -119,7 +119,8 @@ ${summary(results)}
 - **sections**: critical sections entered. **calls**: \`ok\`; \`busy\` = not acquired within \`acquireTimeout\`
   (\`LockAcquireTimeoutError\`, HTTP 409); \`failed\` = a typed lock failure (\`LockBackendError\` when Redis
   did not answer within \`commandTimeout\`, \`LockLostError\` when the section's lock was lost, or the route's
-  HTTP 500 for those); \`other\` = anything else (a bug; 0).
+  HTTP 500 for those; *n starved*: of those, failed while the machine was starved, the worker's or the
+  runner's event loop, which carries the workers' traffic, standing still for over 250 ms); \`other\` = anything else (a bug; 0).
 - **overlaps**: sections entered while another holder of the key still believed it held the lock (between
   entering and leaving its section, before its \`signal\` aborted). They happen only where the lease cannot
   see: a holder frozen (SIGSTOP, a GC pause) past its TTL runs on for a moment after it thaws, before its

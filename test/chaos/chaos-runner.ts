@@ -208,6 +208,21 @@ interface Worker {
   summary?: Extract<ChaosEvent, { t: 'summary' }>;
 }
 
+/** Records when this process's event loop stood still for over 250 ms (a 20 ms ticker ran late). */
+function stallRecorder(): { overlap(from: number, to: number): boolean; stop(): void } {
+  const stalls: [number, number][] = [];
+  let last = now();
+  const ticker = setInterval(() => {
+    const t = now();
+    if (t - last > 250) stalls.push([last, t]);
+    last = t;
+  }, 20);
+  return {
+    overlap: (from, to) => stalls.some(([start, end]) => start < to && end > from),
+    stop: () => clearInterval(ticker),
+  };
+}
+
 /** Runs one scenario `profile.runs` times and returns everything it recorded. */
 export async function runScenario(
   scenario: Scenario,
@@ -241,6 +256,9 @@ async function runOnce(
   const longWorkMs: [number, number] = [0.5 * profile.ttl, 1.5 * profile.ttl];
   const callBoundMs =
     profile.acquireTimeout + COMMAND_TIMEOUT + longWorkMs[1] + COMMAND_TIMEOUT + 1_000;
+  // The workers' traffic runs through the fault proxies in this process: when its event loop
+  // stands still, so does every lock's link to Redis (see Call.starved).
+  const stalls = stallRecorder();
 
   const spawnWorker = (slot: number): Worker => {
     const config: WorkerConfig = {
@@ -317,6 +335,7 @@ async function runOnce(
             ms: event.ms,
             unsettled: event.unsettled,
             excused: event.excused,
+            starved: event.stalled || stalls.overlap(event.start, event.start + event.ms),
           };
           record.calls.push(call);
           break;
@@ -407,6 +426,7 @@ async function runOnce(
     }
     resource.disconnect();
   } finally {
+    stalls.stop();
     for (const worker of workers) if (worker.child.exitCode === null) worker.child.kill('SIGKILL');
     await Promise.all(workers.map((w) => w.exited));
     await topology.stop();

@@ -158,7 +158,8 @@ const logger = new CountingLogger();
 Logger.overrideLogger(logger);
 const locks = app.get(LockService);
 
-// A process frozen by SIGSTOP cannot keep its own time: calls spanning a freeze are excused.
+// A process frozen by SIGSTOP (or starved of CPU) cannot keep its own time: calls spanning a
+// freeze are excused from the bound, and a failure during one is counted as starved.
 const pauses: [number, number][] = [];
 let lastTick = now();
 const ticker = setInterval(() => {
@@ -207,15 +208,16 @@ async function loop(): Promise<void> {
     const outcome = await pending;
     clearTimeout(watchdog);
     const end = now();
-    const excused = pauses.some(([from, to]) => from < end && to > start);
+    const stalled = pauses.some(([from, to]) => from < end && to > start);
     emit({
       t: 'call',
       path,
       outcome,
       start,
       ms: end - start,
-      unsettled: late && !excused,
-      excused: late && excused,
+      unsettled: late && !stalled,
+      excused: late && stalled,
+      stalled,
     });
     await sleep(Math.random() * config.thinkMs);
   }

@@ -5,6 +5,7 @@ import {
   check,
   emptyRecord,
   percentile,
+  type Call,
   type ScenarioRecord,
   type Section,
 } from '../chaos/chaos-checker.js';
@@ -22,11 +23,15 @@ function record(sections: Partial<Section>[], extra: Partial<ScenarioRecord> = {
       exit: i * 100 + 50,
       ...s,
     })),
-    calls: [{ path: 'using', outcome: 'ok', ms: 1, unsettled: false, excused: false }],
+    calls: [call('ok')],
     accepted: new Map([['k', sections.map((_, i) => i + 1)]]),
     end: 10_000,
     ...extra,
   };
+}
+
+function call(outcome: string, starved = false): Call {
+  return { path: 'using', outcome, ms: 1, unsettled: false, excused: false, starved };
 }
 
 describe('chaos checker', () => {
@@ -120,15 +125,26 @@ describe('chaos checker', () => {
         unhandled: 1,
         crashes: 1,
         unsettledShutdowns: 1,
-        calls: [
-          { path: 'route', outcome: 'fetch TypeError', ms: 1, unsettled: true, excused: false },
-        ],
+        calls: [{ ...call('fetch TypeError'), unsettled: true }],
       }),
     );
     assert.equal(figures.unsettled, 2);
     assert.equal(figures.calls.other, 1);
     assert.equal(violations(figures).length, 6);
     assert.ok(violations(check(record([]))).some((v) => v.includes('no critical section')));
+  });
+
+  it('counts the failed calls during which the machine was starved', () => {
+    const calls = [
+      call('ok', true),
+      call('LockLostError', true),
+      call('LockBackendError'),
+      call('http 500', true),
+      call('LockAcquireTimeoutError', true),
+    ];
+    const figures = check(record([{}], { calls }));
+    assert.deepEqual(figures.calls, { ok: 1, busy: 1, failed: 3, other: 0 });
+    assert.equal(figures.failedStarved, 2);
   });
 
   it('percentiles', () => {
