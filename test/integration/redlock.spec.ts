@@ -103,7 +103,8 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     const gap = performance.now() - releasedAt;
     assert.ok(gap < 100, `the waiter took ${gap.toFixed(0)} ms`);
     assert.ok(next.fence > lock.fence);
-    assert.equal(await holders(key, lock.token), 0);
+    // The release resolved once a majority let go; the other nodes' deletes may still be on the way.
+    assert.ok(await eventually(async () => (await holders(key, lock.token)) === 0));
     await next.release();
     assert.equal(await locks.isLocked(key), false);
   });
