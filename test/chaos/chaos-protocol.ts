@@ -101,3 +101,28 @@ redis.call('HSET', KEYS[1], 'fence', ARGV[1])
 redis.call('RPUSH', KEYS[2], ARGV[1])
 return 1
 `;
+
+/**
+ * Records when this process's event loop stood still for over 250 ms (a 20 ms ticker ran late): a
+ * process frozen by SIGSTOP or starved of CPU cannot keep its own time.
+ */
+export function stallRecorder(): {
+  /** Whether a stall overlapped the interval `from`–`to`. */
+  overlap(from: number, to: number): boolean;
+  count(): number;
+  stop(): void;
+} {
+  const now = (): number => Number(process.hrtime.bigint()) / 1e6;
+  const stalls: [number, number][] = [];
+  let last = now();
+  const ticker = setInterval(() => {
+    const t = now();
+    if (t - last > 250) stalls.push([last, t]);
+    last = t;
+  }, 20);
+  return {
+    overlap: (from, to) => stalls.some(([start, end]) => start < to && end > from),
+    count: () => stalls.length,
+    stop: () => clearInterval(ticker),
+  };
+}

@@ -9,7 +9,7 @@ import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 import { Redis } from 'ioredis';
 import { startRedis } from '../support/redis-server.js';
-import type { ChaosEvent, WorkerConfig } from './chaos-protocol.js';
+import { stallRecorder, type ChaosEvent, type WorkerConfig } from './chaos-protocol.js';
 import { emptyRecord, type Call, type ScenarioRecord, type Section } from './chaos-checker.js';
 import { MODE_LABELS, startTopology, type ChaosMode, type WorkerLink } from './chaos-topologies.js';
 
@@ -206,21 +206,6 @@ interface Worker {
   ready: Promise<void>;
   open: Set<Section>;
   summary?: Extract<ChaosEvent, { t: 'summary' }>;
-}
-
-/** Records when this process's event loop stood still for over 250 ms (a 20 ms ticker ran late). */
-function stallRecorder(): { overlap(from: number, to: number): boolean; stop(): void } {
-  const stalls: [number, number][] = [];
-  let last = now();
-  const ticker = setInterval(() => {
-    const t = now();
-    if (t - last > 250) stalls.push([last, t]);
-    last = t;
-  }, 20);
-  return {
-    overlap: (from, to) => stalls.some(([start, end]) => start < to && end > from),
-    stop: () => clearInterval(ticker),
-  };
 }
 
 /** Runs one scenario `profile.runs` times and returns everything it recorded. */

@@ -22,7 +22,12 @@ import {
 import { AppModule } from '../../sample/app.module.js';
 import { InventoryService, type PurchaseResult } from '../../sample/inventory/inventory.service.js';
 import { SampleConfig } from '../../sample/sample.config.js';
-import { GUARD_SCRIPT, type ChaosEvent, type WorkerConfig } from './chaos-protocol.js';
+import {
+  GUARD_SCRIPT,
+  stallRecorder,
+  type ChaosEvent,
+  type WorkerConfig,
+} from './chaos-protocol.js';
 
 const config = JSON.parse(process.argv[2]) as WorkerConfig;
 const now = (): number => Number(process.hrtime.bigint()) / 1e6;
@@ -158,15 +163,9 @@ const logger = new CountingLogger();
 Logger.overrideLogger(logger);
 const locks = app.get(LockService);
 
-// A process frozen by SIGSTOP (or starved of CPU) cannot keep its own time: calls spanning a
-// freeze are excused from the bound, and a failure during one is counted as starved.
-const pauses: [number, number][] = [];
-let lastTick = now();
-const ticker = setInterval(() => {
-  const t = now();
-  if (t - lastTick > 250) pauses.push([lastTick, t]);
-  lastTick = t;
-}, 20);
+// Calls spanning a freeze of this process are excused from the bound, and a failure during one
+// is counted as starved.
+const stalls = stallRecorder();
 
 let stopping = false;
 process.once('SIGTERM', () => void (stopping = true));
@@ -208,7 +207,7 @@ async function loop(): Promise<void> {
     const outcome = await pending;
     clearTimeout(watchdog);
     const end = now();
-    const stalled = pauses.some(([from, to]) => from < end && to > start);
+    const stalled = stalls.overlap(start, end);
     emit({
       t: 'call',
       path,
@@ -225,13 +224,13 @@ async function loop(): Promise<void> {
 
 emit({ t: 'ready', pid: process.pid, slot: config.slot });
 await Promise.all(Array.from({ length: config.loops }, loop));
-clearInterval(ticker);
+stalls.stop();
 const closeStart = now();
 await app.close();
 const shutdownMs = now() - closeStart;
 cluster?.disconnect();
 db.disconnect();
-emit({ t: 'summary', unhandled, shutdownMs, pauses: pauses.length, logs: logger.counts });
+emit({ t: 'summary', unhandled, shutdownMs, pauses: stalls.count(), logs: logger.counts });
 process.exitCode = 0;
 
 function sleep(ms: number, signal?: AbortSignal): Promise<void> {
