@@ -23,7 +23,6 @@ export interface Call {
   outcome: string;
   ms: number;
   unsettled: boolean;
-  excused: boolean;
   /**
    * The machine was starved during the call: its worker's event loop, or the runner's (which
    * carries every worker's traffic through the fault proxies), stood still for over 250 ms.

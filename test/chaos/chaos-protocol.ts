@@ -68,9 +68,8 @@ export type ChaosEvent =
       outcome: string;
       start: number;
       ms: number;
+      /** Over the bound, and the worker was not frozen (SIGSTOP) or starved meanwhile. */
       unsettled: boolean;
-      /** Over the bound, but the worker itself was frozen (SIGSTOP) meanwhile. */
-      excused: boolean;
       /** The worker's event loop stood still for over 250 ms during the call. */
       stalled: boolean;
     }

@@ -319,7 +319,6 @@ async function runOnce(
             outcome: event.outcome,
             ms: event.ms,
             unsettled: event.unsettled,
-            excused: event.excused,
             starved: event.stalled || stalls.overlap(event.start, event.start + event.ms),
           };
           record.calls.push(call);

@@ -215,7 +215,6 @@ async function loop(): Promise<void> {
       start,
       ms: end - start,
       unsettled: late && !stalled,
-      excused: late && stalled,
       stalled,
     });
     await sleep(Math.random() * config.thinkMs);

@@ -31,7 +31,7 @@ function record(sections: Partial<Section>[], extra: Partial<ScenarioRecord> = {
 }
 
 function call(outcome: string, starved = false): Call {
-  return { path: 'using', outcome, ms: 1, unsettled: false, excused: false, starved };
+  return { path: 'using', outcome, ms: 1, unsettled: false, starved };
 }
 
 describe('chaos checker', () => {
