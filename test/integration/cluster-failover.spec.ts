@@ -55,7 +55,15 @@ describe('on Redis Cluster with replicas (3 masters, 1 replica each), resharded 
   };
   /** `count` fresh keys whose locks live on `master`. */
   async function keysOn(master: RedisServer, count = 1): Promise<string[]> {
-    const ranges = (await cluster.slotTable()).get(master) ?? [];
+    // Right after a reshard or a failover, the node asked may not list the master's slots yet:
+    // without any, the search below would never end.
+    let ranges: [number, number][] = [];
+    assert.ok(
+      await eventually(
+        async () => (ranges = (await cluster.slotTable()).get(master) ?? []).length > 0,
+      ),
+      `the slot table shows no slots on master ${master.port}`,
+    );
     const keys: string[] = [];
     while (keys.length < count) {
       const key = uniqueKey();
