@@ -116,7 +116,7 @@ type FairReleaseCommand = (...args: LockScriptArgs) => Promise<number>;
 
 /** The lock scripts (see `lockScripts`: EVALSHA, EVAL if the server does not have it). */
 interface LockCommands {
-  /** ARGV: token, ttl, fence retention (and, for a semaphore, the limit). */
+  /** ARGV: token, ttl, the fence counter's TTL (ttl + retention; for a semaphore, then the limit). */
   redisLockAcquire(...args: LockScriptArgs): Promise<number>;
   redisLockAcquireSemaphore(...args: LockScriptArgs): Promise<number>;
   redisLockAcquireRead(...args: LockScriptArgs): Promise<number>;
@@ -148,8 +148,7 @@ interface LockCommands {
     fenceKey: string,
     token: string,
     fence: number,
-    ttl: number,
-    retention: number,
+    counterTtl: number,
   ): Promise<number>;
   redisLockHandoff(
     lockKey: string,
@@ -157,7 +156,7 @@ interface LockCommands {
     token: string,
     heirToken: string,
     heirTtl: number,
-    retention: number,
+    counterTtl: number,
   ): Promise<number>;
 }
 
@@ -252,17 +251,18 @@ export class RedisLockBackend implements LockBackend {
     const lockKey = this.lockKey(key);
     const family = familyOf(shape);
     const fenceKey = `${lockKey}:fence`;
+    const retention = this.fenceRetention;
     let args: LockScriptArgs;
     if (shape.fair) {
       const stay = queue ? this.queueStay : 0;
-      args = [lockKey, fenceKey, ...this.queueKeys(lockKey), token, ttl, this.fenceRetention, stay];
+      args = [lockKey, fenceKey, ...this.queueKeys(lockKey), token, ttl, ttl + retention, stay];
     } else if (family === 1) {
-      args = [lockKey, fenceKey, token, ttl, this.fenceRetention, shape.limit];
+      args = [lockKey, fenceKey, token, ttl, ttl + retention, shape.limit];
     } else if (family === 0 && queue) {
       // A writer that will wait holds new readers off (see WRITER_AFTER_READERS).
-      args = [lockKey, fenceKey, token, ttl, this.fenceRetention, 1];
+      args = [lockKey, fenceKey, token, ttl, ttl + retention, 1];
     } else {
-      args = [lockKey, fenceKey, token, ttl, this.fenceRetention];
+      args = [lockKey, fenceKey, token, ttl, ttl + retention];
     }
     const command = shape.fair ? 'redisLockAcquireFair' : ACQUIRE_COMMANDS[family];
     this.batcher?.beforeSend();
@@ -288,7 +288,13 @@ export class RedisLockBackend implements LockBackend {
     shape: LockShape = PLAIN,
   ): Promise<boolean> {
     const lockKey = this.lockKey(key);
-    const args: LockScriptArgs = [lockKey, `${lockKey}:fence`, token, ttl, this.fenceRetention];
+    const args: LockScriptArgs = [
+      lockKey,
+      `${lockKey}:fence`,
+      token,
+      ttl,
+      ttl + this.fenceRetention,
+    ];
     const command = EXTEND_COMMANDS[familyOf(shape)];
     this.batcher?.beforeSend();
     if (!this.replicaAck) return (await this.commands[command](...args)) === 1;
@@ -392,7 +398,7 @@ export class RedisLockBackend implements LockBackend {
         token,
         heirToken,
         ttl,
-        this.fenceRetention,
+        ttl + this.fenceRetention,
       );
     } catch (error) {
       heir.wake();
@@ -422,8 +428,7 @@ export class RedisLockBackend implements LockBackend {
       `${lockKey}:fence`,
       token,
       fence,
-      ttl,
-      this.fenceRetention,
+      ttl + this.fenceRetention,
     );
     return raised === 1;
   }
@@ -463,7 +468,7 @@ export class RedisLockBackend implements LockBackend {
     });
     this.batcher?.beforeSend();
     return this.commands
-      .redisLockAcquireAll(names.length, ...names, token, ttl, this.fenceRetention)
+      .redisLockAcquireAll(names.length, ...names, token, ttl, ttl + this.fenceRetention)
       .then((reply) =>
         Array.isArray(reply) ? reply : { retryAfter: reply <= -2 ? -2 - reply : undefined },
       );

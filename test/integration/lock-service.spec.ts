@@ -5,6 +5,7 @@ import {
   LockAcquireTimeoutError,
   LockArgumentError,
   LockLostError,
+  type AcquireOptions,
   type LockService,
 } from '../../lib/index.js';
 import {
@@ -334,6 +335,40 @@ describe('LockService on a single Redis', () => {
       const pttl = await redis.pttl(`lock:{${key}}:fence`);
       assert.ok(pttl > 61_000 && pttl <= 62_000, `counter PTTL ${pttl}`);
       await lock.release();
+    });
+
+    it('get their counter TTL (the lock TTL + fenceRetention) from every shape, extension and handoff', async () => {
+      const counterTtl = async (key: string): Promise<number> => redis.pttl(`lock:{${key}}:fence`);
+      const near = (pttl: number, expected: number, what: string): void =>
+        assert.ok(pttl > expected - 1_000 && pttl <= expected, `${what}: counter PTTL ${pttl}`);
+      const shapes: [string, AcquireOptions][] = [
+        ['semaphore', { limit: 2 }],
+        ['read lock', { mode: 'read' }],
+        ['fair lock', { fair: true }],
+      ];
+      for (const [what, options] of shapes) {
+        const key = uniqueKey(what.replace(' ', '-'));
+        const lock = await locks.acquire(key, { ttl: 3_000, ...options });
+        near(await counterTtl(key), 63_000, what);
+        await lock.extend(5_000);
+        near(await counterTtl(key), 65_000, `${what}, extended`);
+        await lock.release();
+      }
+      const [a, b] = [uniqueKey('all-a'), uniqueKey('all-b')];
+      const both = await locks.acquire([a, b], { ttl: 4_000 });
+      near(await counterTtl(a), 64_000, 'several keys');
+      near(await counterTtl(b), 64_000, 'several keys');
+      await both.release();
+      // A waiter in the same process is handed the lock by the release, with its own TTL.
+      const key = uniqueKey('handoff');
+      const holder = await locks.acquire(key, { ttl: 2_000 });
+      const heir = locks.acquire(key, { ttl: 7_000, acquireTimeout: 5_000 });
+      await sleep(50);
+      await holder.release();
+      const next = await heir;
+      near(await counterTtl(key), 67_000, 'handed off');
+      assert.ok(next.fence > holder.fence);
+      await next.release();
     });
 
     it('with fenceRetention 0 the counter goes with the lock (expired or released), and fences still increase after it', async () => {
