@@ -33,6 +33,8 @@ export interface BenchResult {
   ops: number;
   ms: number;
   cpuMs: number;
+  /** Sequential and concurrent workloads: the Redis server's CPU time during the run. */
+  redisCpuMs?: number;
   /** Redis commands the lock's connections sent while measuring. */
   commands: number;
   sections?: SectionRecord[];

@@ -72,11 +72,14 @@ async function sequential(): Promise<BenchResult> {
   // Warm up to steady state (the JIT has compiled every contender's hot path) before measuring.
   for (let i = 0; i < 2_000; i++) await (await locker.acquire('seq', 10_000, 1_000)).release();
   const start = commands;
+  const redis0 = await redisCpuMs();
   const cpu = process.cpuUsage();
   const t0 = now();
   for (let i = 0; i < job.pairs; i++) await (await locker.acquire('seq', 10_000, 1_000)).release();
   const ms = now() - t0;
-  return { ops: job.pairs, ms, cpuMs: cpuMs(cpu), commands: commands - start };
+  const used = cpuMs(cpu);
+  const redisCpu = (await redisCpuMs()) - redis0;
+  return { ops: job.pairs, ms, cpuMs: used, redisCpuMs: redisCpu, commands: commands - start };
 }
 
 /** Workload 2: 100 concurrent loops, each on a key of its own, for `durationMs`. */
@@ -84,10 +87,14 @@ async function concurrent(): Promise<BenchResult> {
   // Warmed up as workload 1 is: the JIT has compiled each contender's path before timing starts.
   await loops(Math.min(1_000, job.durationMs));
   const start = commands;
+  const redis0 = await redisCpuMs();
   const cpu = process.cpuUsage();
   const t0 = now();
   const ops = await loops(job.durationMs);
-  return { ops, ms: now() - t0, cpuMs: cpuMs(cpu), commands: commands - start };
+  const ms = now() - t0;
+  const used = cpuMs(cpu);
+  const redisCpu = (await redisCpuMs()) - redis0;
+  return { ops, ms, cpuMs: used, redisCpuMs: redisCpu, commands: commands - start };
 }
 
 /** 100 loops acquiring and releasing a key of their own each for `ms`; returns the pairs done. */
@@ -210,6 +217,17 @@ async function memory(): Promise<BenchResult> {
       keysLeft: keys1 - keys0,
     },
   };
+}
+
+/**
+ * The Redis server's CPU time so far (ms, `INFO cpu`: user + system, its main thread included):
+ * read before and after a run of one process against an otherwise idle server, the difference is
+ * what that run cost Redis, scripts, parsing and replies included.
+ */
+async function redisCpuMs(): Promise<number> {
+  const info = await data.info('cpu');
+  const field = (name: string): number => Number(new RegExp(`${name}:([\\d.]+)`).exec(info)![1]);
+  return (field('used_cpu_user') + field('used_cpu_sys')) * 1_000;
 }
 
 function cpuMs(since: NodeJS.CpuUsage): number {
