@@ -107,15 +107,23 @@ describe('through Sentinel, failing over (a master, a replica, 3 Sentinels)', ()
     try {
       await group.switchedTo(port, since);
       // Bounded, as the cluster spec's: a test never waits without a bound.
+      let last = 'no attempt';
       while (performance.now() - since < 20_000) {
         const key = uniqueKey();
-        const lock = await app.locks.tryAcquire(key).catch(() => null);
+        const lock = await app.locks.tryAcquire(key).catch((error: Error) => {
+          last = `${error.name}: ${error.message}`;
+          return null;
+        });
         const there = lock && (await promoted.get(`lock:{${key}}`)) === lock.token;
+        if (lock && !there) last = `a lock taken, but not found on port ${port}`;
+        if (lock === null && last === 'no attempt') last = 'busy';
         await lock?.release().catch(() => false);
         if (there) return performance.now() - since;
         await sleep(20);
       }
-      assert.fail(`locking did not resume on the promoted master (port ${port}) within 20 s`);
+      assert.fail(
+        `locking did not resume on the promoted master (port ${port}) within 20 s; last attempt: ${last}; Sentinel names port ${await group.masterPort()}`,
+      );
     } finally {
       promoted.disconnect();
     }
