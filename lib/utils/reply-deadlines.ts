@@ -1,4 +1,4 @@
-import { DEADLINE } from './within.js';
+import { abandon, DEADLINE } from './within.js';
 
 interface Pending {
   readonly due: number;
@@ -32,7 +32,7 @@ export class ReplyDeadlines {
     fail?: (reason: unknown) => Error,
   ): Promise<T> {
     if (signal?.aborted) {
-      return Promise.reject(fail ? fail(signal.reason) : (signal.reason as Error));
+      return abandon(promise, fail ? fail(signal.reason) : (signal.reason as Error));
     }
     return new Promise<T>((resolve, reject) => {
       let onAbort: (() => void) | undefined;

@@ -11,7 +11,7 @@ export function within<T>(
   signals: readonly (AbortSignal | undefined)[],
 ): Promise<T> {
   const aborted = signals.find((signal) => signal?.aborted);
-  if (aborted) return Promise.reject(aborted.reason as Error);
+  if (aborted) return abandon(promise, aborted.reason as Error);
   return new Promise<T>((resolve, reject) => {
     const onAbort = function (this: AbortSignal): void {
       cleanup();
@@ -29,6 +29,17 @@ export function within<T>(
       (error: unknown) => (cleanup(), reject(error as Error)),
     );
   });
+}
+
+/**
+ * Rejects with `reason` without waiting for `promise`, a command already sent: whatever it ends
+ * in later (a reply, or the connection's loss) is dropped here, never left an unhandled rejection.
+ */
+export function abandon<T>(promise: Promise<unknown>, reason: Error): Promise<T> {
+  promise.then(undefined, () => {
+    // Nobody waits for it any more.
+  });
+  return Promise.reject(reason);
 }
 
 /** For `.catch()` after `within()` when running out of time is an acceptable outcome. */
