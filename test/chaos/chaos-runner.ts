@@ -331,6 +331,8 @@ async function runOnce(
         }
         case 'unhandled':
           record.unhandled++;
+          // The count fails the scenario; the stack says where to look.
+          console.error(`chaos ${record.name}: unhandled rejection in a worker: ${event.error}`);
           break;
         case 'summary':
           worker.summary = event;

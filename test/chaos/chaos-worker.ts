@@ -36,7 +36,10 @@ const emit = (event: ChaosEvent): void => void process.stdout.write(`${JSON.stri
 let unhandled = 0;
 process.on('unhandledRejection', (reason) => {
   unhandled++;
-  emit({ t: 'unhandled', error: String(reason) });
+  emit({
+    t: 'unhandled',
+    error: reason instanceof Error ? (reason.stack ?? String(reason)) : String(reason),
+  });
 });
 
 // The fence-guarded resource. Never faulted: it is the database the lock protects.
