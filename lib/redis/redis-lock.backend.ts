@@ -251,18 +251,18 @@ export class RedisLockBackend implements LockBackend {
     const lockKey = this.lockKey(key);
     const family = familyOf(shape);
     const fenceKey = `${lockKey}:fence`;
-    const retention = this.fenceRetention;
+    const counterTtl = this.counterTtl(ttl);
     let args: LockScriptArgs;
     if (shape.fair) {
       const stay = queue ? this.queueStay : 0;
-      args = [lockKey, fenceKey, ...this.queueKeys(lockKey), token, ttl, ttl + retention, stay];
+      args = [lockKey, fenceKey, ...this.queueKeys(lockKey), token, ttl, counterTtl, stay];
     } else if (family === 1) {
-      args = [lockKey, fenceKey, token, ttl, ttl + retention, shape.limit];
+      args = [lockKey, fenceKey, token, ttl, counterTtl, shape.limit];
     } else if (family === 0 && queue) {
       // A writer that will wait holds new readers off (see WRITER_AFTER_READERS).
-      args = [lockKey, fenceKey, token, ttl, ttl + retention, 1];
+      args = [lockKey, fenceKey, token, ttl, counterTtl, 1];
     } else {
-      args = [lockKey, fenceKey, token, ttl, ttl + retention];
+      args = [lockKey, fenceKey, token, ttl, counterTtl];
     }
     const command = shape.fair ? 'redisLockAcquireFair' : ACQUIRE_COMMANDS[family];
     this.batcher?.beforeSend();
@@ -288,13 +288,7 @@ export class RedisLockBackend implements LockBackend {
     shape: LockShape = PLAIN,
   ): Promise<boolean> {
     const lockKey = this.lockKey(key);
-    const args: LockScriptArgs = [
-      lockKey,
-      `${lockKey}:fence`,
-      token,
-      ttl,
-      ttl + this.fenceRetention,
-    ];
+    const args: LockScriptArgs = [lockKey, `${lockKey}:fence`, token, ttl, this.counterTtl(ttl)];
     const command = EXTEND_COMMANDS[familyOf(shape)];
     this.batcher?.beforeSend();
     if (!this.replicaAck) return (await this.commands[command](...args)) === 1;
@@ -398,7 +392,7 @@ export class RedisLockBackend implements LockBackend {
         token,
         heirToken,
         ttl,
-        ttl + this.fenceRetention,
+        this.counterTtl(ttl),
       );
     } catch (error) {
       heir.wake();
@@ -428,9 +422,17 @@ export class RedisLockBackend implements LockBackend {
       `${lockKey}:fence`,
       token,
       fence,
-      ttl + this.fenceRetention,
+      this.counterTtl(ttl),
     );
     return raised === 1;
+  }
+
+  /**
+   * How long a key's fence counter lives after a holder's write: its lock's TTL + the fence
+   * retention. The scripts get it summed (see FENCE_OF).
+   */
+  private counterTtl(ttl: number): number {
+    return ttl + this.fenceRetention;
   }
 
   async prepare(): Promise<void> {
@@ -468,7 +470,7 @@ export class RedisLockBackend implements LockBackend {
     });
     this.batcher?.beforeSend();
     return this.commands
-      .redisLockAcquireAll(names.length, ...names, token, ttl, ttl + this.fenceRetention)
+      .redisLockAcquireAll(names.length, ...names, token, ttl, this.counterTtl(ttl))
       .then((reply) =>
         Array.isArray(reply) ? reply : { retryAfter: reply <= -2 ? -2 - reply : undefined },
       );

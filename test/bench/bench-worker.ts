@@ -71,26 +71,30 @@ process.exit(0);
 async function sequential(): Promise<BenchResult> {
   // Warm up to steady state (the JIT has compiled every contender's hot path) before measuring.
   for (let i = 0; i < 2_000; i++) await (await locker.acquire('seq', 10_000, 1_000)).release();
-  const start = commands;
-  const redis0 = await redisCpuMs();
-  const cpu = process.cpuUsage();
-  const t0 = now();
-  for (let i = 0; i < job.pairs; i++) await (await locker.acquire('seq', 10_000, 1_000)).release();
-  const ms = now() - t0;
-  const used = cpuMs(cpu);
-  const redisCpu = (await redisCpuMs()) - redis0;
-  return { ops: job.pairs, ms, cpuMs: used, redisCpuMs: redisCpu, commands: commands - start };
+  return measured(async () => {
+    for (let i = 0; i < job.pairs; i++)
+      await (await locker.acquire('seq', 10_000, 1_000)).release();
+    return job.pairs;
+  });
 }
 
 /** Workload 2: 100 concurrent loops, each on a key of its own, for `durationMs`. */
 async function concurrent(): Promise<BenchResult> {
   // Warmed up as workload 1 is: the JIT has compiled each contender's path before timing starts.
   await loops(Math.min(1_000, job.durationMs));
+  return measured(() => loops(job.durationMs));
+}
+
+/**
+ * Runs `work` (which resolves the pairs it did) and measures it: time, this process's CPU, the
+ * Redis server's CPU and the lock's commands.
+ */
+async function measured(work: () => Promise<number>): Promise<BenchResult> {
   const start = commands;
   const redis0 = await redisCpuMs();
   const cpu = process.cpuUsage();
   const t0 = now();
-  const ops = await loops(job.durationMs);
+  const ops = await work();
   const ms = now() - t0;
   const used = cpuMs(cpu);
   const redisCpu = (await redisCpuMs()) - redis0;

@@ -110,13 +110,17 @@ describe('through Sentinel, failing over (a master, a replica, 3 Sentinels)', ()
       let last = 'no attempt';
       while (performance.now() - since < 20_000) {
         const key = uniqueKey();
-        const lock = await app.locks.tryAcquire(key).catch((error: Error) => {
-          last = `${error.name}: ${error.message}`;
-          return null;
-        });
+        const lock = await app.locks.tryAcquire(key).then(
+          (taken) => {
+            last = taken ? `a lock taken, but not found on port ${port}` : 'busy';
+            return taken;
+          },
+          (error: Error) => {
+            last = `${error.name}: ${error.message}`;
+            return null;
+          },
+        );
         const there = lock && (await promoted.get(`lock:{${key}}`)) === lock.token;
-        if (lock && !there) last = `a lock taken, but not found on port ${port}`;
-        if (lock === null && last === 'no attempt') last = 'busy';
         await lock?.release().catch(() => false);
         if (there) return performance.now() - since;
         await sleep(20);
