@@ -126,10 +126,10 @@ if held then
 end`;
 
 /**
- * KEYS[1] lock key, KEYS[2] fence key; ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fence counter TTL ms,
- * ARGV[4] (optional) set when the caller will wait. Returns one integer (one reply to decode): the fence (> 0) when the caller holds
- * the lock afterwards; when someone else does, -2 - the holder's remaining TTL in ms (or -1 when
- * that lock has no TTL). A free key costs SET NX + INCR + PEXPIRE (TIME and SET instead of PEXPIRE
+ * KEYS[1] lock key, KEYS[2] fence key; ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fence counter TTL
+ * ms, ARGV[4] (optional) set when the caller will wait. Returns one integer (one reply to decode):
+ * the fence (> 0) when the caller holds the lock afterwards; when someone else does, -2 - the
+ * holder's remaining TTL in ms (or -1 when that lock has no TTL). A free key costs SET NX + INCR + PEXPIRE (TIME and SET instead of PEXPIRE
  * when the counter is new). A key held by readers: see WRITER_AFTER_READERS.
  */
 export const ACQUIRE_SCRIPT = `

@@ -337,11 +337,12 @@ describe('LockService on a single Redis', () => {
       await lock.release();
     });
 
-    it('get their counter TTL (the lock TTL + fenceRetention) from every shape, extension and handoff', async () => {
+    it('get their counter TTL (the lock TTL + fenceRetention) from every shape, extension and several keys', async () => {
       const counterTtl = async (key: string): Promise<number> => redis.pttl(`lock:{${key}}:fence`);
       const near = (pttl: number, expected: number, what: string): void =>
         assert.ok(pttl > expected - 1_000 && pttl <= expected, `${what}: counter PTTL ${pttl}`);
       const shapes: [string, AcquireOptions][] = [
+        ['plain lock', {}],
         ['semaphore', { limit: 2 }],
         ['read lock', { mode: 'read' }],
         ['fair lock', { fair: true }],
@@ -359,16 +360,7 @@ describe('LockService on a single Redis', () => {
       near(await counterTtl(a), 64_000, 'several keys');
       near(await counterTtl(b), 64_000, 'several keys');
       await both.release();
-      // A waiter in the same process is handed the lock by the release, with its own TTL.
-      const key = uniqueKey('handoff');
-      const holder = await locks.acquire(key, { ttl: 2_000 });
-      const heir = locks.acquire(key, { ttl: 7_000, acquireTimeout: 5_000 });
-      await sleep(50);
-      await holder.release();
-      const next = await heir;
-      near(await counterTtl(key), 67_000, 'handed off');
-      assert.ok(next.fence > holder.fence);
-      await next.release();
+      // A handoff's counter TTL: in waiting.spec, where the handoff is seen to happen.
     });
 
     it('with fenceRetention 0 the counter goes with the lock (expired or released), and fences still increase after it', async () => {

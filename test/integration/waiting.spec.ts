@@ -188,6 +188,11 @@ describe('waiting for a held lock', () => {
       assert.equal(await redis.get(`lock:{${key}}`), next.token);
       const pttl = await redis.pttl(`lock:{${key}}`);
       assert.ok(pttl > 6_000 && pttl <= 7_000, `the heir's own TTL: ${pttl}`);
+      const counterPttl = await redis.pttl(`lock:{${key}}:fence`);
+      assert.ok(
+        counterPttl > 66_000 && counterPttl <= 67_000,
+        `the fence counter's TTL, the heir's TTL + fenceRetention: ${counterPttl}`,
+      );
       assert.ok(next.expiresAt <= performance.now() + 7_000);
       assert.equal(await next.release(), true);
     } finally {
