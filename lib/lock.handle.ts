@@ -5,7 +5,12 @@ import {
   type LockLostReason,
   type LockOperation,
 } from './errors/redis-lock.errors.js';
-import type { LockBackend, LockShape } from './interfaces/lock-backend.interface.js';
+import type {
+  HeldLease,
+  LockBackend,
+  LockShape,
+  PendingSwap,
+} from './interfaces/lock-backend.interface.js';
 import type { Lock } from './interfaces/lock.interface.js';
 import type { LockEvents } from './lock.events.js';
 import { durationProblem, PLAIN } from './redis-lock.options.js';
@@ -29,8 +34,12 @@ export interface LockOwnerHooks {
  * What nobody observes costs nothing: the `AbortController` and the expiry timer are created when
  * `signal` is first read. Until then an overrun lease is noticed by the next thing that asks
  * (`release()`, `extend()`, re-entry, the watchdog, a reconnect check) through `checkExpiry()`.
+ *
+ * A lock passed on by a release in this process (see `RedisLockBackend.passOn`) starts on its
+ * predecessor's lease, with the write of its own token and TTL in flight (`swap`): that write is
+ * its first extension. Until it is answered, extensions and the release wait for it.
  */
-export class LockHandle implements Lock {
+export class LockHandle implements Lock, HeldLease {
   private controller: AbortController | undefined;
   /** Why the lease ended early (lost, or abandoned on shutdown): `signal`'s abort reason. */
   private endReason: LockLostError | undefined;
@@ -54,9 +63,14 @@ export class LockHandle implements Lock {
     private readonly owner: LockOwnerHooks,
     /** What it holds: the plain lock, a place in a semaphore, or a read lock. */
     readonly shape: LockShape = PLAIN,
+    /** @internal See `HeldLease.fenceLimit`. */
+    readonly fenceLimit: number = fence,
+    /** @internal Its own token write, when it was passed on before Redis knew. */
+    public swap?: PendingSwap,
   ) {
     this.expiry = expiresAt;
-    if (autoExtend) this.extendWhenDue();
+    if (swap) this.awaitSwap(swap);
+    else if (autoExtend) this.extendWhenDue();
   }
 
   get signal(): AbortSignal {
@@ -132,7 +146,8 @@ export class LockHandle implements Lock {
    */
   async verify(): Promise<void> {
     this.checkExpiry();
-    if (this.state !== 'held') return;
+    // A token write in flight is itself the check (and a check sent before it would fail).
+    if (this.state !== 'held' || this.swap) return;
     const { backend, reply } = this.owner;
     const held = await reply(this.key, 'verify', backend.isHeld(this.key, this.token)).catch(
       () => true,
@@ -154,13 +169,16 @@ export class LockHandle implements Lock {
 
   private releaseInRedis(): Promise<boolean> {
     const { backend, reply } = this.owner;
-    return reply(this.key, 'release', backend.release(this.key, this.token, this.shape));
+    return reply(this.key, 'release', backend.release(this.key, this.token, this.shape, this));
   }
 
   /** One extension, shared by `extend()` and the watchdog. Resolves false when the lock is gone. */
   private async renew(ttl: number): Promise<boolean> {
-    const sentAt = performance.now();
     const { backend, reply } = this.owner;
+    // After the token write, if still in flight (it fails like an extension if unanswered).
+    if (this.swap) await reply(this.key, 'extend', this.swap);
+    if (this.state !== 'held') return this.state === 'released';
+    const sentAt = performance.now();
     const extended = await reply(
       this.key,
       'extend',
@@ -173,13 +191,44 @@ export class LockHandle implements Lock {
       this.lose('not-held');
       return false;
     }
-    this.ttl = ttl;
-    this.expiry = sentAt + backend.validity(ttl);
-    this.lastExtendError = undefined;
-    if (this.controller) this.armExpiry();
+    this.confirm(sentAt, ttl);
     const { events } = this.owner;
     if (events.observed) events.emit({ type: 'extended', key: this.key, fence: this.fence, ttl });
     return true;
+  }
+
+  /** Redis confirmed the lease for `ttl` from `sentAt`. */
+  private confirm(sentAt: number, ttl: number): void {
+    this.ttl = ttl;
+    this.expiry = sentAt + this.owner.backend.validity(ttl);
+    this.lastExtendError = undefined;
+    if (this.controller) this.armExpiry();
+  }
+
+  /**
+   * Follows this lock's token write (see the class comment): answered, the lease runs from when it
+   * was sent; the lock found no longer its predecessor's, it is lost; no answer, the lease stays
+   * its predecessor's and the watchdog, if on, goes on trying to extend it.
+   */
+  private awaitSwap(swap: PendingSwap): void {
+    const done = (): void => {
+      if (this.swap === swap) this.swap = undefined;
+    };
+    swap.then(done, done);
+    this.owner.reply(this.key, 'extend', swap).then(
+      (sentAt) => {
+        this.checkExpiry();
+        if (this.state !== 'held') return;
+        if (sentAt === undefined) return this.lose('not-held');
+        this.confirm(sentAt, this.ttl);
+        if (this.autoExtend) this.extendWhenDue();
+      },
+      (error: unknown) => {
+        if (this.state !== 'held') return;
+        this.lastExtendError = error;
+        if (this.autoExtend) this.scheduleExtension(0);
+      },
+    );
   }
 
   /**

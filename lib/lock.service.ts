@@ -21,6 +21,7 @@ import type {
   Handoff,
   LockBackend,
   LockShape,
+  PendingSwap,
   ReleaseSubscription,
 } from './interfaces/lock-backend.interface.js';
 import type { AcquireOptions, Lock } from './interfaces/lock.interface.js';
@@ -371,7 +372,8 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
         let sentAt = performance.now();
         let attempt: AcquireAttempt;
         if (handoff) {
-          attempt = { acquired: true, fence: handoff.fence, validity: handoff.validity };
+          const { fence, fenceLimit, validity } = handoff;
+          attempt = { acquired: true, fence, fenceLimit, validity };
           sentAt = handoff.sentAt;
         } else {
           this.throwIfStopped(key, opts.signal);
@@ -379,7 +381,7 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
           queueFirst = false;
         }
         if (attempt.acquired) {
-          handle = this.hold(key, token, attempt, sentAt, opts);
+          handle = this.hold(key, token, attempt, sentAt, opts, handoff?.swap);
           this.reportAcquired(handle, started);
           if (this.stopping.signal.aborted) {
             // Granted while shutdown began: shutdown has already swept the held locks.
@@ -454,6 +456,7 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
       opts.ttl,
       opts.shape,
       opts.acquireTimeout > 0,
+      opts.token === undefined,
     );
     return this.deadlines.bound(pending, opts.signal, true, (error) => {
       const failure = this.failure(key, 'acquire', opts.signal, error);
@@ -578,6 +581,7 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
     attempt: Extract<AcquireAttempt, { acquired: true }>,
     sentAt: number,
     opts: ResolvedAcquireOptions,
+    swap?: PendingSwap,
   ): LockHandle {
     const handle = new LockHandle(
       key,
@@ -589,6 +593,8 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
       opts.autoExtend,
       this.hooks,
       opts.shape,
+      attempt.fenceLimit,
+      swap,
     );
     this.held.add(handle);
     return handle;

@@ -4,6 +4,11 @@ export type AcquireAttempt =
       acquired: true;
       /** Fencing token of this holder. */
       fence: number;
+      /**
+       * The last fence of the block this grant reserved (see `HeldLease.fenceLimit`); `fence` when
+       * it reserved none.
+       */
+      fenceLimit?: number;
       /** How long the lock is known to be valid, counted from when the attempt was sent, in ms. */
       validity: number;
     }
@@ -26,10 +31,46 @@ export interface LockShape {
 /** A lock handed straight to a waiter by the holder's release, without it being free in between. */
 export interface Handoff {
   fence: number;
+  /** See `HeldLease.fenceLimit`. */
+  fenceLimit: number;
   /** How long the lock is known to be valid, counted from `sentAt`, in ms. */
   validity: number;
   /** When the release that handed it over was sent (`performance.now()`). */
   sentAt: number;
+  /**
+   * Set when the heir was handed the lock before Redis knew (see `HeldLease`): the write of its
+   * token and TTL, in flight.
+   */
+  swap?: PendingSwap;
+}
+
+/**
+ * The write of an heir's token and TTL over its predecessor's, sent after the heir started.
+ * Resolves with when it was sent (`performance.now()`) once the heir's token holds the lock with
+ * its TTL, or `undefined` if the lock was no longer its predecessor's (the heir has lost it).
+ */
+export type PendingSwap = Promise<number | undefined>;
+
+/**
+ * What a release needs to know about the lease it ends, to pass the lock on to a waiter of this
+ * process without a round trip to Redis: the heir starts at once with the next fence of the
+ * block its predecessor's grant reserved in Redis, on its predecessor's lease, while the write of
+ * its own token and TTL goes out behind it (`PendingSwap`).
+ */
+export interface HeldLease {
+  readonly fence: number;
+  /**
+   * The last fence reserved for this lease's line of heirs: a grant from Redis to a generated
+   * token reserves a block of fences (see `FENCE_STRIDE`); a lease handed on in the process takes
+   * the next one. Equal to `fence` when nothing is left to hand on.
+   */
+  readonly fenceLimit: number;
+  /** When the lease runs out unless extended (`performance.now()`). */
+  readonly expiresAt: number;
+  /** Set if the lease ended early (lost, or abandoned on shutdown): then it is not handed on. */
+  readonly lossReason: unknown;
+  /** This lease's own token write, if it was itself handed on and Redis has not answered yet. */
+  readonly swap?: PendingSwap;
 }
 
 /** What a waiter needs to be handed a lock directly: the token and TTL it would acquire with. */
@@ -69,6 +110,11 @@ export interface LockBackend {
      * writer marks itself waiting for readers. False: one attempt that leaves nothing behind.
      */
     queue?: boolean,
+    /**
+     * Whether the token is one this library generated (not the caller's own): a plain lock then
+     * reserves a block of fences for the holder's in-process heirs (see `HeldLease.fenceLimit`).
+     */
+    reserve?: boolean,
   ): Promise<AcquireAttempt>;
   /**
    * One attempt at plain locks on several keys in one step, all or none, with a fresh token:
@@ -88,9 +134,10 @@ export interface LockBackend {
   /**
    * Gives the lock up: to the first waiter of this process if it takes handoffs (see
    * `watchReleases`; only a plain lock), otherwise deletes it and wakes waiters. Resolves
-   * false when the token no longer held the key.
+   * false when the token no longer held the key. `lease`: the holder's, when it has one (see
+   * `HeldLease`); the release is sent only after the lease's own pending swap.
    */
-  release(key: string, token: string, shape?: LockShape): Promise<boolean>;
+  release(key: string, token: string, shape?: LockShape, lease?: HeldLease): Promise<boolean>;
   isLocked(key: string): Promise<boolean>;
   /** Whether `token` still holds `key`, whatever the shape. Changes nothing. */
   isHeld(key: string, token: string): Promise<boolean>;

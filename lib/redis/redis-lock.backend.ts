@@ -7,22 +7,28 @@ import type {
   AcquireAttempt,
   BackendHealth,
   HandoffClaim,
+  HeldLease,
   LockBackend,
   LockShape,
+  PendingSwap,
   ReleaseSubscription,
 } from '../interfaces/lock-backend.interface.js';
 import { PLAIN } from '../redis-lock.options.js';
 import {
   ACQUIRE_ALL_SCRIPT,
   ACQUIRE_FAIR_SCRIPT,
+  ACQUIRE_OWN_TOKEN_SCRIPT,
   ACQUIRE_READ_SCRIPT,
   ACQUIRE_SCRIPT,
   ACQUIRE_SEMAPHORE_SCRIPT,
   EXTEND_READ_SCRIPT,
   EXTEND_SCRIPT,
   EXTEND_SEMAPHORE_SCRIPT,
+  FENCE_STRIDE,
   HANDOFF_SCRIPT,
+  HANDOFF_UNRESERVED_SCRIPT,
   IS_HELD_SCRIPT,
+  PASS_ON_SCRIPT,
   RAISE_FENCE_SCRIPT,
   RELEASE_FORGETTING_SCRIPT,
   RELEASE_FAIR_FORGETTING_SCRIPT,
@@ -55,9 +61,12 @@ type ReleaseCommand = (
   message: string,
 ) => Promise<number>;
 
-/** The shapes' script families: the plain lock, a semaphore, a read lock (see `familyOf`). */
+/**
+ * The shapes' script families: the plain lock, a semaphore, a read lock (see `familyOf`). The
+ * plain lock's here is for the caller's own token; a generated token's is `redisLockAcquire`.
+ */
 const ACQUIRE_COMMANDS = [
-  'redisLockAcquire',
+  'redisLockAcquireOwnToken',
   'redisLockAcquireSemaphore',
   'redisLockAcquireRead',
 ] as const;
@@ -96,6 +105,23 @@ const RELEASE_SCRIPTS = [
   ],
 ] as const;
 
+/**
+ * Whether `lease` may be handed on in the process without a round trip (see `passOn`): held to
+ * the end, a fence of its block left, and at least half the heir's TTL left to run, so that the
+ * heir's own write lands well within it.
+ */
+const passable = (lease: HeldLease, heirTtl: number): boolean =>
+  lease.lossReason === undefined &&
+  lease.fence < lease.fenceLimit &&
+  lease.expiresAt - performance.now() >= heirTtl / 2;
+
+/**
+ * Resolves in the event loop's check phase, after every promise reaction queued until then: a
+ * lock passed on in the process lets its heir start before the write that tells Redis (a system
+ * call) is made.
+ */
+const afterReactions = (): Promise<void> => new Promise((resolve) => setImmediate(resolve));
+
 /** 0: the plain lock (a writer), 1: a place in a counting semaphore, 2: a read lock. */
 const familyOf = (shape: LockShape): 0 | 1 | 2 =>
   shape.mode === 'read' ? 2 : shape.limit > 1 ? 1 : 0;
@@ -118,6 +144,7 @@ type FairReleaseCommand = (...args: LockScriptArgs) => Promise<number>;
 interface LockCommands {
   /** ARGV: token, ttl, the fence counter's TTL (ttl + retention; for a semaphore, then the limit). */
   redisLockAcquire(...args: LockScriptArgs): Promise<number>;
+  redisLockAcquireOwnToken(...args: LockScriptArgs): Promise<number>;
   redisLockAcquireSemaphore(...args: LockScriptArgs): Promise<number>;
   redisLockAcquireRead(...args: LockScriptArgs): Promise<number>;
   redisLockExtend(...args: LockScriptArgs): Promise<number>;
@@ -150,15 +177,19 @@ interface LockCommands {
     fence: number,
     counterTtl: number,
   ): Promise<number>;
-  redisLockHandoff(
-    lockKey: string,
-    fenceKey: string,
-    token: string,
-    heirToken: string,
-    heirTtl: number,
-    counterTtl: number,
-  ): Promise<number>;
+  redisLockHandoff: HandoffCommand;
+  redisLockHandoffUnreserved: HandoffCommand;
+  redisLockPassOn: HandoffCommand;
 }
+
+type HandoffCommand = (
+  lockKey: string,
+  fenceKey: string,
+  token: string,
+  heirToken: string,
+  heirTtl: number,
+  counterTtl: number,
+) => Promise<number>;
 
 /**
  * Locks on one Redis deployment reached through one ioredis client: a standalone server, a
@@ -179,6 +210,13 @@ export class RedisLockBackend implements LockBackend {
   private readonly commandTimeout: number;
   private readonly fenceRetention: number;
   private readonly replicaAck: ReplicaAck | undefined;
+  /**
+   * Fences per grant from Redis to a generated token (see `FENCE_STRIDE`): the grant's own and
+   * those its in-process heirs may take (see `passOn`). One where no release passes a lock on
+   * (`replicaAck`), and where every release deletes the counter (`fenceRetention: 0`): the next
+   * fence then comes from the server's clock, which need not have moved past a whole block since.
+   */
+  private readonly stride: number;
   /**
    * How long a fair waiter's place lasts without another attempt: it attempts at least every
    * retryInterval (+ jitter, + a reply within commandTimeout), so twice that never drops a live one.
@@ -205,18 +243,26 @@ export class RedisLockBackend implements LockBackend {
       fenceRetention: this.fenceRetention,
       replicaAck: this.replicaAck,
     } = options);
+    this.stride = this.replicaAck || this.fenceRetention === 0 ? 1 : FENCE_STRIDE;
     const { retryInterval = 1_000, retryJitter = 50 } = options.defaults ?? {};
     this.queueStay = 2 * (retryInterval + retryJitter + this.commandTimeout);
     const scripts: Record<string, ScriptDefinition> = {
       redisLockAcquireFair: { numberOfKeys: 4, lua: ACQUIRE_FAIR_SCRIPT },
       redisLockAcquireAll: { lua: ACQUIRE_ALL_SCRIPT },
       redisLockIsHeld: { numberOfKeys: 1, lua: IS_HELD_SCRIPT },
+      redisLockAcquire: { numberOfKeys: 2, lua: ACQUIRE_SCRIPT },
       redisLockHandoff: { numberOfKeys: 2, lua: HANDOFF_SCRIPT },
+      redisLockHandoffUnreserved: { numberOfKeys: 2, lua: HANDOFF_UNRESERVED_SCRIPT },
+      redisLockPassOn: { numberOfKeys: 2, lua: PASS_ON_SCRIPT },
       redisLockRaiseFence: { numberOfKeys: 2, lua: RAISE_FENCE_SCRIPT },
     };
     const twoKeys = (names: readonly string[], luas: readonly string[]): void =>
       names.forEach((name, i) => (scripts[name] = { numberOfKeys: 2, lua: luas[i] }));
-    twoKeys(ACQUIRE_COMMANDS, [ACQUIRE_SCRIPT, ACQUIRE_SEMAPHORE_SCRIPT, ACQUIRE_READ_SCRIPT]);
+    twoKeys(ACQUIRE_COMMANDS, [
+      ACQUIRE_OWN_TOKEN_SCRIPT,
+      ACQUIRE_SEMAPHORE_SCRIPT,
+      ACQUIRE_READ_SCRIPT,
+    ]);
     twoKeys(EXTEND_COMMANDS, [EXTEND_SCRIPT, EXTEND_SEMAPHORE_SCRIPT, EXTEND_READ_SCRIPT]);
     twoKeys(RELEASE_COMMANDS.flat(2), RELEASE_SCRIPTS.flat(2));
     FAIR_RELEASE_COMMANDS.flat().forEach((name, i) => {
@@ -247,6 +293,7 @@ export class RedisLockBackend implements LockBackend {
     ttl: number,
     shape: LockShape = PLAIN,
     queue = true,
+    reserve = false,
   ): Promise<AcquireAttempt> {
     const lockKey = this.lockKey(key);
     const family = familyOf(shape);
@@ -264,7 +311,12 @@ export class RedisLockBackend implements LockBackend {
     } else {
       args = [lockKey, fenceKey, token, ttl, counterTtl];
     }
-    const command = shape.fair ? 'redisLockAcquireFair' : ACQUIRE_COMMANDS[family];
+    const reserving = reserve && family === 0 && !shape.fair && this.stride > 1;
+    const command = shape.fair
+      ? 'redisLockAcquireFair'
+      : reserving
+        ? 'redisLockAcquire'
+        : ACQUIRE_COMMANDS[family];
     this.batcher?.beforeSend();
     let reply: number;
     if (this.replicaAck) {
@@ -277,7 +329,10 @@ export class RedisLockBackend implements LockBackend {
     } else {
       reply = await this.commands[command](...args);
     }
-    if (reply > 0) return { acquired: true, fence: reply, validity: ttl };
+    if (reply > 0) {
+      const fenceLimit = reserving ? reply + this.stride - 1 : reply;
+      return { acquired: true, fence: reply, fenceLimit, validity: ttl };
+    }
     return { acquired: false, retryAfter: reply <= -2 ? -2 - reply : undefined };
   }
 
@@ -306,7 +361,10 @@ export class RedisLockBackend implements LockBackend {
    */
   private async replicated(
     command:
-      (typeof ACQUIRE_COMMANDS)[number] | (typeof EXTEND_COMMANDS)[number] | 'redisLockAcquireFair',
+      | (typeof ACQUIRE_COMMANDS)[number]
+      | (typeof EXTEND_COMMANDS)[number]
+      | 'redisLockAcquire'
+      | 'redisLockAcquireFair',
     args: LockScriptArgs,
     redirects = 0,
   ): Promise<[reply: number, acknowledged: number]> {
@@ -349,17 +407,23 @@ export class RedisLockBackend implements LockBackend {
     key: string,
     token: string,
     shape: LockShape = PLAIN,
+    lease?: HeldLease,
     message = '',
   ): Promise<boolean> {
     const lockKey = this.lockKey(key);
     const channel = `${lockKey}:released`;
-    if (shape.fair) return (await this.fairRelease(lockKey, token, true, message)) > 0;
     // No handoffs with replicaAck (the heir's lock would be granted without WAIT), nor of a
     // semaphore's place or a read lock (the next holder may be any caller; the release wakes one).
     const heir =
       this.notifier.watching && !this.replicaAck && shape === PLAIN
         ? this.notifier.takeHeir(channel)
         : undefined;
+    if (heir && lease && passable(lease, heir.claim.ttl)) {
+      return this.passOn(key, lockKey, token, heir, lease);
+    }
+    // Only once this lease's own token write is answered: Redis must see the two in order.
+    if (lease?.swap) await lease.swap.catch(() => undefined);
+    if (shape.fair) return (await this.fairRelease(lockKey, token, true, message)) > 0;
     this.batcher?.beforeSend();
     if (heir) return this.handOff(key, lockKey, token, heir);
     let reply = 0;
@@ -386,7 +450,8 @@ export class RedisLockBackend implements LockBackend {
     const sentAt = performance.now();
     let fence: number;
     try {
-      fence = await this.commands.redisLockHandoff(
+      const command = this.stride > 1 ? 'redisLockHandoff' : 'redisLockHandoffUnreserved';
+      fence = await this.commands[command](
         lockKey,
         `${lockKey}:fence`,
         token,
@@ -402,12 +467,58 @@ export class RedisLockBackend implements LockBackend {
       heir.wake();
       return false;
     }
-    heir.grant({ fence, validity: ttl, sentAt }, () => {
+    const fenceLimit = fence + this.stride - 1;
+    heir.grant({ fence, fenceLimit, validity: ttl, sentAt }, () => {
       this.release(key, heirToken).catch(() => {
         // It expires after its TTL.
       });
     });
     return true;
+  }
+
+  /**
+   * Hands the lock to `heir`, the first waiter of this process, without waiting for Redis: the
+   * heir starts at once with the next fence of the block `lease`'s grant reserved (so no holder
+   * anywhere else can get it), on what is left of `lease`, while the write of its token and TTL
+   * over ours (`PASS_ON_SCRIPT`) goes out behind it, after our own if that is still in flight.
+   * That write then counts as the heir's first extension: if it finds the lock no longer ours,
+   * the heir has lost it (its `signal` aborts), and its own extensions and release wait for it.
+   * Resolves, like a release, whether the lock was still ours.
+   */
+  private passOn(
+    key: string,
+    lockKey: string,
+    token: string,
+    heir: Heir,
+    lease: HeldLease,
+  ): Promise<boolean> {
+    const { token: heirToken, ttl } = heir.claim;
+    const counterTtl = this.counterTtl(ttl);
+    const send = (): PendingSwap => {
+      const sentAt = performance.now();
+      this.batcher?.beforeSend();
+      return this.commands
+        .redisLockPassOn(lockKey, `${lockKey}:fence`, token, heirToken, ttl, counterTtl)
+        .then((swapped) => (swapped === 1 ? sentAt : undefined));
+    };
+    // Sent once the heir has run up to its first wait (see `afterReactions`), unless it goes
+    // behind our own write, still in flight.
+    const swap = lease.swap
+      ? lease.swap.then((sent) => (sent === undefined ? undefined : send()))
+      : afterReactions().then(send);
+    const now = performance.now();
+    const { fence, fenceLimit, expiresAt } = lease;
+    heir.grant(
+      { fence: fence + 1, fenceLimit, validity: expiresAt - now, sentAt: now, swap },
+      () => {
+        swap
+          .then((sent) => sent !== undefined && this.release(key, heirToken))
+          .catch(() => {
+            // It expires after its TTL.
+          });
+      },
+    );
+    return swap.then((sent) => sent !== undefined);
   }
 
   /**

@@ -199,7 +199,7 @@ export class RedlockBackend implements LockBackend {
   async release(key: string, token: string): Promise<boolean> {
     const message = `${this.id}:${++this.releases}`;
     const tally = await this.ask(
-      (node) => node.release(key, token, PLAIN, message),
+      (node) => node.release(key, token, PLAIN, undefined, message),
       (released) => released,
     ).decided;
     if (tally.yes.length >= this.quorum) return true;

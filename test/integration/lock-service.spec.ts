@@ -14,6 +14,12 @@ import {
   uniqueKey,
   type LockModuleFixture,
 } from '../support/lock-module.js';
+import {
+  ACQUIRE_OWN_TOKEN_SCRIPT,
+  ACQUIRE_SCRIPT,
+  FENCE_STRIDE,
+  PASS_ON_SCRIPT,
+} from '../../lib/redis/lock.scripts.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
 
 describe('LockService on a single Redis', () => {
@@ -71,7 +77,9 @@ describe('LockService on a single Redis', () => {
         const key = uniqueKey();
         const lock = await app.locks.acquire(key, { ttl: 5_000 });
         assert.equal(await redis.get(`app:lock:{${key}}`), lock.token);
-        assert.ok(Number(await redis.get(`app:lock:{${key}}:fence`)) === lock.fence);
+        // The counter stands at the end of the block of fences the grant reserved.
+        const counter = Number(await redis.get(`app:lock:{${key}}:fence`));
+        assert.equal(counter, lock.fence + FENCE_STRIDE - 1);
         const started = performance.now();
         const waiter = app.locks.acquire(key, { acquireTimeout: 5_000 });
         await sleep(50);
@@ -312,7 +320,8 @@ describe('LockService on a single Redis', () => {
       const key = uniqueKey();
       const first = await locks.acquire(key);
       await first.release();
-      assert.equal(await redis.get(`lock:{${key}}:fence`), String(first.fence));
+      // The end of the block of fences its grant reserved (see FENCE_STRIDE).
+      assert.equal(await redis.get(`lock:{${key}}:fence`), String(first.fence + FENCE_STRIDE - 1));
       await redis.del(`lock:{${key}}:fence`);
       const second = await locks.acquire(key);
       assert.ok(second.fence > first.fence);
@@ -329,6 +338,37 @@ describe('LockService on a single Redis', () => {
       await lock.release();
     });
 
+    it('a resent grant (a reply lost with its connection) takes a new block; a caller token keeps its fence; a resent pass-on is answered the same', async () => {
+      const key = uniqueKey();
+      const [lockKey, fenceKey] = [`lock:{${key}}`, `lock:{${key}}:fence`];
+      const acquire = (script: string, token: string): Promise<unknown> =>
+        redis.eval(script, 2, lockKey, fenceKey, token, 5_000, 65_000);
+      // The generated token's script, run twice as ioredis would resend it.
+      const first = Number(await acquire(ACQUIRE_SCRIPT, 'generated'));
+      const resent = Number(await acquire(ACQUIRE_SCRIPT, 'generated'));
+      assert.ok(resent >= first + FENCE_STRIDE, `${resent} after the block of ${first}`);
+      assert.equal(Number(await redis.get(fenceKey)), resent + FENCE_STRIDE - 1);
+      // Passed on (the heir took resent + 1), then the same write again: both say it holds.
+      const passOn = (): Promise<unknown> =>
+        redis.eval(PASS_ON_SCRIPT, 2, lockKey, fenceKey, 'generated', 'heir', 7_000, 67_000);
+      assert.equal(await passOn(), 1);
+      assert.equal(await passOn(), 1);
+      assert.equal(await redis.get(lockKey), 'heir');
+      // Nobody else's: refused, nothing changed.
+      assert.equal(
+        await redis.eval(PASS_ON_SCRIPT, 2, lockKey, fenceKey, 'other', 'x', 7_000, 67_000),
+        0,
+      );
+      assert.equal(await redis.get(lockKey), 'heir');
+      await redis.del(lockKey);
+      // A caller's own token: one fence per grant, the same one again while it holds the lock.
+      const own = Number(await acquire(ACQUIRE_OWN_TOKEN_SCRIPT, 'mine'));
+      assert.ok(own > resent + FENCE_STRIDE - 1);
+      assert.equal(Number(await acquire(ACQUIRE_OWN_TOKEN_SCRIPT, 'mine')), own);
+      assert.equal(Number(await redis.get(fenceKey)), own);
+      await redis.del(lockKey);
+    });
+
     it('keep their counter for the TTL plus fenceRetention (default one minute), then let it go', async () => {
       const key = uniqueKey();
       const lock = await locks.acquire(key, { ttl: 2_000 });
@@ -337,7 +377,7 @@ describe('LockService on a single Redis', () => {
       await lock.release();
     });
 
-    it('get their counter TTL (the lock TTL + fenceRetention) from every shape, extension and several keys', async () => {
+    it('get their counter TTL (the lock TTL + fenceRetention) from every shape, extension and several keys, and a block of fences only for the plain lock', async () => {
       const counterTtl = async (key: string): Promise<number> => redis.pttl(`lock:{${key}}:fence`);
       const near = (pttl: number, expected: number, what: string): void =>
         assert.ok(pttl > expected - 1_000 && pttl <= expected, `${what}: counter PTTL ${pttl}`);
@@ -351,6 +391,10 @@ describe('LockService on a single Redis', () => {
         const key = uniqueKey(what.replace(' ', '-'));
         const lock = await locks.acquire(key, { ttl: 3_000, ...options });
         near(await counterTtl(key), 63_000, what);
+        // Only the plain lock reserves a block of fences (for heirs in its process).
+        const block = what === 'plain lock' ? FENCE_STRIDE : 1;
+        const counter = Number(await redis.get(`lock:{${key}}:fence`));
+        assert.equal(counter, lock.fence + block - 1, `${what}: the counter after its grant`);
         await lock.extend(5_000);
         near(await counterTtl(key), 65_000, `${what}, extended`);
         await lock.release();
@@ -359,6 +403,10 @@ describe('LockService on a single Redis', () => {
       const both = await locks.acquire([a, b], { ttl: 4_000 });
       near(await counterTtl(a), 64_000, 'several keys');
       near(await counterTtl(b), 64_000, 'several keys');
+      // Several keys in one step: one fence each, no block.
+      for (const k of [a, b]) {
+        assert.equal(Number(await redis.get(`lock:{${k}}:fence`)), both.fences[k]);
+      }
       await both.release();
       // A handoff's counter TTL: in waiting.spec, where the handoff is seen to happen.
     });

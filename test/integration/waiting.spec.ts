@@ -6,6 +6,8 @@ import {
   LockAcquireAbortedError,
   LockAcquireTimeoutError,
   LockBackendError,
+  LockLostError,
+  type Lock,
   type LockService,
 } from '../../lib/index.js';
 import {
@@ -15,9 +17,16 @@ import {
   uniqueKey,
   type LockModuleFixture,
 } from '../support/lock-module.js';
-import { monitorRedis, scriptCalls } from '../support/redis-monitor.js';
+import { monitorRedis, scriptCalls, type MonitoredCommand } from '../support/redis-monitor.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
-import { ACQUIRE_SCRIPT, HANDOFF_SCRIPT, RELEASE_SCRIPT } from '../../lib/redis/lock.scripts.js';
+import {
+  ACQUIRE_SCRIPT,
+  FENCE_STRIDE,
+  HANDOFF_SCRIPT,
+  HANDOFF_UNRESERVED_SCRIPT,
+  PASS_ON_SCRIPT,
+  RELEASE_SCRIPT,
+} from '../../lib/redis/lock.scripts.js';
 import { TURN_MS } from '../../lib/redis/release.notifier.js';
 import { FaultProxy } from '../support/fault-proxy.js';
 
@@ -37,6 +46,10 @@ describe('waiting for a held lock', () => {
     holder = holderApp.locks;
     waiter = waiterApp.locks;
     redis = new Redis(server.port, '127.0.0.1');
+    // Loaded up front, so that no test sees a first run's NOSCRIPT and EVAL as two calls.
+    for (const script of [HANDOFF_SCRIPT, HANDOFF_UNRESERVED_SCRIPT, PASS_ON_SCRIPT]) {
+      await redis.script('LOAD', script);
+    }
   });
   after(async () => {
     await holderApp?.close();
@@ -44,6 +57,36 @@ describe('waiting for a held lock', () => {
     redis?.disconnect();
     await server?.stop();
   });
+
+  /**
+   * After a handoff to `next`, seen by `monitor`: `script` ran once on the key and no other lock
+   * script did, nothing was published, and Redis holds `next`'s token with its TTL, and the fence
+   * counter with that TTL + fenceRetention.
+   */
+  async function assertHandedOver(
+    monitor: { readonly commands: MonitoredCommand[] },
+    key: string,
+    script: string,
+    next: Lock,
+    ttl: number,
+  ): Promise<void> {
+    await sleep(20);
+    const calls = (s: string): number => scriptCalls(monitor.commands, s, `lock:{${key}}`);
+    const scripts = [PASS_ON_SCRIPT, HANDOFF_SCRIPT, RELEASE_SCRIPT, ACQUIRE_SCRIPT];
+    assert.deepEqual(
+      scripts.map(calls),
+      scripts.map((s) => (s === script ? 1 : 0)),
+    );
+    assert.ok(!monitor.commands.some(({ args }) => args[0] === 'publish'));
+    assert.equal(await redis.get(`lock:{${key}}`), next.token);
+    const pttl = await redis.pttl(`lock:{${key}}`);
+    assert.ok(pttl > ttl - 1_000 && pttl <= ttl, `the heir's own TTL: ${pttl}`);
+    const counterPttl = await redis.pttl(`lock:{${key}}:fence`);
+    assert.ok(
+      counterPttl > ttl + 59_000 && counterPttl <= ttl + 60_000,
+      `the fence counter's TTL, the heir's TTL + fenceRetention: ${counterPttl}`,
+    );
+  }
 
   it('hands the lock to a waiter within milliseconds of the release, not a poll interval later', async () => {
     const key = uniqueKey();
@@ -169,34 +212,177 @@ describe('waiting for a held lock', () => {
     assert.deepEqual(order, ['w0', 'w1', 'w2', 'w3', 'w4', 'again']);
   });
 
-  it('a release hands the lock straight to the first waiter of its process: one command, no message', async () => {
+  it('a release passes the lock straight to the first waiter of its process: the heir starts at once, one command, no message', async () => {
     const key = uniqueKey();
     const held = await waiter.acquire(key, { ttl: 30_000 });
-    const queued = waiter.acquire(key, { ttl: 7_000, acquireTimeout: 10_000 });
+    const queued = waiter.acquire(key, { ttl: 20_000, acquireTimeout: 10_000 });
+    await sleep(100); // queued and asleep
+    const monitor = await monitorRedis(server.port);
+    try {
+      const released = held.release();
+      const next = await queued;
+      // Granted before Redis answered: the next fence of the held lock's block, on its lease.
+      assert.equal(next.fence, held.fence + 1);
+      assert.equal(next.expiresAt, held.expiresAt);
+      assert.equal(await released, true);
+      await assertHandedOver(monitor, key, PASS_ON_SCRIPT, next, 20_000);
+      // Its lease now runs from its own write.
+      assert.ok(
+        next.expiresAt > held.expiresAt - 10_000 && next.expiresAt <= performance.now() + 20_000,
+      );
+      assert.equal(await next.release(), true);
+    } finally {
+      monitor.stop();
+    }
+  });
+
+  it("a release hands the lock over through Redis when the lease has less than half the heir's TTL left: one command", async () => {
+    const key = uniqueKey();
+    const held = await waiter.acquire(key, { ttl: 5_000 });
+    const queued = waiter.acquire(key, { ttl: 11_000, acquireTimeout: 10_000 });
     await sleep(100); // queued and asleep
     const monitor = await monitorRedis(server.port);
     try {
       assert.equal(await held.release(), true);
       const next = await queued;
-      await sleep(20);
-      const calls = (script: string): number =>
-        scriptCalls(monitor.commands, script, `lock:{${key}}`);
-      assert.equal(calls(HANDOFF_SCRIPT), 1);
-      assert.equal(calls(RELEASE_SCRIPT) + calls(ACQUIRE_SCRIPT), 0, 'no release, no attempt');
-      assert.ok(!monitor.commands.some(({ args }) => args[0] === 'publish'));
-      assert.ok(next.fence > held.fence);
-      assert.equal(await redis.get(`lock:{${key}}`), next.token);
-      const pttl = await redis.pttl(`lock:{${key}}`);
-      assert.ok(pttl > 6_000 && pttl <= 7_000, `the heir's own TTL: ${pttl}`);
-      const counterPttl = await redis.pttl(`lock:{${key}}:fence`);
-      assert.ok(
-        counterPttl > 66_000 && counterPttl <= 67_000,
-        `the fence counter's TTL, the heir's TTL + fenceRetention: ${counterPttl}`,
-      );
-      assert.ok(next.expiresAt <= performance.now() + 7_000);
+      await assertHandedOver(monitor, key, HANDOFF_SCRIPT, next, 11_000);
+      // A new block of fences, taken in Redis.
+      assert.ok(next.fence >= held.fence + FENCE_STRIDE, `${next.fence} after ${held.fence}`);
+      assert.ok(next.expiresAt <= performance.now() + 11_000);
       assert.equal(await next.release(), true);
     } finally {
       monitor.stop();
+    }
+  });
+
+  it('passes the lock on in the process until its block of fences is used up, then takes a new block through Redis; every fence unique and above the last', async () => {
+    const key = uniqueKey();
+    const held = await waiter.acquire(key, { ttl: 30_000 });
+    // Sections yield once (setImmediate, not a timer of at least 1 ms), so that the chain stays
+    // well within the process's turn (TURN_MS) even on a slow machine.
+    const sections: { fence: number; lost: boolean; released: boolean }[] = [];
+    const local = Array.from({ length: 2 * FENCE_STRIDE + 3 }, async () => {
+      const lock = await waiter.acquire(key, { acquireTimeout: 10_000 });
+      const section = { fence: lock.fence, lost: false, released: false };
+      sections.push(section);
+      await new Promise((resolve) => setImmediate(resolve));
+      section.lost = lock.signal.aborted;
+      section.released = await lock.release();
+    });
+    await sleep(100);
+    const monitor = await monitorRedis(server.port);
+    try {
+      await held.release();
+      await Promise.all(local);
+      await sleep(20);
+      const sha = (script: string): string => createHash('sha1').update(script).digest('hex');
+      const kinds = monitor.commands
+        .filter(({ args }) => args[0] === 'evalsha' && args[3] === `lock:{${key}}`)
+        .map(({ args }) => (args[1] === sha(PASS_ON_SCRIPT) ? 'P' : 'G'))
+        .join('');
+      // Each grant from Redis reserves a block; at most FENCE_STRIDE - 1 pass-ons (P) follow it,
+      // the first after the held lock's grant. A block used up is followed by one handoff through
+      // Redis (G), the next grant. Anything else between grants can only be the end of the
+      // process's turn (TURN_MS, on a slow machine): a release, then a waiter's own attempt (GG).
+      // The last release finds no waiter (G).
+      const full = 'P'.repeat(FENCE_STRIDE - 1);
+      const block = `P{0,${FENCE_STRIDE - 1}}`;
+      const shape = new RegExp(`^(${full}G|${block}GG)*${block}G$`);
+      assert.match(kinds, shape);
+      assert.ok(kinds.includes(full + 'G'), `a block used up, then a new one: ${kinds}`);
+      const fences = [held.fence, ...sections.map((s) => s.fence)];
+      for (let i = 1; i < fences.length; i++) {
+        assert.ok(fences[i] > fences[i - 1], `fences in order: ${fences.join(', ')}`);
+      }
+      assert.deepEqual(
+        sections.filter((s) => s.lost || !s.released),
+        [],
+        'every heir held its lock to the end and released it',
+      );
+      assert.equal(await redis.exists(`lock:{${key}}`), 0);
+      // No holder elsewhere can get a fence that was reserved for the process's heirs: the
+      // counter stands at the end of the last block.
+      const counter = Number(await redis.get(`lock:{${key}}:fence`));
+      assert.ok(counter >= Math.max(...fences));
+      const after = await holder.acquire(key);
+      assert.equal(after.fence, counter + 1);
+      await after.release();
+    } finally {
+      monitor.stop();
+    }
+  });
+
+  it('with fenceRetention 0 no fences are reserved: a handoff goes through Redis and takes one fence', async () => {
+    const app = await startLockModule({ connection: server.url, fenceRetention: 0 });
+    try {
+      const key = uniqueKey();
+      const held = await app.locks.acquire(key, { ttl: 30_000 });
+      assert.equal(Number(await redis.get(`lock:{${key}}:fence`)), held.fence);
+      const queued = app.locks.acquire(key, { ttl: 30_000, acquireTimeout: 10_000 });
+      await sleep(100);
+      const monitor = await monitorRedis(server.port);
+      try {
+        assert.equal(await held.release(), true);
+        const next = await queued;
+        await sleep(20);
+        const calls = (script: string): number =>
+          scriptCalls(monitor.commands, script, `lock:{${key}}`);
+        assert.equal(calls(HANDOFF_UNRESERVED_SCRIPT), 1);
+        assert.equal(calls(PASS_ON_SCRIPT) + calls(HANDOFF_SCRIPT), 0);
+        assert.equal(next.fence, held.fence + 1);
+        assert.equal(Number(await redis.get(`lock:{${key}}:fence`)), next.fence);
+        assert.equal(await next.release(), true);
+        assert.equal(await redis.exists(`lock:{${key}}`, `lock:{${key}}:fence`), 0);
+      } finally {
+        monitor.stop();
+      }
+    } finally {
+      await app.close();
+    }
+  });
+
+  it('an heir passed a lock that was already gone from Redis loses it (signal, release false), and its fence is never given to anyone else', async () => {
+    const key = uniqueKey();
+    const held = await waiter.acquire(key, { ttl: 30_000 });
+    const queued = waiter.acquire(key, { ttl: 30_000, acquireTimeout: 10_000 });
+    await sleep(100);
+    await redis.del(`lock:{${key}}`); // deleted by hand behind the holder's back
+    const released = held.release();
+    const next = await queued; // started before Redis could say
+    assert.equal(next.fence, held.fence + 1);
+    assert.equal(await released, false);
+    assert.ok(await eventually(() => next.signal.aborted, 2_000), 'the heir is told');
+    const reason = next.signal.reason as LockLostError;
+    assert.ok(reason instanceof LockLostError);
+    assert.equal(reason.reason, 'not-held');
+    const other = await holder.acquire(key);
+    assert.ok(other.fence > next.fence + 1, `${other.fence} after ${next.fence}`);
+    assert.equal(await next.release(), false);
+    await other.release();
+  });
+
+  it('an heir that extends or releases before its own write is answered waits for it', async () => {
+    const proxy = await FaultProxy.start(() => server.port);
+    const slow = await startLockModule({ connection: `redis://127.0.0.1:${proxy.port}` });
+    try {
+      const key = uniqueKey();
+      await (await slow.locks.acquire(uniqueKey())).release(); // connection and scripts ready
+      const held = await slow.locks.acquire(key, { ttl: 30_000 });
+      const queued = slow.locks.acquire(key, { ttl: 30_000, acquireTimeout: 10_000 });
+      await sleep(100);
+      proxy.setLatency(100);
+      const started = performance.now();
+      const released = held.release();
+      const next: Lock = await queued;
+      assert.ok(performance.now() - started < 80, 'granted without waiting for Redis');
+      await next.extend(20_000);
+      assert.ok(performance.now() - started >= 100, 'the extension went after the write');
+      assert.equal(await released, true);
+      assert.equal(await next.release(), true);
+      assert.equal(await redis.exists(`lock:{${key}}`), 0);
+    } finally {
+      await slow.close();
+      await proxy.close();
     }
   });
 
@@ -218,12 +404,12 @@ describe('waiting for a held lock', () => {
         .map(({ args }) => args[1]);
       const sha = (script: string): string => createHash('sha1').update(script).digest('hex');
       const kinds = scripts.map((s) =>
-        s === sha(HANDOFF_SCRIPT) ? 'H' : s === sha(RELEASE_SCRIPT) ? 'R' : 'A',
+        s === sha(PASS_ON_SCRIPT) ? 'P' : s === sha(RELEASE_SCRIPT) ? 'R' : 'A',
       );
-      // Six sections after the first: a handoff starts a turn; the next release, past the turn,
-      // frees the lock and publishes it, and the woken waiter attempts; its release starts a new
-      // turn with a handoff; and so on, then the last release.
-      assert.deepEqual(kinds.join(''), 'HRAHRAHRAR');
+      // Six sections after the first: a handoff (passed on in the process) starts a turn; the
+      // next release, past the turn, frees the lock and publishes it, and the woken waiter
+      // attempts; its release starts a new turn with a handoff; and so on, then the last release.
+      assert.deepEqual(kinds.join(''), 'PRAPRAPRAR');
     } finally {
       monitor.stop();
     }
@@ -256,9 +442,14 @@ describe('waiting for a held lock', () => {
     try {
       const key = uniqueKey();
       await (await slow.locks.acquire(uniqueKey())).release(); // connection and scripts ready
+      // The heir's TTL is over twice what the lease has left: handed over through Redis.
       const held = await slow.locks.acquire(key, { ttl: 30_000 });
       const giveUp = new AbortController();
-      const queued = slow.locks.acquire(key, { acquireTimeout: 10_000, signal: giveUp.signal });
+      const queued = slow.locks.acquire(key, {
+        ttl: 70_000,
+        acquireTimeout: 10_000,
+        signal: giveUp.signal,
+      });
       await sleep(100);
       proxy.setLatency(150);
       const released = held.release(); // the handoff is on its way
