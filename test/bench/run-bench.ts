@@ -4,7 +4,7 @@
  * round, every run in fresh processes), and prints and writes a markdown report of medians and of
  * ratios to the hand-written minimum (medians of per-round ratios: the machine is shared and noisy).
  *
- * Options: --rounds N (3), --only <text in a contender name>, --workloads a,b (all),
+ * Options: --rounds N (3), --only a,b (contenders whose name contains one of these), --workloads a,b (all),
  * --report <path> (test/bench/REPORT.md, and chart.svg beside it; `-` for none), --smoke (every
  * workload at a tiny size, runs of 0.3 s and HTTP loads of 1 s: checks that the benchmark works,
  * measures nothing; `test/bench/bench.spec.ts` runs it).
@@ -19,7 +19,13 @@ import { parseArgs } from 'node:util';
 import { Redis } from 'ioredis';
 import { percentile } from '../chaos/chaos-checker.js';
 import { startRedis } from '../support/redis-server.js';
-import { READY, type BenchJob, type BenchResult, type Workload } from './bench-protocol.js';
+import {
+  READY,
+  type BenchJob,
+  type BenchResult,
+  type SectionRecord,
+  type Workload,
+} from './bench-protocol.js';
 import { renderChart } from './bench-chart.js';
 import { CONTENDERS, type Contender } from './contenders.js';
 
@@ -142,7 +148,10 @@ const runHttp = wanted('http');
 /** httpResults[variant] = figures of each round */
 const httpResults = new Map<string, Figures[]>();
 const contenders = CONTENDERS.filter(
-  (c) => c.name === BASELINE || values.only === undefined || c.name.includes(values.only),
+  (c) =>
+    c.name === BASELINE ||
+    values.only === undefined ||
+    values.only.split(',').some((text) => c.name.includes(text)),
 );
 /**
  * A retry variant differs from its library's defaults only in how it waits: where nobody waits
@@ -349,6 +358,13 @@ function measure(plan: WorkloadPlan, outputs: BenchResult[], counter: number): F
     case 'hot': {
       const sections = outputs.flatMap((r) => r.sections ?? []).sort((a, b) => a.enter - b.enter);
       const gaps = sections.slice(1).map((s, i) => s.enter - sections[i].exit);
+      // Split by whether the lock stayed in its process or went to the other one.
+      const processOf = (s: SectionRecord): string => s.worker.slice(0, s.worker.indexOf('.'));
+      const within: number[] = [];
+      const between: number[] = [];
+      sections.slice(1).forEach((s, i) => {
+        (processOf(s) === processOf(sections[i]) ? within : between).push(gaps[i]);
+      });
       const perWorker = new Map<string, number>();
       for (const s of sections) perWorker.set(s.worker, (perWorker.get(s.worker) ?? 0) + 1);
       const counts = [...perWorker.values()];
@@ -358,6 +374,11 @@ function measure(plan: WorkloadPlan, outputs: BenchResult[], counter: number): F
         lostUpdates: sections.length - counter,
         handoffP50: percentile(gaps, 50),
         handoffP99: percentile(gaps, 99),
+        withinP50: percentile(within, 50),
+        withinP99: percentile(within, 99),
+        betweenP50: percentile(between, 50),
+        betweenP99: percentile(between, 99),
+        betweenPct: (100 * between.length) / Math.max(1, gaps.length),
         waitP50: percentile(waits, 50),
         waitP99: percentile(waits, 99),
         waitMax: Math.max(0, ...waits),
@@ -477,6 +498,7 @@ function render(seconds: number): string {
             cell('opsPerSec', true),
             cell('lostUpdates'),
             `${cell('handoffP50')} / ${cell('handoffP99')}`,
+            `${cell('withinP50')} / ${cell('withinP99')} · ${cell('betweenP50')} / ${cell('betweenP99')} (${cell('betweenPct')} %)`,
             `${cell('waitP50')} / ${cell('waitP99')} / ${cell('waitMax')}`,
             `${cell('workerMin')} / ${cell('workerMax')}`,
             cell('commandsPerSection'),
@@ -491,6 +513,7 @@ function render(seconds: number): string {
             'sections/s (ratio)',
             'lost updates',
             'handoff gap p50 / p99 ms',
+            'gap p50 / p99 ms: within a process · between processes (share of handoffs)',
             'wait p50 / p99 / max ms',
             'sections per worker min / max',
             'commands per section',
@@ -525,6 +548,8 @@ the runs (the short uncontended workloads run several times per round); a ratio 
 **${BASELINE}**'s run of the same round and repetition (bare \`SET NX PX\`, 10 ms poll,
 compare-and-delete \`EVALSHA\`, \`randomUUID\` tokens). Commands are counted on the client, subscriber connections included.
 Redis CPU is the server's own CPU time (\`INFO cpu\`, user + system) during a run, per pair: what the lock costs Redis.
+A handoff gap is the time from the end of one critical section to the start of the next, whichever worker runs it; it is
+split by whether the next section ran in the same process as the last or in the other one.
 
 ${sections.join('\n')}`;
 }
