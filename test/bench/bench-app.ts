@@ -10,7 +10,7 @@
  * Usage: node bench-app.js <redis port>
  */
 import 'reflect-metadata';
-import { Body, Controller, Inject, Module, Param, Post } from '@nestjs/common';
+import { Body, Controller, Inject, Module, Param, Post, type OnModuleInit } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
 import { Redis } from 'ioredis';
 import { CONTENDERS, type Locker } from './contenders.js';
@@ -30,14 +30,16 @@ const { PurchasePipe } = await import('../../sample/inventory/purchase.dto.js');
 
 /** The sample's purchase under the hand-written minimum lock, on the app's own connection. */
 @Controller('products')
-class MinimumLockController {
-  private readonly lock: Locker;
+class MinimumLockController implements OnModuleInit {
+  private lock!: Locker;
 
   constructor(
     @Inject(InventoryService) private readonly inventory: InstanceType<typeof InventoryService>,
-    @Inject(RedisConnection) redis: InstanceType<typeof RedisConnection>,
-  ) {
-    this.lock = CONTENDERS[0].create(redis.client);
+    @Inject(RedisConnection) private readonly redis: InstanceType<typeof RedisConnection>,
+  ) {}
+
+  async onModuleInit(): Promise<void> {
+    this.lock = await CONTENDERS[0].create(this.redis.client);
   }
 
   @Post(':sku/purchase-minimum')

@@ -6,7 +6,6 @@
  * Usage: node bench-worker.js '<BenchJob as JSON>'
  */
 import 'reflect-metadata';
-import { Logger } from '@nestjs/common';
 import { Redis } from 'ioredis';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { READY, type BenchJob, type BenchResult, type SectionRecord } from './bench-protocol.js';
@@ -22,7 +21,6 @@ Redis.prototype.sendCommand = function (this: Redis, ...args: Parameters<Redis['
   if (this.options.connectionName === LOCK_CONNECTION) commands++;
   return send.apply(this, args);
 };
-Logger.overrideLogger(false);
 
 const contender = CONTENDERS.find((c) => c.name === job.contender);
 if (!contender) throw new Error(`no contender ${job.contender}`);
@@ -30,7 +28,7 @@ const client = new Redis(job.port, '127.0.0.1', { connectionName: LOCK_CONNECTIO
 const data = new Redis(job.port, '127.0.0.1');
 for (const connection of [client, data]) connection.on('error', () => {});
 await Promise.all([client.ping(), data.ping()]);
-const locker = contender.create(client);
+const locker = await contender.create(client);
 const now = (): number => Number(process.hrtime.bigint()) / 1e6;
 process.stdout.write(`${READY}\n`);
 // The runner gone without a word: stop.

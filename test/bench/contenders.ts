@@ -1,15 +1,13 @@
 /**
  * The locks the benchmark compares, behind one shape: take the lock on a key (waiting for it),
  * give it back. Each gets the same ioredis client settings; where a library's retry is
- * configurable it runs twice, with its defaults and with a ~10 ms retry.
+ * configurable it runs twice, with its defaults and with a ~10 ms retry. Each loads its library
+ * when created, so that a run's fresh process loads only its own (ours alone takes ~0.4 s).
  */
 import { randomUUID } from 'node:crypto';
-import { Redis } from 'ioredis';
-import Redlock4 from 'redlock';
-import { Redlock as SesameRedlock } from '@sesamecare-oss/redlock';
-import { Mutex } from 'redis-semaphore';
-import { createLock, IoredisAdapter, type Lock as UniversalLock } from 'redlock-universal';
-import { LockService } from '../../lib/index.js';
+import type { Redis } from 'ioredis';
+import type { Lock as UniversalLock } from 'redlock-universal';
+import type { LockService } from '../../lib/index.js';
 import type { Workload } from './bench-protocol.js';
 
 /** A held lock: give it back with release(). */
@@ -29,13 +27,23 @@ export interface Contender {
   retryVariant?: boolean;
   /** Run only in these workloads (a variant that differs only there). */
   workloads?: readonly Workload[];
-  create(client: Redis): Locker;
+  create(client: Redis): Promise<Locker>;
+}
+
+/** Our `LockService` on `client`, its log silenced as the other libraries' are. */
+async function lockService(client: Redis): Promise<LockService> {
+  const [{ Logger }, { LockService }] = await Promise.all([
+    import('@nestjs/common'),
+    import('../../lib/index.js'),
+  ]);
+  Logger.overrideLogger(false);
+  return new LockService({ client, keyPrefix: 'nrl:' });
 }
 
 /** The hand-written minimum: SET NX PX, a 10 ms poll, compare-and-delete by EVALSHA. */
 const minimum: Contender = {
   name: 'hand-written minimum',
-  create(client) {
+  async create(client) {
     client.defineCommand('benchRelease', {
       numberOfKeys: 1,
       lua: "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
@@ -62,8 +70,8 @@ const minimum: Contender = {
 
 const ours: Contender = {
   name: 'nestjs-redis-lock',
-  create(client) {
-    const locks = new LockService({ client, keyPrefix: 'nrl:' });
+  async create(client) {
+    const locks = await lockService(client);
     return {
       acquire: (key, ttl, waitMs) => locks.acquire(key, { ttl, acquireTimeout: waitMs }),
       close: () => locks.onApplicationShutdown(),
@@ -75,8 +83,8 @@ const ours: Contender = {
 const oursObserved: Contender = {
   name: 'nestjs-redis-lock (events subscribed)',
   workloads: ['sequential', 'concurrent'],
-  create(client) {
-    const locks = new LockService({ client, keyPrefix: 'nrl:' });
+  async create(client) {
+    const locks = await lockService(client);
     let events = 0;
     const subscription = locks.events.subscribe(() => void events++);
     return {
@@ -93,8 +101,8 @@ const oursObserved: Contender = {
 const oursFair: Contender = {
   name: 'nestjs-redis-lock (fair)',
   workloads: ['hot'],
-  create(client) {
-    const locks = new LockService({ client, keyPrefix: 'nrl:' });
+  async create(client) {
+    const locks = await lockService(client);
     return {
       acquire: (key, ttl, waitMs) =>
         locks.acquire(key, { ttl, acquireTimeout: waitMs, fair: true }),
@@ -105,7 +113,8 @@ const oursFair: Contender = {
 
 const redisSemaphore: Contender = {
   name: 'redis-semaphore',
-  create(client) {
+  async create(client) {
+    const { Mutex } = await import('redis-semaphore');
     return {
       async acquire(key, ttl, waitMs) {
         // Its default retryInterval is already 10 ms; its default refresh (a timer per lock) stays on.
@@ -122,7 +131,8 @@ function sesame(retry: 'defaults' | '10 ms'): Contender {
   return {
     name: `@sesamecare-oss/redlock (${retry})`,
     retryVariant: retry === '10 ms',
-    create(client) {
+    async create(client) {
+      const { Redlock: SesameRedlock } = await import('@sesamecare-oss/redlock');
       const base = retry === 'defaults' ? {} : { retryDelay: 10, retryJitter: 5 };
       const redlock = new SesameRedlock([client], base);
       return {
@@ -146,7 +156,8 @@ function redlock4(retry: 'defaults' | '10 ms'): Contender {
   return {
     name: `redlock 4 (${retry})`,
     retryVariant: retry === '10 ms',
-    create(client) {
+    async create(client) {
+      const { default: Redlock4 } = await import('redlock');
       const options =
         retry === 'defaults' ? {} : { retryDelay: 10, retryJitter: 5, retryCount: -1 };
       const redlock = new Redlock4([client as never], options);
@@ -166,7 +177,8 @@ function universal(retry: 'defaults' | '10 ms'): Contender {
   return {
     name: `redlock-universal (${retry})`,
     retryVariant: retry === '10 ms',
-    create(client) {
+    async create(client) {
+      const { createLock, IoredisAdapter } = await import('redlock-universal');
       const adapter = IoredisAdapter.from(client);
       return {
         async acquire(key, ttl, waitMs) {
