@@ -1,5 +1,4 @@
 import assert from 'node:assert/strict';
-import { createHash } from 'node:crypto';
 import { after, before, describe, it } from 'node:test';
 import { Redis } from 'ioredis';
 import {
@@ -17,7 +16,12 @@ import {
   uniqueKey,
   type LockModuleFixture,
 } from '../support/lock-module.js';
-import { monitorRedis, scriptCalls, type MonitoredCommand } from '../support/redis-monitor.js';
+import {
+  monitorRedis,
+  scriptCalls,
+  scriptSequence,
+  type MonitoredCommand,
+} from '../support/redis-monitor.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
 import {
   ACQUIRE_SCRIPT,
@@ -86,6 +90,41 @@ describe('waiting for a held lock', () => {
       counterPttl > ttl + 59_000 && counterPttl <= ttl + 60_000,
       `the fence counter's TTL, the heir's TTL + fenceRetention: ${counterPttl}`,
     );
+  }
+
+  /** A lock on a new key held through `locks`, and one caller queued (and asleep) behind it. */
+  async function heldWithWaiter(
+    locks: LockService,
+    heldTtl: number,
+    waiterTtl: number,
+  ): Promise<{ key: string; held: Lock; queued: Promise<Lock> }> {
+    const key = uniqueKey();
+    const held = await locks.acquire(key, { ttl: heldTtl });
+    const queued = locks.acquire(key, { ttl: waiterTtl, acquireTimeout: 10_000 });
+    await sleep(100); // queued and asleep
+    return { key, held, queued };
+  }
+
+  /**
+   * Once `sections` (callers of the held key) are queued and asleep, releases `held` and lets them
+   * all run; returns the lock scripts Redis ran on the key meanwhile (see `scriptSequence`).
+   */
+  async function scriptsWhileReleasing(
+    held: Lock,
+    sections: readonly Promise<unknown>[],
+    letters: Parameters<typeof scriptSequence>[2],
+    other: string,
+  ): Promise<string> {
+    await sleep(100);
+    const monitor = await monitorRedis(server.port);
+    try {
+      await held.release();
+      await Promise.all(sections);
+      await sleep(20);
+      return scriptSequence(monitor.commands, `lock:{${held.key}}`, letters, other);
+    } finally {
+      monitor.stop();
+    }
   }
 
   it('hands the lock to a waiter within milliseconds of the release, not a poll interval later', async () => {
@@ -213,10 +252,7 @@ describe('waiting for a held lock', () => {
   });
 
   it('a release passes the lock straight to the first waiter of its process: the heir starts at once, one command, no message', async () => {
-    const key = uniqueKey();
-    const held = await waiter.acquire(key, { ttl: 30_000 });
-    const queued = waiter.acquire(key, { ttl: 20_000, acquireTimeout: 10_000 });
-    await sleep(100); // queued and asleep
+    const { key, held, queued } = await heldWithWaiter(waiter, 30_000, 20_000);
     const monitor = await monitorRedis(server.port);
     try {
       const released = held.release();
@@ -237,10 +273,7 @@ describe('waiting for a held lock', () => {
   });
 
   it("a release hands the lock over through Redis when the lease has less than half the heir's TTL left: one command", async () => {
-    const key = uniqueKey();
-    const held = await waiter.acquire(key, { ttl: 5_000 });
-    const queued = waiter.acquire(key, { ttl: 11_000, acquireTimeout: 10_000 });
-    await sleep(100); // queued and asleep
+    const { key, held, queued } = await heldWithWaiter(waiter, 5_000, 11_000);
     const monitor = await monitorRedis(server.port);
     try {
       assert.equal(await held.release(), true);
@@ -269,47 +302,34 @@ describe('waiting for a held lock', () => {
       section.lost = lock.signal.aborted;
       section.released = await lock.release();
     });
-    await sleep(100);
-    const monitor = await monitorRedis(server.port);
-    try {
-      await held.release();
-      await Promise.all(local);
-      await sleep(20);
-      const sha = (script: string): string => createHash('sha1').update(script).digest('hex');
-      const kinds = monitor.commands
-        .filter(({ args }) => args[0] === 'evalsha' && args[3] === `lock:{${key}}`)
-        .map(({ args }) => (args[1] === sha(PASS_ON_SCRIPT) ? 'P' : 'G'))
-        .join('');
-      // Each grant from Redis reserves a block; at most FENCE_STRIDE - 1 pass-ons (P) follow it,
-      // the first after the held lock's grant. A block used up is followed by one handoff through
-      // Redis (G), the next grant. Anything else between grants can only be the end of the
-      // process's turn (TURN_MS, on a slow machine): a release, then a waiter's own attempt (GG).
-      // The last release finds no waiter (G).
-      const full = 'P'.repeat(FENCE_STRIDE - 1);
-      const block = `P{0,${FENCE_STRIDE - 1}}`;
-      const shape = new RegExp(`^(${full}G|${block}GG)*${block}G$`);
-      assert.match(kinds, shape);
-      assert.ok(kinds.includes(full + 'G'), `a block used up, then a new one: ${kinds}`);
-      const fences = [held.fence, ...sections.map((s) => s.fence)];
-      for (let i = 1; i < fences.length; i++) {
-        assert.ok(fences[i] > fences[i - 1], `fences in order: ${fences.join(', ')}`);
-      }
-      assert.deepEqual(
-        sections.filter((s) => s.lost || !s.released),
-        [],
-        'every heir held its lock to the end and released it',
-      );
-      assert.equal(await redis.exists(`lock:{${key}}`), 0);
-      // No holder elsewhere can get a fence that was reserved for the process's heirs: the
-      // counter stands at the end of the last block.
-      const counter = Number(await redis.get(`lock:{${key}}:fence`));
-      assert.ok(counter >= Math.max(...fences));
-      const after = await holder.acquire(key);
-      assert.equal(after.fence, counter + 1);
-      await after.release();
-    } finally {
-      monitor.stop();
+    const kinds = await scriptsWhileReleasing(held, local, [[PASS_ON_SCRIPT, 'P']], 'G');
+    // Each grant from Redis reserves a block; at most FENCE_STRIDE - 1 pass-ons (P) follow it,
+    // the first after the held lock's grant. A block used up is followed by one handoff through
+    // Redis (G), the next grant. Anything else between grants can only be the end of the
+    // process's turn (TURN_MS, on a slow machine): a release, then a waiter's own attempt (GG).
+    // The last release finds no waiter (G).
+    const full = 'P'.repeat(FENCE_STRIDE - 1);
+    const block = `P{0,${FENCE_STRIDE - 1}}`;
+    const shape = new RegExp(`^(${full}G|${block}GG)*${block}G$`);
+    assert.match(kinds, shape);
+    assert.ok(kinds.includes(full + 'G'), `a block used up, then a new one: ${kinds}`);
+    const fences = [held.fence, ...sections.map((s) => s.fence)];
+    for (let i = 1; i < fences.length; i++) {
+      assert.ok(fences[i] > fences[i - 1], `fences in order: ${fences.join(', ')}`);
     }
+    assert.deepEqual(
+      sections.filter((s) => s.lost || !s.released),
+      [],
+      'every heir held its lock to the end and released it',
+    );
+    assert.equal(await redis.exists(`lock:{${key}}`), 0);
+    // No holder elsewhere can get a fence that was reserved for the process's heirs: the
+    // counter stands at the end of the last block.
+    const counter = Number(await redis.get(`lock:{${key}}:fence`));
+    assert.ok(counter >= Math.max(...fences));
+    const after = await holder.acquire(key);
+    assert.equal(after.fence, counter + 1);
+    await after.release();
   });
 
   it('with fenceRetention 0 no fences are reserved: a handoff goes through Redis and takes one fence', async () => {
@@ -342,10 +362,7 @@ describe('waiting for a held lock', () => {
   });
 
   it('an heir passed a lock that was already gone from Redis loses it (signal, release false), and its fence is never given to anyone else', async () => {
-    const key = uniqueKey();
-    const held = await waiter.acquire(key, { ttl: 30_000 });
-    const queued = waiter.acquire(key, { ttl: 30_000, acquireTimeout: 10_000 });
-    await sleep(100);
+    const { key, held, queued } = await heldWithWaiter(waiter, 30_000, 30_000);
     await redis.del(`lock:{${key}}`); // deleted by hand behind the holder's back
     const released = held.release();
     const next = await queued; // started before Redis could say
@@ -365,11 +382,8 @@ describe('waiting for a held lock', () => {
     const proxy = await FaultProxy.start(() => server.port);
     const slow = await startLockModule({ connection: `redis://127.0.0.1:${proxy.port}` });
     try {
-      const key = uniqueKey();
       await (await slow.locks.acquire(uniqueKey())).release(); // connection and scripts ready
-      const held = await slow.locks.acquire(key, { ttl: 30_000 });
-      const queued = slow.locks.acquire(key, { ttl: 30_000, acquireTimeout: 10_000 });
-      await sleep(100);
+      const { key, held, queued } = await heldWithWaiter(slow.locks, 30_000, 30_000);
       proxy.setLatency(100);
       const started = performance.now();
       const released = held.release();
@@ -393,26 +407,19 @@ describe('waiting for a held lock', () => {
     const local = Array.from({ length: 6 }, () =>
       waiter.using(key, () => sleep(TURN_MS + 5), { acquireTimeout: 10_000 }),
     );
-    await sleep(100);
-    const monitor = await monitorRedis(server.port);
-    try {
-      await held.release();
-      await Promise.all(local);
-      await sleep(20);
-      const scripts = monitor.commands
-        .filter(({ args }) => args[0] === 'evalsha' && args[3] === `lock:{${key}}`)
-        .map(({ args }) => args[1]);
-      const sha = (script: string): string => createHash('sha1').update(script).digest('hex');
-      const kinds = scripts.map((s) =>
-        s === sha(PASS_ON_SCRIPT) ? 'P' : s === sha(RELEASE_SCRIPT) ? 'R' : 'A',
-      );
-      // Six sections after the first: a handoff (passed on in the process) starts a turn; the
-      // next release, past the turn, frees the lock and publishes it, and the woken waiter
-      // attempts; its release starts a new turn with a handoff; and so on, then the last release.
-      assert.deepEqual(kinds.join(''), 'PRAPRAPRAR');
-    } finally {
-      monitor.stop();
-    }
+    const kinds = await scriptsWhileReleasing(
+      held,
+      local,
+      [
+        [PASS_ON_SCRIPT, 'P'],
+        [RELEASE_SCRIPT, 'R'],
+      ],
+      'A',
+    );
+    // Six sections after the first: a handoff (passed on in the process) starts a turn; the
+    // next release, past the turn, frees the lock and publishes it, and the woken waiter
+    // attempts; its release starts a new turn with a handoff; and so on, then the last release.
+    assert.equal(kinds, 'PRAPRAPRAR');
   });
 
   it('at the end of its turn the releasing process holds back, and a waiter in another process takes its turn', async () => {

@@ -74,3 +74,22 @@ export function scriptCalls(
     )
     .filter(({ args }) => args[3] === key).length;
 }
+
+/**
+ * The scripts run on `key` (evalsha), in order, one letter each: the letter `letters` gives the
+ * script, or `other` for any other.
+ */
+export function scriptSequence(
+  commands: readonly MonitoredCommand[],
+  key: string,
+  letters: ReadonlyArray<readonly [script: string, letter: string]>,
+  other: string,
+): string {
+  const bySha = new Map(
+    letters.map(([script, letter]) => [createHash('sha1').update(script).digest('hex'), letter]),
+  );
+  return commands
+    .filter(({ args }) => args[0] === 'evalsha' && args[3] === key)
+    .map(({ args }) => bySha.get(args[1]) ?? other)
+    .join('');
+}
