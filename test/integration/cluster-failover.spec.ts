@@ -53,6 +53,26 @@ describe('on Redis Cluster with replicas (3 masters, 1 replica each), resharded 
     const roles = await Promise.all(live.map((node) => cluster.cli(node, 'role')));
     return live.filter((_, i) => roles[i].startsWith('master'));
   };
+  /**
+   * A live master other than `except`. Waits for one (a node may still be changing roles after a
+   * failover), and if none comes, fails saying what role every live node reports.
+   */
+  async function liveMaster(except?: RedisServer): Promise<RedisServer> {
+    let found: RedisServer | undefined;
+    const any = async (): Promise<boolean> =>
+      (found = (await masters()).find((node) => node !== except)) !== undefined;
+    if (await eventually(any, 10_000)) return found!;
+    const live = cluster.nodes.filter((node) => !dead.has(node));
+    const roles = await Promise.all(
+      live.map((node) =>
+        cluster.cli(node, 'role').then(
+          (role) => `${node.port}: ${role.split('\n')[0]}`,
+          (error: unknown) => `${node.port}: ${String(error)}`,
+        ),
+      ),
+    );
+    assert.fail(`no live master other than ${except?.port ?? 'none'}: ${roles.join(', ')}`);
+  }
   /** `count` fresh keys whose locks live on `master`. */
   async function keysOn(master: RedisServer, count = 1): Promise<string[]> {
     // Right after a reshard or a failover, the node asked may not list the master's slots yet:
@@ -181,7 +201,7 @@ describe('on Redis Cluster with replicas (3 masters, 1 replica each), resharded 
 
   for (const how of ['CLUSTER FAILOVER', 'a killed master'] as const) {
     it(`locking resumes after ${how}; a replicated lock survives it`, async (t) => {
-      const master = (await masters()).find((node) => !dead.has(node))!;
+      const master = await liveMaster();
       const replica = await replicaOf(master);
       const heldKey = await keyOn(master);
       const held = await acked.locks.acquire(heldKey, { ttl: 30_000 });
@@ -204,7 +224,7 @@ describe('on Redis Cluster with replicas (3 masters, 1 replica each), resharded 
         dead.add(master);
         await master.kill();
         // The other masters' slots lock as before while this one's are failing over.
-        const elsewhere = (await masters()).find((node) => node !== replica)!;
+        const elsewhere = await liveMaster(replica);
         const lock = await app.locks.acquire(await keyOn(elsewhere), { acquireTimeout: 0 });
         await lock.release();
       }
