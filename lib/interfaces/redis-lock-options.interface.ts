@@ -99,6 +99,17 @@ export interface RedisLockModuleOptions extends LockTimeoutResponse {
    */
   fenceRetention?: number;
   /**
+   * How long one app instance may pass a contended lock among its own waiters, in ms, before a
+   * release frees it for waiters in other instances. A handoff within the instance takes no round
+   * trip; a switch to another instance costs a release, a message and an attempt (~0.5 ms with
+   * the lock free). Longer: fewer switches, more throughput on a hot key, and a waiter in another
+   * instance may wait up to this long for its turn. `0`: every release frees the lock, and this
+   * instance's waiters hold back while other instances' take it. Only plain locks of one Redis
+   * deployment are passed on (see Waiting in the README).
+   * @default 250
+   */
+  handoffTurn?: number;
+  /**
    * Off by default. When set, every acquisition and extension waits (Redis `WAIT`) until
    * `replicas` replicas of the master have the write, for at most `timeout` ms (shorter than
    * `commandTimeout`). Fewer in time: the acquisition is undone and fails, an extension fails,

@@ -232,7 +232,7 @@ export class RedisLockBackend implements LockBackend {
       ResolvedModuleOptions,
       'keyPrefix' | 'commandTimeout' | 'fenceRetention' | 'replicaAck'
     > &
-      Partial<Pick<ResolvedModuleOptions, 'defaults'>>,
+      Partial<Pick<ResolvedModuleOptions, 'defaults' | 'handoffTurn'>>,
     /** Whether this backend created the client, and so must close it. */
     private readonly ownsClient: boolean,
     private readonly logger: Logger,
@@ -276,6 +276,7 @@ export class RedisLockBackend implements LockBackend {
       this.commandTimeout,
       logger,
       this.isCluster ? this.shardedPubSub : undefined,
+      options.handoffTurn,
     );
     this.replyTimeout = this.commandTimeout;
   }

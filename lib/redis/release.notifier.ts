@@ -6,6 +6,7 @@ import type {
   ReleaseSubscription,
 } from '../interfaces/lock-backend.interface.js';
 import { within } from '../utils/within.js';
+import { DEFAULT_HANDOFF_TURN } from '../redis-lock.options.js';
 import { logOutages } from './connection-log.js';
 
 /** A waiter taken out of the queue to be handed the lock by a release in this process. */
@@ -21,20 +22,6 @@ export interface Heir {
 }
 
 const NOT_SHARDED = Promise.resolve(false);
-
-/**
- * How long one process may pass a lock among its own waiters (ms, from the first handoff of its
- * turn). The first release after that frees the lock and publishes it, so that waiters in other
- * processes get their chance: without the bound, a busy process would pass a hot lock among its own
- * workers forever. A bound in time, not in handoffs: a switch between processes costs a message and
- * a wake-up (~0.3–1 ms on loopback, against ~0.1 ms for a handoff), so short sections get long
- * turns of many handoffs, and long sections (≥ TURN_MS) alternate between processes at every
- * release. Measured side by side (`npm run bench`, hot key, 1 ms sections, 2 rounds each): turns of
- * 4 handoffs gave 0.91–0.95× the hand-written minimum's throughput, 19 handoffs (~25 ms)
- * 0.98–0.99×, turns of 25 ms 0.92–1.01× (0.99× in the committed `test/bench/REPORT.md`); turns of
- * 50 ms did not lower the handoff gap's p99.
- */
-export const TURN_MS = 25;
 
 /**
  * How long this process's waiters hold back after such a release when other processes wait too:
@@ -103,6 +90,8 @@ export class ReleaseNotifier {
     private readonly logger: Logger,
     /** Resolves whether releases are announced on sharded channels (see `RedisLockBackend`). */
     private readonly shardedPubSub: () => Promise<boolean> = () => NOT_SHARDED,
+    /** The module's `handoffTurn` (ms): how long this process may pass a lock among its own waiters. */
+    private readonly turn = DEFAULT_HANDOFF_TURN,
   ) {}
 
   watch(channel: string, claim?: HandoffClaim): ReleaseSubscription {
@@ -133,7 +122,7 @@ export class ReleaseNotifier {
   /**
    * Takes the first waiter of `channel` out of the queue so that a release can hand it the lock
    * directly, or returns undefined: nobody waits, the first waiter takes no handoffs, or this
-   * process's turn (`TURN_MS`) is over. In that last case this release frees the lock and this
+   * process's turn (`handoffTurn`, from its first handoff) is over. In that last case this release frees the lock and this
    * process yields it: its waiters hold back when the release message comes, until `endYield()`
    * says that no other process waits, or for `YIELD_MS`.
    */
@@ -142,7 +131,8 @@ export class ReleaseNotifier {
     if (!state) return undefined;
     const heir = state.waiters[0]?.subscription;
     const now = performance.now();
-    const turnOver = state.turnStarted !== undefined && now - state.turnStarted >= TURN_MS;
+    const turnOver =
+      this.turn === 0 || (state.turnStarted !== undefined && now - state.turnStarted >= this.turn);
     if (!heir?.claim || turnOver) {
       state.yielding = heir !== undefined && turnOver;
       state.turnStarted = undefined;

@@ -294,6 +294,28 @@ describe('RedisLockModule', () => {
         'fenceRetention',
       ],
       [
+        'a negative handoffTurn',
+        () => ({ connection: server.url, handoffTurn: -25 }),
+        'handoffTurn',
+      ],
+      [
+        'handoffTurn with replicaAck (no handoffs to bound)',
+        () => ({
+          connection: server.url,
+          handoffTurn: 100,
+          replicaAck: { replicas: 1, timeout: 100 },
+        }),
+        'handoffTurn + replicaAck',
+      ],
+      [
+        'handoffTurn with Redlock nodes (no handoffs to bound)',
+        () => ({
+          nodes: [server.url, server.url.replace(/:\d+$/, ':1'), server.url.replace(/:\d+$/, ':2')],
+          handoffTurn: 100,
+        }),
+        'handoffTurn + nodes',
+      ],
+      [
         'a URL with a password that is not redis:// (and stays out of the message)',
         () => ({ connection: 'http://user:s3cret@localhost' }),
         'connection',

@@ -31,7 +31,7 @@ import {
   PASS_ON_SCRIPT,
   RELEASE_SCRIPT,
 } from '../../lib/redis/lock.scripts.js';
-import { TURN_MS } from '../../lib/redis/release.notifier.js';
+import { DEFAULT_HANDOFF_TURN } from '../../lib/redis-lock.options.js';
 import { FaultProxy } from '../support/fault-proxy.js';
 
 describe('waiting for a held lock', () => {
@@ -292,7 +292,7 @@ describe('waiting for a held lock', () => {
     const key = uniqueKey();
     const held = await waiter.acquire(key, { ttl: 30_000 });
     // Sections yield once (setImmediate, not a timer of at least 1 ms), so that the chain stays
-    // well within the process's turn (TURN_MS) even on a slow machine.
+    // well within the process's turn (handoffTurn) even on a slow machine.
     const sections: { fence: number; lost: boolean; released: boolean }[] = [];
     const local = Array.from({ length: 2 * FENCE_STRIDE + 3 }, async () => {
       const lock = await waiter.acquire(key, { acquireTimeout: 10_000 });
@@ -306,7 +306,7 @@ describe('waiting for a held lock', () => {
     // Each grant from Redis reserves a block; at most FENCE_STRIDE - 1 pass-ons (P) follow it,
     // the first after the held lock's grant. A block used up is followed by one handoff through
     // Redis (G), the next grant. Anything else between grants can only be the end of the
-    // process's turn (TURN_MS, on a slow machine): a release, then a waiter's own attempt (GG).
+    // process's turn (handoffTurn, on a slow machine): a release, then a waiter's own attempt (GG).
     // The last release finds no waiter (G).
     const full = 'P'.repeat(FENCE_STRIDE - 1);
     const block = `P{0,${FENCE_STRIDE - 1}}`;
@@ -400,35 +400,66 @@ describe('waiting for a held lock', () => {
     }
   });
 
-  it('hands over within a turn of TURN_MS; the first release after it frees the lock, so waiters in other processes get a turn', async () => {
-    const key = uniqueKey();
-    const held = await waiter.acquire(key, { ttl: 30_000 });
-    // Each section outlasts a turn: every other release ends one.
-    const local = Array.from({ length: 6 }, () =>
-      waiter.using(key, () => sleep(TURN_MS + 5), { acquireTimeout: 10_000 }),
-    );
-    const kinds = await scriptsWhileReleasing(
-      held,
-      local,
-      [
-        [PASS_ON_SCRIPT, 'P'],
-        [RELEASE_SCRIPT, 'R'],
-      ],
-      'A',
-    );
-    // Six sections after the first: a handoff (passed on in the process) starts a turn; the
-    // next release, past the turn, frees the lock and publishes it, and the woken waiter
-    // attempts; its release starts a new turn with a handoff; and so on, then the last release.
-    assert.equal(kinds, 'PRAPRAPRAR');
+  it('hands over within a turn of handoffTurn ms; the first release after it frees the lock, so waiters in other processes get a turn', async () => {
+    const app = await startLockModule({ connection: server.url, handoffTurn: 25 });
+    try {
+      const key = uniqueKey();
+      const held = await app.locks.acquire(key, { ttl: 30_000 });
+      // Each section outlasts a turn: every other release ends one.
+      const local = Array.from({ length: 6 }, () =>
+        app.locks.using(key, () => sleep(30), { acquireTimeout: 10_000 }),
+      );
+      const kinds = await scriptsWhileReleasing(
+        held,
+        local,
+        [
+          [PASS_ON_SCRIPT, 'P'],
+          [RELEASE_SCRIPT, 'R'],
+        ],
+        'A',
+      );
+      // Six sections after the first: a handoff (passed on in the process) starts a turn; the
+      // next release, past the turn, frees the lock and publishes it, and the woken waiter
+      // attempts; its release starts a new turn with a handoff; and so on, then the last release.
+      assert.equal(kinds, 'PRAPRAPRAR');
+    } finally {
+      await app.close();
+    }
   });
 
-  it('at the end of its turn the releasing process holds back, and a waiter in another process takes its turn', async () => {
+  it('with handoffTurn 0 every release frees the lock: no waiter is handed it in the process', async () => {
+    const app = await startLockModule({ connection: server.url, handoffTurn: 0 });
+    try {
+      const key = uniqueKey();
+      const held = await app.locks.acquire(key, { ttl: 30_000 });
+      const local = Array.from({ length: 4 }, () =>
+        app.locks.using(key, () => sleep(1), { acquireTimeout: 10_000 }),
+      );
+      const kinds = await scriptsWhileReleasing(
+        held,
+        local,
+        [
+          [PASS_ON_SCRIPT, 'P'],
+          [HANDOFF_SCRIPT, 'H'],
+          [RELEASE_SCRIPT, 'R'],
+        ],
+        'A',
+      );
+      // Nobody else waits, so this process's waiters do not hold back: each release is followed
+      // by the next waiter's own attempt at once.
+      assert.equal(kinds, 'RARARARAR');
+    } finally {
+      await app.close();
+    }
+  });
+
+  it('at the end of its turn (250 ms by default) the releasing process holds back, and a waiter in another process takes its turn', async () => {
     const key = uniqueKey();
     const held = await waiter.acquire(key, { ttl: 30_000 });
     const order: string[] = [];
     const section = (name: string) => async (): Promise<void> => {
       order.push(name);
-      await sleep(TURN_MS + 5);
+      await sleep(DEFAULT_HANDOFF_TURN + 5);
     };
     const local = Array.from({ length: 6 }, (_, i) =>
       waiter.using(key, section(`local${i}`), { acquireTimeout: 10_000 }),
