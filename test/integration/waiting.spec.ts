@@ -400,57 +400,45 @@ describe('waiting for a held lock', () => {
     }
   });
 
-  it('hands over within a turn of handoffTurn ms; the first release after it frees the lock, so waiters in other processes get a turn', async () => {
-    const app = await startLockModule({ connection: server.url, handoffTurn: 25 });
+  /**
+   * In a module with `handoffTurn`, `count` callers queue on a held key, each holding it for
+   * `sectionMs`; returns the lock scripts Redis ran on the key once it is released (see
+   * `scriptsWhileReleasing`): P pass-on, H handoff through Redis, R release, A anything else.
+   */
+  async function scriptsWithTurn(
+    handoffTurn: number,
+    count: number,
+    sectionMs: number,
+  ): Promise<string> {
+    const app = await startLockModule({ connection: server.url, handoffTurn });
     try {
-      const key = uniqueKey();
-      const held = await app.locks.acquire(key, { ttl: 30_000 });
-      // Each section outlasts a turn: every other release ends one.
-      const local = Array.from({ length: 6 }, () =>
-        app.locks.using(key, () => sleep(30), { acquireTimeout: 10_000 }),
+      const held = await app.locks.acquire(uniqueKey(), { ttl: 30_000 });
+      const local = Array.from({ length: count }, () =>
+        app.locks.using(held.key, () => sleep(sectionMs), { acquireTimeout: 10_000 }),
       );
-      const kinds = await scriptsWhileReleasing(
-        held,
-        local,
-        [
-          [PASS_ON_SCRIPT, 'P'],
-          [RELEASE_SCRIPT, 'R'],
-        ],
-        'A',
-      );
-      // Six sections after the first: a handoff (passed on in the process) starts a turn; the
-      // next release, past the turn, frees the lock and publishes it, and the woken waiter
-      // attempts; its release starts a new turn with a handoff; and so on, then the last release.
-      assert.equal(kinds, 'PRAPRAPRAR');
+      const letters: Parameters<typeof scriptSequence>[2] = [
+        [PASS_ON_SCRIPT, 'P'],
+        [HANDOFF_SCRIPT, 'H'],
+        [RELEASE_SCRIPT, 'R'],
+      ];
+      return await scriptsWhileReleasing(held, local, letters, 'A');
     } finally {
       await app.close();
     }
+  }
+
+  it('hands over within a turn of handoffTurn ms; the first release after it frees the lock, so waiters in other processes get a turn', async () => {
+    // Each section (30 ms) outlasts a turn (25 ms): every other release ends one. Six sections
+    // after the first: a handoff (passed on in the process) starts a turn; the next release, past
+    // the turn, frees the lock and publishes it, and the woken waiter attempts; its release
+    // starts a new turn with a handoff; and so on, then the last release.
+    assert.equal(await scriptsWithTurn(25, 6, 30), 'PRAPRAPRAR');
   });
 
   it('with handoffTurn 0 every release frees the lock: no waiter is handed it in the process', async () => {
-    const app = await startLockModule({ connection: server.url, handoffTurn: 0 });
-    try {
-      const key = uniqueKey();
-      const held = await app.locks.acquire(key, { ttl: 30_000 });
-      const local = Array.from({ length: 4 }, () =>
-        app.locks.using(key, () => sleep(1), { acquireTimeout: 10_000 }),
-      );
-      const kinds = await scriptsWhileReleasing(
-        held,
-        local,
-        [
-          [PASS_ON_SCRIPT, 'P'],
-          [HANDOFF_SCRIPT, 'H'],
-          [RELEASE_SCRIPT, 'R'],
-        ],
-        'A',
-      );
-      // Nobody else waits, so this process's waiters do not hold back: each release is followed
-      // by the next waiter's own attempt at once.
-      assert.equal(kinds, 'RARARARAR');
-    } finally {
-      await app.close();
-    }
+    // Nobody else waits, so this process's waiters do not hold back: each release is followed
+    // by the next waiter's own attempt at once.
+    assert.equal(await scriptsWithTurn(0, 4, 1), 'RARARARAR');
   });
 
   it('at the end of its turn (250 ms by default) the releasing process holds back, and a waiter in another process takes its turn', async () => {
