@@ -122,9 +122,10 @@ export class ReleaseNotifier {
   /**
    * Takes the first waiter of `channel` out of the queue so that a release can hand it the lock
    * directly, or returns undefined: nobody waits, the first waiter takes no handoffs, or this
-   * process's turn (`handoffTurn`, from its first handoff) is over. In that last case this release frees the lock and this
-   * process yields it: its waiters hold back when the release message comes, until `endYield()`
-   * says that no other process waits, or for `YIELD_MS`.
+   * process's turn (`handoffTurn` from its first handoff) is over. In that last case this release
+   * frees the lock and this process yields it: its waiters hold back when the release message
+   * comes, until `endYield()` says that no other process waits, or for `YIELD_MS`. Without the
+   * turn, a busy process would pass a hot lock among its own workers for ever.
    */
   takeHeir(channel: string): Heir | undefined {
     const state = this.channels.get(channel);
