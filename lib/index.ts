@@ -27,7 +27,6 @@ export type {
   LockTimeoutResponse,
   WithLockOptions,
 } from './interfaces/with-lock-options.interface.js';
-export { WithLockInterceptor } from './interceptors/with-lock.interceptor.js';
 export { getCurrentLock } from './lock.context.js';
 export { LockService } from './lock.service.js';
 export { RedisLockModule } from './redis-lock.module.js';

@@ -18,6 +18,7 @@ import {
   type INestApplication,
 } from '@nestjs/common';
 import { Reflector } from '@nestjs/core';
+import { ClientProxyFactory, MessagePattern, TcpContext, Transport } from '@nestjs/microservices';
 import { FastifyAdapter } from '@nestjs/platform-fastify';
 import { WsAdapter } from '@nestjs/platform-ws';
 import {
@@ -30,7 +31,7 @@ import {
 import { WebSocket } from 'ws';
 import { Test } from '@nestjs/testing';
 import { Redis } from 'ioredis';
-import { defer, delay, Observable, of, throwError } from 'rxjs';
+import { defer, delay, firstValueFrom, Observable, of, throwError } from 'rxjs';
 import {
   getCurrentLock,
   LockAcquireTimeoutError,
@@ -45,7 +46,7 @@ import {
 import { ACQUIRE_SCRIPT } from '../../lib/redis/lock.scripts.js';
 import { eventually, sleep, uniqueKey } from '../support/lock-module.js';
 import { monitorRedis, scriptCalls } from '../support/redis-monitor.js';
-import { startRedis, type RedisServer } from '../support/redis-server.js';
+import { freePort, startRedis, type RedisServer } from '../support/redis-server.js';
 
 const CUSTOM = 'test:custom-metadata';
 let guardCalls = 0;
@@ -151,6 +152,26 @@ class StockGateway {
   async reserve(@MessageBody() body: { sku: string }): Promise<WsResponse<string>> {
     return { event: 'reserved', data: body.sku };
   }
+
+  /** No parameter decorators: Nest passes the transport's arguments, (client, data). */
+  @SubscribeMessage('reserve-raw')
+  @WithLock({ key: 'ws:{1.sku}', acquireTimeout: 200 })
+  async reserveRaw(client: unknown, body: { sku: string }): Promise<WsResponse<unknown>> {
+    return {
+      event: 'reserved-raw',
+      data: [typeof (client as { send?: unknown }).send === 'function', body.sku],
+    };
+  }
+}
+
+@Controller()
+class RawMessages {
+  /** No parameter decorators: Nest passes the transport's arguments, (data, context). */
+  @MessagePattern('reserve-raw')
+  @WithLock({ key: 'rpc:{0.sku}', acquireTimeout: 200 })
+  async reserveRaw(data: { sku: string }, context: unknown): Promise<unknown[]> {
+    return [data.sku, context instanceof TcpContext];
+  }
 }
 
 @Injectable()
@@ -203,6 +224,13 @@ class OrdersController {
   })
   async custom(@Param('id') id: string): Promise<string> {
     return id;
+  }
+
+  /** No parameters: Nest passes none, and the decorator adds none. */
+  @Get('constant')
+  @WithLock({ key: 'order:constant', acquireTimeout: 200 })
+  async constant(...args: unknown[]): Promise<{ args: number }> {
+    return { args: args.length };
   }
 
   @Get('missing')
@@ -330,6 +358,30 @@ describe('@WithLock', () => {
         }
       });
 
+      it('a handler without parameters gets none, and its timeout answers 409 with Retry-After', async () => {
+        const free = await fetch(`${url}/orders/constant`);
+        assert.equal(free.status, 200);
+        assert.deepEqual(await free.json(), { args: 0 });
+        const held = await locks.acquire('order:constant', { ttl: 5_000 });
+        try {
+          const busy = await fetch(`${url}/orders/constant`);
+          assert.equal(busy.status, 409);
+          assert.equal(busy.headers.get('retry-after'), '5');
+        } finally {
+          await held.release();
+        }
+      });
+
+      it('a handler called from code gets LockAcquireTimeoutError itself, not the HTTP answer', async () => {
+        const id = uniqueKey();
+        const held = await locks.acquire(`order:${id}`, { ttl: 5_000 });
+        try {
+          await assert.rejects(app.get(OrdersController).locked423(id), LockAcquireTimeoutError);
+        } finally {
+          await held.release();
+        }
+      });
+
       it('a placeholder resolving to undefined fails the call without locking order:undefined', async () => {
         const response = await fetch(`${url}/orders/missing`);
         assert.equal(response.status, 500);
@@ -372,8 +424,52 @@ describe('@WithLock', () => {
         assert.ok(wsExceptions.at(-1) instanceof WsException);
         assert.equal(replies[1].event, 'exception');
         assert.equal((replies[1].data as { code: string }).code, 'LOCK_TIMEOUT');
+
+        // Without parameter decorators: the raw (client, data), and the same answer.
+        socket.send(JSON.stringify({ event: 'reserve-raw', data: { sku } }));
+        assert.ok(await eventually(() => replies.length === 3, 2_000));
+        assert.deepEqual(replies[2], { event: 'reserved-raw', data: [true, sku] });
+        const again = await app.get(LockService).acquire(`ws:${sku}`);
+        socket.send(JSON.stringify({ event: 'reserve-raw', data: { sku } }));
+        assert.ok(await eventually(() => replies.length === 4, 2_000));
+        await again.release();
+        assert.equal((replies[3].data as { code: string }).code, 'LOCK_TIMEOUT');
       } finally {
         socket.close();
+        await app.close();
+      }
+    });
+  });
+
+  describe('on microservice handlers', () => {
+    it('a handler without parameter decorators gets (data, context) and answers a timeout with an RpcException', async () => {
+      const module = await Test.createTestingModule({
+        imports: [RedisLockModule.forRoot({ connection: server.url, isGlobal: true })],
+        controllers: [RawMessages],
+      }).compile();
+      const app = module.createNestApplication();
+      const port = await freePort();
+      app.connectMicroservice({ transport: Transport.TCP, options: { host: '127.0.0.1', port } });
+      await app.startAllMicroservices();
+      await app.init();
+      const client = ClientProxyFactory.create({
+        transport: Transport.TCP,
+        options: { host: '127.0.0.1', port },
+      });
+      try {
+        const sku = uniqueKey();
+        assert.deepEqual(await firstValueFrom(client.send('reserve-raw', { sku })), [sku, true]);
+        const held = await app.get(LockService).acquire(`rpc:${sku}`, { ttl: 5_000 });
+        try {
+          const error = await firstValueFrom(client.send('reserve-raw', { sku })).catch(
+            (e: unknown) => e,
+          );
+          assert.equal((error as { code?: string }).code, 'LOCK_TIMEOUT', JSON.stringify(error));
+        } finally {
+          await held.release();
+        }
+      } finally {
+        await client.close();
         await app.close();
       }
     });
@@ -409,6 +505,44 @@ describe('@WithLock', () => {
         const held = await app.get(LockService).acquire(`order:${numeric}`);
         assert.equal((await fetch(`${await appUrl(app)}/orders/below/${numeric}`)).status, 429);
         await held.release();
+      } finally {
+        await app.close();
+      }
+    });
+
+    it("the answer goes through the app's global exception filters", async () => {
+      const seen: unknown[] = [];
+      @Catch()
+      class RecordingFilter implements ExceptionFilter {
+        catch(exception: unknown, host: ArgumentsHost): void {
+          seen.push(exception);
+          const status = exception instanceof HttpException ? exception.getStatus() : 500;
+          host
+            .switchToHttp()
+            .getResponse<{ status(code: number): { json(body: unknown): void } }>()
+            .status(status)
+            .json({ filtered: status });
+        }
+      }
+      const module = await Test.createTestingModule({
+        imports: [
+          RedisLockModule.forRoot({ connection: server.url, isGlobal: true }),
+          OrdersModule,
+        ],
+      }).compile();
+      const app = module.createNestApplication();
+      app.useGlobalFilters(new RecordingFilter());
+      await app.listen(0, '127.0.0.1');
+      try {
+        const id = uniqueKey();
+        const held = await app.get(LockService).acquire(`order:${id}`, { ttl: 5_000 });
+        const response = await fetch(`${await appUrl(app)}/orders/locked/${id}`);
+        await held.release();
+        assert.equal(response.status, 423);
+        assert.deepEqual(await response.json(), { filtered: 423 });
+        assert.equal(seen.length, 1);
+        assert.ok(seen[0] instanceof HttpException);
+        assert.ok(seen[0].cause instanceof LockAcquireTimeoutError);
       } finally {
         await app.close();
       }

@@ -1,0 +1,59 @@
+import { HttpException, type ExecutionContext } from '@nestjs/common';
+import type { HttpAdapterHost } from '@nestjs/core';
+import { STATUS_CODES } from 'node:http';
+import type { LockAcquireTimeoutError } from '../errors/redis-lock.errors.js';
+import type { LockTimeoutResponse } from '../interfaces/with-lock-options.interface.js';
+
+/**
+ * The error a handler's lock timeout becomes in its transport: the `timeoutException` if one is
+ * set (the decorator's, else the module's), else HTTP `timeoutStatus` (409) with `Retry-After`
+ * (set through the platform's adapter, so Express and Fastify alike), an `RpcException`, or a
+ * `WsException`; in any other context the error itself. `response` is the decorator's setting if
+ * it has one, else the module's.
+ */
+export async function answerLockTimeout(
+  error: LockAcquireTimeoutError,
+  context: ExecutionContext,
+  response: LockTimeoutResponse,
+  adapterHost: HttpAdapterHost | undefined,
+): Promise<unknown> {
+  if (response.timeoutException) return response.timeoutException(error, context);
+  switch (context.getType<string>()) {
+    case 'http': {
+      const seconds = retryAfterSeconds(error);
+      const reply: unknown = context.switchToHttp().getResponse();
+      adapterHost?.httpAdapter?.setHeader(reply, 'Retry-After', String(seconds));
+      const status = response.timeoutStatus ?? 409;
+      return new HttpException(
+        {
+          statusCode: status,
+          error: STATUS_CODES[status] ?? 'Error',
+          message: `The resource is busy: another request holds its lock. Retry after ${seconds} s.`,
+        },
+        status,
+        { cause: error },
+      );
+    }
+    case 'rpc': {
+      // Loaded on demand: only apps with microservice handlers have @nestjs/microservices.
+      const { RpcException } = await import('@nestjs/microservices');
+      return new RpcException({
+        status: 'error',
+        code: 'LOCK_TIMEOUT',
+        message: error.message,
+        retryAfterMs: error.retryAfterMs,
+      });
+    }
+    case 'ws': {
+      const { WsException } = await import('@nestjs/websockets');
+      return new WsException({ status: 'error', code: 'LOCK_TIMEOUT', message: error.message });
+    }
+    default:
+      return error;
+  }
+}
+
+/** Seconds a client should wait before retrying: the holder's remaining TTL, at least 1. */
+function retryAfterSeconds(error: LockAcquireTimeoutError): number {
+  return Math.max(1, Math.ceil((error.retryAfterMs ?? error.acquireTimeout) / 1_000));
+}
