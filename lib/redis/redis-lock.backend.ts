@@ -48,8 +48,8 @@ import {
   RELEASE_SHARDED_SCRIPT,
 } from './lock.scripts.js';
 import { DEADLINE, within } from '../utils/within.js';
-import { logOutages } from './connection-log.js';
-import { closeQuietly, ReleaseNotifier, type Heir } from './release.notifier.js';
+import { closeQuietly, watchConnection } from './connections.js';
+import { ReleaseNotifier, type Heir } from './release.notifier.js';
 import { WriteBatcher } from './write-batcher.js';
 import { lockScripts, type ScriptDefinition } from './lock-scripts.runner.js';
 
@@ -750,7 +750,7 @@ export function createClient(connection: string | RedisOptions, logger: Logger):
           ...connection,
           lazyConnect: true,
         });
-  logOutages(client, 'Redis connection', logger);
+  watchConnection(client, 'Redis connection', logger);
   return client;
 }
 

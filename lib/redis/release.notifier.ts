@@ -5,9 +5,8 @@ import type {
   HandoffClaim,
   ReleaseSubscription,
 } from '../interfaces/lock-backend.interface.js';
-import { within } from '../utils/within.js';
 import { DEFAULT_HANDOFF_TURN } from '../redis-lock.options.js';
-import { logOutages } from './connection-log.js';
+import { closeQuietly, watchConnection } from './connections.js';
 
 /** A waiter taken out of the queue to be handed the lock by a release in this process. */
 export interface Heir {
@@ -227,7 +226,7 @@ export class ReleaseNotifier {
         state.waiters[0]?.wake();
       }, YIELD_MS);
     });
-    logOutages(subscriber, 'Lock release subscriber', this.logger);
+    watchConnection(subscriber, 'Lock release subscriber', this.logger);
     return subscriber;
   }
 }
@@ -370,21 +369,4 @@ class ChannelSubscription implements ReleaseSubscription, Partial<Heir> {
     waiters.splice(index, 1);
     if (index === 0) waiters[0]?.lead();
   }
-}
-
-/**
- * Ends a connection this library owns: QUIT when it is up (waiting at most `timeoutMs` for the
- * reply, so a frozen Redis cannot hold shutdown hostage), then drop whatever is left.
- */
-export async function closeQuietly(client: Redis | Cluster, timeoutMs: number): Promise<void> {
-  if (client.status === 'ready') {
-    try {
-      await within(client.quit(), timeoutMs, []);
-    } catch {
-      // Fall through to a hard disconnect.
-    }
-  }
-  // Also after QUIT: it ends the connection but not what ioredis keeps beside it (a Sentinel
-  // client's failover detector, with its own connections to every Sentinel).
-  client.disconnect();
 }

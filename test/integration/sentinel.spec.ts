@@ -3,6 +3,7 @@ import { after, afterEach, before, describe, it } from 'node:test';
 import { Redis } from 'ioredis';
 import {
   eventually,
+  LogCapture,
   sleep,
   startLockModule,
   uniqueKey,
@@ -16,6 +17,13 @@ import {
   type RedisServer,
   type SentinelGroup,
 } from '../support/redis-server.js';
+
+/** What the race test reaches into: the module's connections, and ioredis' connector of each. */
+interface Internals {
+  client: Redis;
+  notifier: { subscribers?: Redis[] };
+}
+type WithConnector = { connector: { disconnect(): void } };
 
 describe('through Sentinel', () => {
   let master: RedisServer;
@@ -57,6 +65,50 @@ describe('through Sentinel', () => {
     assert.ok(performance.now() - releasedAt < 100);
     assert.ok(next.fence > lock.fence);
     await next.release();
+  });
+
+  it('comes back from the ioredis race that ends a Sentinel connection for good, on the command and the subscriber connection', async () => {
+    const key = uniqueKey();
+    const channel = `lock:{${key}}:released`;
+    const held = await other.locks.acquire(key);
+    const waiting = app.locks.acquire(key, { acquireTimeout: 10_000 });
+    waiting.catch(() => {}); // awaited below; a failed assertion before must not leave it unhandled
+    const direct = new Redis(master.port, master.host);
+    const subscribed = async (): Promise<boolean> =>
+      ((await direct.pubsub('NUMSUB', channel)) as [string, number])[1] === 1;
+    const { backend } = app.locks as unknown as { backend: Internals };
+    const { capture, restore } = LogCapture.install();
+    try {
+      assert.ok(await eventually(subscribed));
+      const connections = [backend.client, backend.notifier.subscribers![0]];
+      for (const connection of connections) {
+        // What ioredis' failover detector does on `+switch-master` (`connector.disconnect()`),
+        // done while a reconnection attempt asks the Sentinel where the master is: ioredis then
+        // ends the connection (status `end`, never left by itself; every command fails at once).
+        const attempting = new Promise((resolve) => connection.once('connecting', resolve));
+        connection.disconnect(true);
+        await attempting;
+        const ended = new Promise((resolve) => connection.once('end', resolve));
+        (connection as unknown as WithConnector).connector.disconnect();
+        await ended;
+        assert.ok(
+          await eventually(() => connection.status === 'ready'),
+          `the connection stayed ${connection.status}`,
+        );
+      }
+      const warned = capture.lines.filter(
+        ({ level, message }) => level === 'warn' && message.includes('ended by ioredis'),
+      );
+      assert.equal(warned.length, 2, JSON.stringify(capture.lines));
+      // The command connection works again, and the subscriber subscribed again.
+      assert.ok(await app.locks.tryAcquire(uniqueKey()).then((lock) => lock?.release()));
+      assert.ok(await eventually(subscribed), 'the subscriber did not subscribe again');
+      await held.release();
+      await (await waiting).release();
+    } finally {
+      restore();
+      direct.disconnect();
+    }
   });
 
   it('control: 3 processes incrementing without the lock lose updates; under it the count is exact', async () => {
