@@ -12,6 +12,7 @@ import type {
   PendingSwap,
 } from './interfaces/lock-backend.interface.js';
 import type { Lock } from './interfaces/lock.interface.js';
+import type { Linked } from './utils/linked-list.js';
 import type { LockEvents } from './lock.events.js';
 import { durationProblem, PLAIN } from './redis-lock.options.js';
 
@@ -39,7 +40,11 @@ export interface LockOwnerHooks {
  * predecessor's lease, with the write of its own token and TTL in flight (`swap`): that write is
  * its first extension. Until it is answered, extensions and the release wait for it.
  */
-export class LockHandle implements Lock, HeldLease {
+export class LockHandle implements Lock, HeldLease, Linked<LockHandle> {
+  /** @internal Neighbours among the locks its service holds (see `LinkedList`). */
+  prev: LockHandle | undefined = undefined;
+  /** @internal */
+  next: LockHandle | undefined = undefined;
   private controller: AbortController | undefined;
   /** Why the lease ended early (lost, or abandoned on shutdown): `signal`'s abort reason. */
   private endReason: LockLostError | undefined;

@@ -45,6 +45,7 @@ import {
 } from './redis-lock.options.js';
 import { createLockBackend } from './redis/lock-backend.factory.js';
 import { freshToken } from './utils/token.js';
+import { LinkedList } from './utils/linked-list.js';
 import { ReplyDeadlines } from './utils/reply-deadlines.js';
 import { DEADLINE, ignoreDeadline, within } from './utils/within.js';
 
@@ -78,8 +79,11 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
   private readonly commandTimeout: number;
   /** Bounds every Redis reply by `commandTimeout`. */
   private readonly deadlines: ReplyDeadlines;
-  /** Locks taken through this service and neither released nor lost. */
-  private readonly held = new Set<LockHandle>();
+  /**
+   * Locks taken through this service and neither released nor lost: a `LinkedList`, which they
+   * enter and leave without allocating.
+   */
+  private readonly held = new LinkedList<LockHandle>();
   private readonly stopping = new AbortController();
   private readonly hooks: LockOwnerHooks;
   private readonly stopWatchingReconnects: () => void;
@@ -109,12 +113,12 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
       logger: this.logger,
       events: this.lockEvents,
       reply: (key, operation, pending) => this.reply(key, operation, pending),
-      settled: (lock) => this.held.delete(lock),
+      settled: (lock) => this.held.remove(lock),
     };
     // Redis may have restarted empty or failed over while the connection was down: check every
     // held lock at once instead of waiting for its next extension (or none, without autoExtend).
     this.stopWatchingReconnects = this.backend.onReconnect(() => {
-      for (const lock of this.held) void lock.verify();
+      for (const lock of this.held.toArray()) void lock.verify();
     });
   }
 
@@ -218,7 +222,7 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
     this.stopping.abort(new RedisLockShutdownError('*'));
     this.deadlines.interrupt(this.stopping.signal.reason as Error);
     this.stopWatchingReconnects();
-    const locks = [...this.held];
+    const locks = this.held.toArray();
     const results = await Promise.allSettled(locks.map((lock) => lock.abandon()));
     results.forEach((result, i) => {
       if (result.status === 'rejected') {
@@ -596,7 +600,7 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
       attempt.fenceLimit,
       swap,
     );
-    this.held.add(handle);
+    this.held.push(handle);
     return handle;
   }
 

@@ -1,6 +1,7 @@
+import { LinkedList, type Linked } from './linked-list.js';
 import { abandon, DEADLINE } from './within.js';
 
-interface Pending {
+interface Pending extends Linked<Pending> {
   readonly due: number;
   readonly reject: (reason: unknown) => void;
   /** Rejected by `interrupt()` (acquisition attempts; not releases, which shutdown waits for). */
@@ -10,11 +11,11 @@ interface Pending {
 /**
  * Bounds every Redis reply by the same time, `ms`, with one timer for all of them instead of a
  * timer per reply. Since every reply gets the same bound, the pending replies' deadlines come in
- * the order they were registered (a `Set` iterates in insertion order): the timer only ever waits
- * for the oldest, and a reply that comes in time costs a `Set` insert and delete.
+ * the order they were registered (a `LinkedList` keeps that order): the timer only ever waits for
+ * the oldest, and a reply that comes in time costs linking and unlinking one entry.
  */
 export class ReplyDeadlines {
-  private readonly pending = new Set<Pending>();
+  private readonly pending = new LinkedList<Pending>();
   private timer: NodeJS.Timeout | undefined;
 
   constructor(private readonly ms: number) {}
@@ -40,12 +41,14 @@ export class ReplyDeadlines {
         due: performance.now() + this.ms,
         interruptible,
         reject: (reason) => {
-          this.pending.delete(entry);
+          if (!this.pending.remove(entry)) return;
           if (onAbort) signal!.removeEventListener('abort', onAbort);
           reject(fail ? fail(reason) : (reason as Error));
         },
+        prev: undefined,
+        next: undefined,
       };
-      this.pending.add(entry);
+      this.pending.push(entry);
       this.timer ??= this.arm(this.ms);
       if (signal) {
         onAbort = () => entry.reject(signal.reason as Error);
@@ -53,7 +56,7 @@ export class ReplyDeadlines {
       }
       promise.then(
         (value) => {
-          this.pending.delete(entry);
+          if (!this.pending.remove(entry)) return;
           if (onAbort) signal!.removeEventListener('abort', onAbort);
           resolve(value);
         },
@@ -64,7 +67,7 @@ export class ReplyDeadlines {
 
   /** Rejects every pending interruptible reply with `reason` now. */
   interrupt(reason: Error): void {
-    for (const entry of this.pending) if (entry.interruptible) entry.reject(reason);
+    for (const entry of this.pending.toArray()) if (entry.interruptible) entry.reject(reason);
   }
 
   private arm(delay: number): NodeJS.Timeout {
@@ -76,7 +79,7 @@ export class ReplyDeadlines {
   private readonly expire = (): void => {
     this.timer = undefined;
     const now = performance.now();
-    for (const entry of this.pending) {
+    for (let entry = this.pending.oldest; entry; entry = this.pending.oldest) {
       if (entry.due > now) {
         this.timer = this.arm(entry.due - now);
         return;

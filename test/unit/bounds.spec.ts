@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { ReplyDeadlines } from '../../lib/utils/reply-deadlines.js';
-import { within } from '../../lib/utils/within.js';
+import { DEADLINE, within } from '../../lib/utils/within.js';
 
 /**
  * A command already sent when its caller's signal had aborted: the bound rejects at once, and the
@@ -47,5 +47,31 @@ describe('bounds on a reply', () => {
       ),
       [],
     );
+  });
+
+  it('ReplyDeadlines: replies past the bound reject in the order they came, those in time resolve, interrupt() rejects only interruptible ones', async () => {
+    const deadlines = new ReplyDeadlines(60);
+    const never = (): Promise<string> => new Promise<string>(() => {});
+    const outcomes: string[] = [];
+    const track = (name: string, pending: Promise<string>): Promise<void> =>
+      pending.then(
+        (value) => void outcomes.push(`${name} ${value}`),
+        (error: Error) =>
+          void outcomes.push(`${name} ${error === DEADLINE ? 'deadline' : error.message}`),
+      );
+    const settled = [
+      track('a', deadlines.bound(never())),
+      track('b', deadlines.bound(Promise.resolve('ok'))),
+      track('c', deadlines.bound(never(), undefined, true)),
+    ];
+    await new Promise((resolve) => setTimeout(resolve, 30));
+    settled.push(track('d', deadlines.bound(never())));
+    deadlines.interrupt(new Error('shutdown'));
+    // The deadline timer is unreferenced (a pending reply's socket keeps a process alive): here
+    // nothing else would.
+    const alive = setTimeout(() => {}, 1_000);
+    await Promise.all(settled);
+    clearTimeout(alive);
+    assert.deepEqual(outcomes, ['b ok', 'c shutdown', 'a deadline', 'd deadline']);
   });
 });
