@@ -29,8 +29,9 @@ export interface Lock {
   readonly fences: Readonly<Record<string, number>>;
   /**
    * When the lock runs out unless it is extended, as a local monotonic estimate on the
-   * `performance.now()` clock (ms). Conservative: measured from before the acquiring command
-   * was sent, so Redis expires the key no earlier than this. Several keys: the earliest.
+   * `performance.now()` clock (ms). Conservative: the TTL less 1 % and 2 ms, measured from before
+   * the acquiring command was sent, so Redis expires the key no earlier than this. Several keys:
+   * the earliest. A lease that runs out unconfirmed aborts `signal` at this time, never before.
    */
   readonly expiresAt: number;
   /**

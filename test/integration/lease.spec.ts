@@ -86,6 +86,31 @@ describe('the lease of a held lock', () => {
       );
     });
 
+    it('an unextended lock ends its lease before Redis lets anyone else in: the TTL less 1 % and 2 ms', async () => {
+      const key = uniqueKey();
+      const sentAt = performance.now();
+      const lock = await locks.acquire(key, { ttl: 6_000 });
+      const aborted = new Promise<number>((resolve) =>
+        lock.signal.addEventListener('abort', () => resolve(performance.now()), { once: true }),
+      );
+      const abortedAt = await aborted;
+      // Read at once: the key is still there, and still ours, with the margin left on its TTL.
+      const [pttl, owner] = await Promise.all([
+        redis.pttl(`lock:{${key}}`),
+        redis.get(`lock:{${key}}`),
+      ]);
+      assert.equal((lock.signal.reason as LockLostError).reason, 'expired');
+      assert.equal(owner, lock.token);
+      // The lease: 6,000 - 60 - 2 = 5,938 ms from when the command was sent (after `sentAt` here),
+      // and never over before that (see the lock-service spec's early-timer test).
+      assert.ok(abortedAt - sentAt >= 5_938, `aborted after ${(abortedAt - sentAt).toFixed(1)} ms`);
+      // About the margin (62 ms), plus the acquire command's trip to Redis, less the expiry
+      // timer's lateness (up to 30 ms allowed here, on a busy machine). Without the margin, it is
+      // the trip alone, a few ms.
+      assert.ok(pttl >= 32 && pttl <= 120, `the key had ${pttl} ms left when the signal aborted`);
+      await lock.release();
+    });
+
     it('keeps the lock on a link whose round trip is longer than ttl / 3, with no spurious abort', async () => {
       const proxy = await FaultProxy.start(() => server.port);
       // Each way: a 420 ms round trip, longer than ttl / 3 (400 ms) of the 1,200 ms TTL below.
