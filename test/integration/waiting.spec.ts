@@ -462,6 +462,32 @@ describe('waiting for a held lock', () => {
     assert.equal(order.length, 7);
   });
 
+  it('with handoffTurn 0 a release with waiters in this process and another lets the other one in first', async () => {
+    const app = await startLockModule({ connection: server.url, handoffTurn: 0 });
+    try {
+      const key = uniqueKey();
+      const held = await app.locks.acquire(key, { ttl: 30_000 });
+      const order: string[] = [];
+      const section = (name: string) => async (): Promise<void> => {
+        order.push(name);
+        await sleep(1);
+      };
+      const local = Array.from({ length: 3 }, (_, i) =>
+        app.locks.using(key, section(`local${i}`), { acquireTimeout: 10_000 }),
+      );
+      const remote = holder.using(key, section('remote'), { acquireTimeout: 10_000 });
+      await sleep(150); // all queued: three in this process, one in the other
+      await held.release();
+      await Promise.all([...local, remote]);
+      // Nothing is passed on in the process: the release frees the lock, this process's waiters
+      // hold back, and the other process's waiter takes it.
+      assert.equal(order[0], 'remote');
+      assert.equal(order.length, 4);
+    } finally {
+      await app.close();
+    }
+  });
+
   it('a waiter that gives up while the lock is being handed to it leaves nothing behind', async () => {
     const proxy = await FaultProxy.start(() => server.port);
     const slow = await startLockModule({ connection: `redis://127.0.0.1:${proxy.port}` });
