@@ -56,8 +56,8 @@ export class FaultProxy {
   /** Resets every open connection (both sides), as a crashed middlebox would. */
   dropAll(): void {
     for (const [a, b] of this.pairs) {
-      a.resetAndDestroy();
-      b.resetAndDestroy();
+      reset(a);
+      reset(b);
     }
     this.pairs.clear();
     this.held = [];
@@ -120,4 +120,16 @@ export class FaultProxy {
       Math.max(0, queue[0].at - performance.now()),
     );
   }
+}
+
+/**
+ * Ends `socket` with a TCP reset, as a crashed middlebox would; one whose peer already ended it
+ * (Node then shuts down its side by itself) is only destroyed. libuv forbids a reset after a
+ * shutdown, and on Node 20 doing it anyway can leave the process spinning at 100 % CPU with its
+ * event loop stopped for good (seen: a test file that never ended after `close()`).
+ */
+function reset(socket: Socket): void {
+  if (socket.destroyed) return;
+  if (socket.writableEnded || socket.readableEnded) socket.destroy();
+  else socket.resetAndDestroy();
 }
