@@ -206,10 +206,13 @@ export class ReleaseNotifier {
   }
 
   private createSubscriber(source: Redis | Cluster): Redis | Cluster {
-    // A Cluster subscribes to a sharded channel on the node that owns its slot.
+    // A Cluster subscribes to a sharded channel on the node that owns its slot. A Cluster's
+    // subscribers resubscribe after a reconnection by themselves, and handle what that answers.
     const subscriber = this.sharded
       ? (source as Cluster).duplicate(undefined, { shardedSubscribers: true })
-      : (source as Redis).duplicate();
+      : (source as { isCluster?: boolean }).isCluster
+        ? (source as Cluster).duplicate()
+        : this.resubscribing((source as Redis).duplicate({ autoResubscribe: false }));
     subscriber.on(this.sharded ? 'smessage' : 'message', (channel: string, message: string) => {
       const state = this.channels.get(channel);
       if (!state) return;
@@ -227,6 +230,30 @@ export class ReleaseNotifier {
       }, YIELD_MS);
     });
     watchConnection(subscriber, 'Lock release subscriber', this.logger);
+    return subscriber;
+  }
+
+  /**
+   * Subscribes `subscriber` (a `Redis`, created with `autoResubscribe: false`) to every watched
+   * channel again each time it is ready after losing its connection. ioredis' own resubscription
+   * sends SUBSCRIBE and drops the promise it gets: if the connection goes again before the reply
+   * (a reset right after a reconnection; with `maxRetriesPerRequest: 0`, at once), that promise
+   * rejects with nobody to handle it, an unhandled rejection in the app (seen in the chaos suite).
+   * Here a failed resubscription is dropped: the connection was lost again, and the next `ready`
+   * resubscribes; meanwhile the first waiter of each key polls.
+   */
+  private resubscribing(subscriber: Redis): Redis {
+    let dropped = false;
+    subscriber.on('close', () => void (dropped = true));
+    subscriber.on('ready', () => {
+      if (!dropped) return;
+      dropped = false;
+      const channels = [...this.channels.keys()];
+      if (channels.length === 0) return;
+      subscriber.subscribe(...channels).catch(() => {
+        // Lost again before the reply: see above.
+      });
+    });
     return subscriber;
   }
 }

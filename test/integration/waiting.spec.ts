@@ -644,6 +644,48 @@ describe('waiting for a held lock', () => {
     }
   });
 
+  it('a subscriber reset while it subscribes again after a reconnection: no unhandled rejection, and it subscribes again', async () => {
+    const proxy = await FaultProxy.start(() => server.port);
+    const app = await startLockModule({ connection: `redis://127.0.0.1:${proxy.port}` });
+    const unhandled: unknown[] = [];
+    const onUnhandled = (reason: unknown): number => unhandled.push(reason);
+    process.on('unhandledRejection', onUnhandled);
+    try {
+      const key = uniqueKey();
+      const channel = `lock:{${key}}:released`;
+      const subscribed = async (): Promise<boolean> =>
+        ((await redis.pubsub('NUMSUB', channel)) as [string, number])[1] === 1;
+      const held = await holder.acquire(key, { ttl: 30_000 });
+      const queued = app.locks.acquire(key, { acquireTimeout: 20_000 });
+      queued.catch(() => {}); // awaited below; a failed assertion before must not leave it unhandled
+      assert.ok(await eventually(subscribed), 'the waiter subscribed');
+      const { backend } = app.locks as unknown as {
+        backend: { notifier: { subscribers: Redis[] } };
+      };
+      const [subscriber] = backend.notifier.subscribers;
+      // Reset; once the subscriber is back (ready, its SUBSCRIBE written), reset it again before
+      // the reply can come. ioredis' own resubscription left that SUBSCRIBE's rejection unhandled.
+      const backAgain = new Promise((resolve) =>
+        subscriber.once('ready', () => {
+          proxy.dropAll();
+          subscriber.once('ready', resolve);
+        }),
+      );
+      proxy.dropAll();
+      await backAgain;
+      assert.ok(await eventually(subscribed), 'the subscriber did not subscribe again');
+      // Give a late rejection the turns of the event loop it needs to be reported.
+      await sleep(50);
+      assert.deepEqual(unhandled.map(String), []);
+      await held.release();
+      await (await queued).release();
+    } finally {
+      process.off('unhandledRejection', onUnhandled);
+      await app.close();
+      await proxy.close();
+    }
+  });
+
   it('after a wait, the lock is unsubscribed: no channel stays open', async () => {
     const key = uniqueKey();
     const held = await holder.acquire(key);
