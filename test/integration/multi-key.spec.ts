@@ -8,7 +8,8 @@ import {
   type Lock,
   type LockEvent,
 } from '../../lib/index.js';
-import { sleep, twoAppsOnOneRedis, uniqueKey } from '../support/lock-module.js';
+import { sleep, startNonPollingApp, twoAppsOnOneRedis, uniqueKey } from '../support/lock-module.js';
+import { assertWithin, watchStalls } from '../support/timing.js';
 import { monitorRedis, scriptCalls } from '../support/redis-monitor.js';
 import { ACQUIRE_ALL_SCRIPT, ACQUIRE_SCRIPT } from '../../lib/redis/lock.scripts.js';
 
@@ -76,12 +77,15 @@ describe('several keys at once (acquire([a, b]))', () => {
   it('takes none when one key stays taken: the keys taken before it are released (acquire and tryAcquire)', async () => {
     const [a, b] = pair();
     const holder = await env.other.locks.acquire(b, { ttl: 10_000 });
+    const watch = watchStalls();
     const started = performance.now();
     const error = await env.locks.acquire([a, b], { acquireTimeout: 300 }).catch((e: unknown) => e);
     assert.ok(error instanceof LockAcquireTimeoutError, String(error));
     assert.equal(error.key, b);
     assert.equal(error.acquireTimeout, 300);
-    assert.ok(error.waitedMs >= 290 && performance.now() - started < 1_000);
+    assert.ok(error.waitedMs >= 290, `waited ${error.waitedMs}`);
+    assertWithin(performance.now() - started, 300, watch, 'acquire([a, b])');
+    watch.stop();
     assert.equal(await env.locks.isLocked(a), false, 'the first key was given back');
 
     assert.equal(await env.locks.tryAcquire([a, b]), null);
@@ -129,13 +133,16 @@ describe('several keys at once (acquire([a, b]))', () => {
   it('bounds the wait for a later key by the lease of the keys already held (without auto-extension)', async () => {
     const [a, b] = pair();
     const holder = await env.other.locks.acquire(b, { ttl: 5_000 });
+    const watch = watchStalls();
     const started = performance.now();
     const error = await env.locks
       .acquire([a, b], { ttl: 400, acquireTimeout: 3_000 })
       .catch((e: unknown) => e);
     const waited = performance.now() - started;
     assert.ok(error instanceof LockAcquireTimeoutError, String(error));
-    assert.ok(waited < 1_000, `waited ${waited.toFixed(0)} ms past the first key's lease`);
+    // It gives up when the first key's lease (400 ms) ends, not at acquireTimeout (3 s).
+    assertWithin(waited, 400, watch, "the wait past the first key's lease");
+    watch.stop();
     assert.equal(await env.locks.isLocked(a), false);
     await holder.release();
   });
@@ -182,15 +189,18 @@ describe('several keys at once (acquire([a, b]))', () => {
 
   it('wakes a waiter on one of the keys when the set is released', async () => {
     const [a, b] = pair();
-    const lock = await env.locks.acquire([a, b], { ttl: 10_000 });
-    const waiting = env.other.locks.acquire(b, { acquireTimeout: 5_000 });
-    await sleep(100);
-    const releasedAt = performance.now();
-    await lock.release();
-    const next = await waiting;
-    assert.ok(performance.now() - releasedAt < 200);
-    assert.ok(next.fence > lock.fences[b]);
-    await next.release();
+    const waiter = await startNonPollingApp({ connection: env.server.url });
+    try {
+      const lock = await env.locks.acquire([a, b], { ttl: 30_000 });
+      const waiting = waiter.locks.acquire(b, { acquireTimeout: 5_000 });
+      await sleep(100);
+      await lock.release();
+      const next = await waiting; // the release woke it: no poll within its 5 s
+      assert.ok(next.fence > lock.fences[b]);
+      await next.release();
+    } finally {
+      await waiter.close();
+    }
   });
 
   it('LockService.release() and extend() take it; another app’s service refuses it', async () => {
@@ -239,12 +249,17 @@ describe('several keys at once (acquire([a, b]))', () => {
 
   it('a holder that crashed frees every key after its TTL, not before', async () => {
     const [a, b] = pair();
+    const calledAt = performance.now();
     await env.other.locks.acquire([a, b], { ttl: 400 }); // never released: its process "died"
     assert.equal(await env.locks.tryAcquire([a, b]), null);
-    const started = performance.now();
+    const watch = watchStalls();
     const lock = await env.locks.acquire([b, a], { acquireTimeout: 3_000 });
-    const after = performance.now() - started;
-    assert.ok(after > 250 && after < 1_500, `free after ${after.toFixed(0)} ms`);
+    // Redis set the TTL after `calledAt`: the keys cannot be free before 400 ms from then.
+    const after = performance.now() - calledAt;
+    assert.ok(after >= 399, `free after ${after.toFixed(0)} ms`);
+    // The waiter tries again when the holder's TTL ends (the attempt's reply says when).
+    assertWithin(after, 400, watch, 'the wait for the crashed holder’s keys');
+    watch.stop();
     await lock.release();
   });
 

@@ -8,7 +8,7 @@ import {
   WithLock,
   type Lock,
 } from '../../lib/index.js';
-import { sleep, twoAppsOnOneRedis, uniqueKey } from '../support/lock-module.js';
+import { sleep, startNonPollingApp, twoAppsOnOneRedis, uniqueKey } from '../support/lock-module.js';
 import { countReadersWriters } from '../support/processes.js';
 
 describe("read/write locks (mode: 'read')", () => {
@@ -27,15 +27,18 @@ describe("read/write locks (mode: 'read')", () => {
     assert.equal(await env.other.locks.tryAcquire(key, { mode: 'write' }), null);
 
     await first.release();
-    const waiting = env.other.locks.acquire(key, { acquireTimeout: 5_000 });
-    await sleep(100);
-    const releasedAt = performance.now();
-    assert.equal(await second.release(), true);
-    const writer = await waiting;
-    assert.ok(performance.now() - releasedAt < 200, 'the last reader’s release wakes the writer');
-    assert.ok(writer.fence > second.fence);
-    assert.equal(await env.locks.tryAcquire(key, read), null, 'a reader waits for the writer');
-    assert.equal(await writer.release(), true);
+    const waiter = await startNonPollingApp({ connection: env.server.url, fenceRetention: 0 });
+    try {
+      const waiting = waiter.locks.acquire(key, { acquireTimeout: 5_000 });
+      await sleep(100);
+      assert.equal(await second.release(), true);
+      const writer = await waiting; // the last reader's release woke it: no poll within 5 s
+      assert.ok(writer.fence > second.fence);
+      assert.equal(await env.locks.tryAcquire(key, read), null, 'a reader waits for the writer');
+      assert.equal(await writer.release(), true);
+    } finally {
+      await waiter.close();
+    }
     assert.equal(await env.redis.exists(`lock:{${key}}`), 0, 'nothing left');
   });
 
@@ -74,24 +77,20 @@ describe("read/write locks (mode: 'read')", () => {
 
   it('readers queued in one process behind a writer all get in at its release, not one per retry interval', async () => {
     const key = uniqueKey('doc');
-    const writer = await env.other.locks.acquire(key);
-    let releasedAt = 0;
-    const waits: number[] = [];
-    const readers = [0, 1, 2].map(() =>
-      env.locks.acquire(key, { ...read, acquireTimeout: 5_000 }).then((lock) => {
-        waits.push(performance.now() - releasedAt);
-        return lock;
-      }),
-    );
-    await sleep(100);
-    releasedAt = performance.now();
-    await writer.release();
-    const held = await Promise.all(readers);
-    assert.ok(
-      Math.max(...waits) < 300,
-      `readers got in after ${waits.map(Math.round).join(', ')} ms`,
-    );
-    await Promise.all(held.map((lock) => lock.release()));
+    const writer = await env.other.locks.acquire(key, { ttl: 30_000 });
+    // Readers that never poll within their 5 s: each gets in only if the release lets it in.
+    const app = await startNonPollingApp({ connection: env.server.url, fenceRetention: 0 });
+    try {
+      const readers = [0, 1, 2].map(() =>
+        app.locks.acquire(key, { ...read, acquireTimeout: 5_000 }),
+      );
+      await sleep(100);
+      await writer.release();
+      const held = await Promise.all(readers);
+      await Promise.all(held.map((lock) => lock.release()));
+    } finally {
+      await app.close();
+    }
   });
 
   it('writer preference: while a writer waits, no new reader joins, so a stream of readers cannot starve it', async () => {
@@ -108,10 +107,8 @@ describe("read/write locks (mode: 'read')", () => {
     };
     const loops = [0, 15, 30, 45].map(readerLoop);
     await sleep(200);
-    const started = performance.now();
+    // Without the preference the readers would keep the key for ever and this would time out.
     const writer = await env.locks.acquire(key, { acquireTimeout: 3_000 });
-    const waited = performance.now() - started;
-    assert.ok(waited < 1_000, `the writer waited ${waited.toFixed(0)} ms`);
     await writer.release();
     stop = true;
     await Promise.all(loops);
@@ -129,12 +126,10 @@ describe("read/write locks (mode: 'read')", () => {
     const gaveUp = performance.now();
     assert.equal(await env.locks.tryAcquire(key, read), null, 'held off by the writer’s mark');
     await holder.extend(10_000); // the reader in keeps its lease
+    // It joins once the mark has lapsed (within its 4 s), not before.
     const joined = await env.locks.acquire(key, { ...read, acquireTimeout: 4_000 });
     const after = performance.now() - gaveUp;
-    assert.ok(
-      after > 1_500 && after < 3_000,
-      `joined ${after.toFixed(0)} ms after the writer left`,
-    );
+    assert.ok(after > 1_500, `joined ${after.toFixed(0)} ms after the writer left`);
     await Promise.all([holder.release(), joined.release()]);
   });
 

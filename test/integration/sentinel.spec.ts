@@ -6,6 +6,7 @@ import {
   LogCapture,
   sleep,
   startLockModule,
+  startNonPollingApp,
   uniqueKey,
   type LockModuleFixture,
 } from '../support/lock-module.js';
@@ -17,6 +18,7 @@ import {
   type RedisServer,
   type SentinelGroup,
 } from '../support/redis-server.js';
+import { assertWithin, watchStalls } from '../support/timing.js';
 
 /** What the race test reaches into: the module's connections, and ioredis' connector of each. */
 interface Internals {
@@ -39,7 +41,8 @@ describe('through Sentinel', () => {
       name: 'mymaster',
     };
     app = await startLockModule({ connection });
-    other = await startLockModule({ connection });
+    // Its waiters never poll within a test: a wait that ends in a lock was ended by a release.
+    other = await startNonPollingApp({ connection });
   });
   after(async () => {
     await app?.close();
@@ -59,10 +62,8 @@ describe('through Sentinel', () => {
     }
     const waiting = other.locks.acquire(key, { acquireTimeout: 5_000 });
     await sleep(100);
-    const releasedAt = performance.now();
     await lock.release();
-    const next = await waiting;
-    assert.ok(performance.now() - releasedAt < 100);
+    const next = await waiting; // woken by the release: its next poll is 60 s away
     assert.ok(next.fence > lock.fence);
     await next.release();
   });
@@ -196,6 +197,7 @@ describe('through Sentinel, failing over (a master, a replica, 3 Sentinels)', ()
         await eventually(async () => (await replica.get(`lock:{${heldKey}}`)) === held.token),
       );
       replica.disconnect();
+      const watch = watchStalls();
       const started = performance.now();
       if (how === 'SENTINEL FAILOVER') {
         const sentinel = new Redis(group.sentinels[0].port, '127.0.0.1');
@@ -211,10 +213,10 @@ describe('through Sentinel, failing over (a master, a replica, 3 Sentinels)', ()
       t.diagnostic(
         `${how}: Sentinel switched after ${switched.toFixed(0)} ms, locks taken on the new master after ${resumed.toFixed(0)} ms`,
       );
-      assert.ok(
-        resumed < switched + 1_000,
-        `locking resumed ${resumed.toFixed(0)} ms after ${how}`,
-      );
+      // Within a quarter second of the switch on an idle machine (reconnecting every 250 ms at
+      // most, see SENTINEL_DEFAULTS).
+      assertWithin(resumed - switched, 300, watch, `locking again after ${how}`);
+      watch.stop();
       // The lock held across the failover was replicated: it can be extended and released.
       await held.extend();
       assert.equal(await held.release(), true);

@@ -13,9 +13,11 @@ import {
   eventually,
   sleep,
   startLockModule,
+  startNonPollingApp,
   uniqueKey,
   type LockModuleFixture,
 } from '../support/lock-module.js';
+import { assertWithin, watchStalls } from '../support/timing.js';
 import {
   monitorRedis,
   scriptCalls,
@@ -127,26 +129,22 @@ describe('waiting for a held lock', () => {
     }
   }
 
-  it('hands the lock to a waiter within milliseconds of the release, not a poll interval later', async () => {
+  it('hands the lock to a waiter in another process when it is released, not at a later poll', async () => {
     const key = uniqueKey();
-    const latencies: number[] = [];
-    for (let round = 0; round < 5; round++) {
-      const held = await holder.acquire(key, { ttl: 30_000 });
-      const waiting = waiter.acquire(key, { acquireTimeout: 10_000 });
-      await sleep(150); // the waiter has subscribed and gone to sleep by now
-      const releasedAt = performance.now();
-      await held.release();
-      const lock = await waiting;
-      latencies.push(performance.now() - releasedAt);
-      await lock.release();
+    const app = await startNonPollingApp({ connection: server.url });
+    try {
+      for (let round = 0; round < 5; round++) {
+        const held = await holder.acquire(key, { ttl: 30_000 });
+        const waiting = app.locks.acquire(key, { acquireTimeout: 10_000 });
+        await sleep(150); // the waiter has subscribed and gone to sleep by now
+        await held.release();
+        // Its next poll is 60 s away and the holder's TTL 30 s: only the release message can
+        // have woken it within its 10 s.
+        await (await waiting).release();
+      }
+    } finally {
+      await app.close();
     }
-    latencies.sort((a, b) => a - b);
-    const median = latencies[2];
-    // retryInterval is 1000 ms and the TTL 30 s: only the release message can explain this.
-    assert.ok(
-      median < 50,
-      `median handoff ${median.toFixed(1)} ms (${latencies.map((l) => l.toFixed(1)).join(', ')})`,
-    );
   });
 
   it('an idle waiter sends a bounded number of commands while it waits', async () => {
@@ -176,34 +174,43 @@ describe('waiting for a held lock', () => {
 
   it('waits no longer than the holder TTL when the holder dies without releasing', async () => {
     const key = uniqueKey();
+    const watch = watchStalls();
+    const calledAt = performance.now();
     await holder.acquire(key, { ttl: 400 }); // never released: the "crashed" holder
-    const started = performance.now();
     const lock = await waiter.acquire(key, { acquireTimeout: 5_000 });
-    const waited = performance.now() - started;
-    assert.ok(waited >= 300 && waited < 1_000, `waited ${waited.toFixed(0)} ms`);
+    // Redis set the TTL after `calledAt`; the waiter tries again when the TTL ends (its
+    // attempt's reply says when), not at acquireTimeout.
+    const waited = performance.now() - calledAt;
+    assert.ok(waited >= 399, `waited ${waited.toFixed(0)} ms`);
+    assertWithin(waited, 400, watch, 'the wait for the crashed holder’s key');
+    watch.stop();
     await lock.release();
   });
 
   it('wakes one waiter per release, in turn, until all are served', async () => {
     const key = uniqueKey();
-    const held = await holder.acquire(key);
+    const held = await holder.acquire(key, { ttl: 30_000 });
     const order: number[] = [];
-    const waiters = Array.from({ length: 5 }, (_, i) =>
-      waiter.using(
-        key,
-        async () => {
-          order.push(i);
-          await sleep(5);
-        },
-        { acquireTimeout: 5_000 },
-      ),
-    );
-    await sleep(100);
-    const started = performance.now();
-    await held.release();
-    await Promise.all(waiters);
-    assert.equal(order.length, 5);
-    assert.ok(performance.now() - started < 500, 'each release hands over promptly');
+    // Waiters that never poll within their 5 s: each gets in only if a release wakes it.
+    const app = await startNonPollingApp({ connection: server.url });
+    try {
+      const waiters = Array.from({ length: 5 }, (_, i) =>
+        app.locks.using(
+          key,
+          async () => {
+            order.push(i);
+            await sleep(5);
+          },
+          { acquireTimeout: 5_000 },
+        ),
+      );
+      await sleep(100);
+      await held.release();
+      await Promise.all(waiters);
+      assert.deepEqual(order, [0, 1, 2, 3, 4]);
+    } finally {
+      await app.close();
+    }
   });
 
   it('contention costs one attempt per release per process, not one per waiter', async () => {
@@ -385,12 +392,15 @@ describe('waiting for a held lock', () => {
       await (await slow.locks.acquire(uniqueKey())).release(); // connection and scripts ready
       const { key, held, queued } = await heldWithWaiter(slow.locks, 30_000, 30_000);
       proxy.setLatency(100);
-      const started = performance.now();
-      const released = held.release();
+      const settled: string[] = [];
+      const released = held.release().finally(() => settled.push('the write over ours'));
       const next: Lock = await queued;
-      assert.ok(performance.now() - started < 80, 'granted without waiting for Redis');
+      settled.push('the heir');
       await next.extend(20_000);
-      assert.ok(performance.now() - started >= 100, 'the extension went after the write');
+      settled.push('the extension');
+      // Granted before Redis answered the write of its token over ours (release() resolves with
+      // that answer), and the extension went out only after it.
+      assert.deepEqual(settled, ['the heir', 'the write over ours', 'the extension']);
       assert.equal(await released, true);
       assert.equal(await next.release(), true);
       assert.equal(await redis.exists(`lock:{${key}}`), 0);
@@ -457,8 +467,12 @@ describe('waiting for a held lock', () => {
     await held.release();
     await Promise.all([...local, remote]);
     // Handed over in this process (a turn begins); the release after the turn frees the lock and
-    // this process yields it.
-    assert.deepEqual(order.slice(0, 2), ['local0', 'remote']);
+    // this process yields it: its waiters hold back while the other process's waiter, woken by
+    // the release, takes it (on an idle machine, at the first yield: ['local0', 'remote', ...]).
+    // A yield lasts 5 ms, and a loaded machine may wake the other process later than that; then
+    // the next turn's end yields again. The other process is never left for last.
+    assert.equal(order[0], 'local0');
+    assert.ok(order.indexOf('remote') < order.length - 1, order.join(', '));
     assert.equal(order.length, 7);
   });
 
@@ -480,8 +494,10 @@ describe('waiting for a held lock', () => {
       await held.release();
       await Promise.all([...local, remote]);
       // Nothing is passed on in the process: the release frees the lock, this process's waiters
-      // hold back, and the other process's waiter takes it.
-      assert.equal(order[0], 'remote');
+      // hold back, and the other process's waiter takes it (on an idle machine, at the first
+      // release; a loaded one may wake it after the 5 ms the waiters hold back, and then at a
+      // later release). It is never left for last.
+      assert.ok(order.indexOf('remote') < order.length - 1, order.join(', '));
       assert.equal(order.length, 4);
     } finally {
       await app.close();
@@ -546,12 +562,14 @@ describe('waiting for a held lock', () => {
       const waiting = app.locks.acquire(key, { acquireTimeout: 5_000 });
       await sleep(100);
       // The lock goes away with no release message at all, as if the message had been lost.
+      const watch = watchStalls();
       const freedAt = performance.now();
       await redis.del(`lock:{${key}}`);
       const lock = await waiting;
       const waited = performance.now() - freedAt;
       assert.ok(waited >= 50, `found after ${waited.toFixed(0)} ms: not by its retry timer`);
-      assert.ok(waited <= 300 + 150, `found after ${waited.toFixed(0)} ms, retryInterval 300`);
+      assertWithin(waited, 300, watch, 'the wait after a lost release message (retryInterval 300)');
+      watch.stop();
       await lock.release();
     } finally {
       await app.close();
@@ -564,12 +582,15 @@ describe('waiting for a held lock', () => {
     const controller = new AbortController();
     const pending = waiter.acquire(key, { acquireTimeout: 10_000, signal: controller.signal });
     await sleep(100);
+    const watch = watchStalls();
     const abortedAt = performance.now();
     controller.abort(new Error('client went away'));
     const error = await pending.catch((e: unknown) => e);
     assert.ok(error instanceof LockAcquireAbortedError);
     assert.equal(error.key, key);
-    assert.ok(performance.now() - abortedAt < 50);
+    // At once, not at acquireTimeout (10 s).
+    assertWithin(performance.now() - abortedAt, 0, watch, 'the rejection after the abort');
+    watch.stop();
     await assert.rejects(
       waiter.acquire(key, { signal: AbortSignal.abort() }),
       LockAcquireAbortedError,
@@ -581,18 +602,21 @@ describe('waiting for a held lock', () => {
   it('an aborted waiter does not swallow the wake-up meant for the next one', async () => {
     const key = uniqueKey();
     const held = await holder.acquire(key, { ttl: 30_000 });
-    const controller = new AbortController();
-    const first = waiter.acquire(key, { acquireTimeout: 10_000, signal: controller.signal });
-    await sleep(50);
-    const second = waiter.acquire(key, { acquireTimeout: 10_000 });
-    await sleep(100);
-    controller.abort();
-    await assert.rejects(first, LockAcquireAbortedError);
-    const releasedAt = performance.now();
-    await held.release();
-    const lock = await second;
-    assert.ok(performance.now() - releasedAt < 200);
-    await lock.release();
+    const app = await startNonPollingApp({ connection: server.url });
+    try {
+      const controller = new AbortController();
+      const first = app.locks.acquire(key, { acquireTimeout: 10_000, signal: controller.signal });
+      await sleep(50);
+      const second = app.locks.acquire(key, { acquireTimeout: 10_000 });
+      await sleep(100);
+      controller.abort();
+      await assert.rejects(first, LockAcquireAbortedError);
+      await held.release();
+      // Its next poll is 60 s away: the release's wake-up reached it.
+      await (await second).release();
+    } finally {
+      await app.close();
+    }
   });
 
   it('a frozen Redis fails an acquisition with LockBackendError after commandTimeout, and the late grant is released', async () => {
@@ -603,6 +627,7 @@ describe('waiting for a held lock', () => {
       const key = uniqueKey();
       const ownTokenKey = uniqueKey('own-token');
       frozen.signal('SIGSTOP');
+      const watch = watchStalls();
       const started = performance.now();
       const [error, ownTokenError] = await Promise.all([
         app.locks.acquire(key, { acquireTimeout: 2_000 }).catch((e: unknown) => e),
@@ -616,7 +641,9 @@ describe('waiting for a held lock', () => {
       assert.equal(error.operation, 'acquire');
       assert.equal(error.timedOut, true);
       // The silent reply ends the call, not the (much longer) acquireTimeout.
-      assert.ok(elapsed >= 400 - 50 && elapsed < 400 + 500, `${elapsed} ms`);
+      assert.ok(elapsed >= 400 - 50, `${elapsed} ms`);
+      assertWithin(elapsed, 400, watch, 'acquire() on a frozen Redis (commandTimeout 400)');
+      watch.stop();
 
       // Thawed, Redis runs the abandoned attempts and grants both locks. The library releases the
       // one it took with its own token; a caller's token may already hold it, so that one stays.

@@ -21,6 +21,15 @@ export async function startLockModule(options: RedisLockModuleOptions): Promise<
   return { module, locks: module.get(LockService), close: () => module.close() };
 }
 
+/**
+ * An app whose waiters never poll within a test (`retryInterval` 60 s): when one of them gets a
+ * lock held with a long TTL within its `acquireTimeout` (under 60 s), a release woke it. So a test
+ * tells "woken by the release" from "found it free at a poll" without reading the clock.
+ */
+export function startNonPollingApp(options: RedisLockModuleOptions): Promise<LockModuleFixture> {
+  return startLockModule({ ...options, defaults: { ...options.defaults, retryInterval: 60_000 } });
+}
+
 /** A private Redis with two instances of an app on it: see `twoAppsOnOneRedis`. */
 export interface TwoApps {
   readonly server: RedisServer;
