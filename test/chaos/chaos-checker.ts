@@ -16,11 +16,19 @@ export interface Section {
   killedAt?: number;
   /** From the call to the section, on the using() path. */
   waited?: number;
+  /**
+   * A section of an earlier phase of the session whose holder still believed when this phase began
+   * (see `runPhases`): an overlap with it, or a fence that is not above its fence, counts in this
+   * phase; it does not count as one of this phase's sections.
+   */
+  context?: boolean;
 }
 
 export interface Call {
   path: 'using' | 'route';
   outcome: string;
+  /** When it was made. */
+  start: number;
   ms: number;
   unsettled: boolean;
   /**
@@ -131,13 +139,16 @@ export function check(record: ScenarioRecord): ScenarioFigures {
       // Entered with its signal already aborted (paused between the grant and the section, past
       // its lease): it never believed it held the lock and never used its fence.
       if (section.abortAt !== undefined && section.abortAt <= section.enter) continue;
-      if (section.fence <= highest) fenceRegressions++;
-      highest = Math.max(highest, section.fence);
       believing = believing.filter((s) => beliefEnd(s, record.end) > section.enter);
-      if (believing.length > 0) overlaps++;
-      for (const holder of believing) {
-        if (!firstIntrusion.has(holder)) firstIntrusion.set(holder, section.enter);
+      // A context section's own fence and intrusions were counted in its own phase.
+      if (!section.context) {
+        if (section.fence <= highest) fenceRegressions++;
+        if (believing.length > 0) overlaps++;
+        for (const holder of believing) {
+          if (!firstIntrusion.has(holder)) firstIntrusion.set(holder, section.enter);
+        }
       }
+      highest = Math.max(highest, section.fence);
       believing.push(section);
     }
   }
@@ -168,21 +179,22 @@ export function check(record: ScenarioRecord): ScenarioFigures {
     calls[kind]++;
     if (kind === 'failed' && call.starved) failedStarved++;
   }
-  const waits = record.sections.flatMap((s) => (s.waited === undefined ? [] : [s.waited]));
+  const own = record.sections.filter((s) => !s.context);
+  const waits = own.flatMap((s) => (s.waited === undefined ? [] : [s.waited]));
 
   return {
     name: record.name,
     losesState: record.losesState,
     runs: record.runs,
     faults: record.faults,
-    sections: record.sections.length,
+    sections: own.length,
     calls,
     failedStarved,
     overlaps,
     staleAccepted,
     staleRejected: record.rejected,
     fenceRegressions,
-    signals: record.sections.filter((s) => s.abortAt !== undefined).length,
+    signals: own.filter((s) => s.abortAt !== undefined).length,
     lost,
     lostUnsignalled,
     signalDelay: { p50: percentile(delays, 50), p99: percentile(delays, 99) },

@@ -10,7 +10,13 @@ import { fileURLToPath } from 'node:url';
 import { Redis } from 'ioredis';
 import { startRedis } from '../support/redis-server.js';
 import { stallRecorder, type ChaosEvent, type WorkerConfig } from './chaos-protocol.js';
-import { emptyRecord, type Call, type ScenarioRecord, type Section } from './chaos-checker.js';
+import {
+  beliefEnd,
+  emptyRecord,
+  type Call,
+  type ScenarioRecord,
+  type Section,
+} from './chaos-checker.js';
 import { MODE_LABELS, startTopology, type ChaosMode, type WorkerLink } from './chaos-topologies.js';
 
 export type { ChaosMode } from './chaos-topologies.js';
@@ -22,9 +28,14 @@ export interface ChaosProfile {
   keys: number;
   ttl: number;
   acquireTimeout: number;
-  /** How long faults are injected, per run. */
+  /** How long faults are injected, per run (per phase, in a session of phases). */
   windowMs: number;
   runs: number;
+  /**
+   * One session of worker processes per deployment that goes through every scenario in turn, one
+   * phase each (see `runPhases`), instead of fresh workers and servers for every scenario.
+   */
+  phased: boolean;
 }
 
 export const PROFILES: Record<'short' | 'full', ChaosProfile> = {
@@ -35,8 +46,9 @@ export const PROFILES: Record<'short' | 'full', ChaosProfile> = {
     keys: 3,
     ttl: 1_000,
     acquireTimeout: 1_500,
-    windowMs: 4_000,
+    windowMs: 1_200,
     runs: 1,
+    phased: true,
   },
   full: {
     name: 'full',
@@ -47,6 +59,7 @@ export const PROFILES: Record<'short' | 'full', ChaosProfile> = {
     acquireTimeout: 1_500,
     windowMs: 30_000,
     runs: 2,
+    phased: false,
   },
 };
 
@@ -208,7 +221,36 @@ interface Worker {
   summary?: Extract<ChaosEvent, { t: 'summary' }>;
 }
 
-/** Runs one scenario `profile.runs` times and returns everything it recorded. */
+/** One scenario's stretch of a session: its faults from `start`, and the settling after them. */
+interface Phase {
+  scenario: Scenario;
+  start: number;
+  end: number;
+  faults: number;
+}
+
+/** Everything a session recorded, and its phases. */
+interface Session {
+  record: ScenarioRecord;
+  phases: Phase[];
+  /** When each unhandled rejection and each crash was reported. */
+  unhandledAt: number[];
+  crashAt: number[];
+}
+
+/**
+ * The order of a session's phases: where two holders may overlap (a frozen holder, a Redis that
+ * forgot its locks) last, so that a holder still running on from one of those phases can only meet
+ * a later holder in a phase where that is possible too; the restart, which changes a Cluster's or
+ * Sentinel's masters, at the very end.
+ */
+export const PHASE_ORDER: readonly Scenario[] = [
+  ...SCENARIOS.filter((scenario) => !scenario.overlapPossible),
+  ...SCENARIOS.filter((scenario) => scenario.overlapPossible && !scenario.losesState),
+  ...SCENARIOS.filter((scenario) => scenario.losesState),
+];
+
+/** Runs one scenario `profile.runs` times, each with fresh servers and workers, and returns everything it recorded. */
 export async function runScenario(
   scenario: Scenario,
   profile: ChaosProfile,
@@ -216,18 +258,91 @@ export async function runScenario(
 ): Promise<ScenarioRecord> {
   const name = MODE_LABELS[mode] ? `${MODE_LABELS[mode]}: ${scenario.name}` : scenario.name;
   const record = emptyRecord(name, scenario.losesState ?? false, profile.runs);
-  for (let run = 0; run < profile.runs; run++) await runOnce(scenario, profile, mode, record, run);
+  for (let run = 0; run < profile.runs; run++) {
+    // Heal, then give killed or cut-off holders' locks time to expire before the final count.
+    const session = await runSession([scenario], profile, mode, run, profile.ttl + 1_500);
+    const { sections, calls, accepted, ...counts } = session.record;
+    record.faults += session.phases[0].faults;
+    record.sections.push(...sections);
+    record.calls.push(...calls);
+    for (const [key, fences] of accepted) record.accepted.set(key, fences);
+    record.rejected += counts.rejected;
+    record.leftoverLocks += counts.leftoverLocks;
+    record.keysWithoutTtl += counts.keysWithoutTtl;
+    record.unhandled += counts.unhandled;
+    record.crashes += counts.crashes;
+    record.unsettledShutdowns += counts.unsettledShutdowns;
+    record.end = counts.end;
+  }
   return record;
 }
 
-async function runOnce(
-  scenario: Scenario,
+/**
+ * Every scenario in turn (`PHASE_ORDER`) on one deployment, with one set of worker processes: a
+ * phase injects its faults for `windowMs`, then heals and lets the workers settle (for the TTL and
+ * a bit more where a holder may still run on a lock it lost). Returns one record per scenario,
+ * holding what happened in its phase: the sections entered and the calls started in it, with the
+ * sections of earlier phases whose holders still believed when it began (`context`: an overlap with
+ * one of those counts here), and one record of the whole session, which alone counts what only the
+ * end shows (locks left, keys without TTL, writes the fence guard accepted out of order, workers
+ * that did not shut down in time).
+ */
+export async function runPhases(
+  profile: ChaosProfile,
+  mode: ChaosMode = 'standalone',
+): Promise<{ phases: ScenarioRecord[]; session: ScenarioRecord }> {
+  const { record, phases, unhandledAt, crashAt } = await runSession(
+    PHASE_ORDER,
+    profile,
+    mode,
+    0,
+    (scenario) =>
+      scenario.overlapPossible || scenario.name.includes('partitioned') ? profile.ttl + 500 : 300,
+  );
+  const label = MODE_LABELS[mode] ? `${MODE_LABELS[mode]}: ` : '';
+  const records = phases.map((phase, i) => {
+    const from = i === 0 ? -Infinity : phase.start;
+    const within = (at: number): boolean => at >= from && at < phase.end;
+    const phaseRecord = emptyRecord(
+      `${label}${phase.scenario.name}`,
+      phase.scenario.losesState ?? false,
+      1,
+    );
+    phaseRecord.faults = phase.faults;
+    phaseRecord.end = record.end;
+    phaseRecord.sections = record.sections.flatMap((section) =>
+      within(section.enter)
+        ? [section]
+        : section.enter < from && beliefEnd(section, record.end) > from
+          ? [{ ...section, context: true }]
+          : [],
+    );
+    phaseRecord.calls = record.calls.filter((call) => within(call.start));
+    phaseRecord.unhandled = unhandledAt.filter(within).length;
+    phaseRecord.crashes = crashAt.filter(within).length;
+    return phaseRecord;
+  });
+  record.name = `${label}the whole session (every phase, then shutdown)`;
+  record.losesState = PHASE_ORDER.some((scenario) => scenario.losesState);
+  return { phases: records, session: record };
+}
+
+/**
+ * Starts `mode`'s servers, a healthy Redis for the fence-guarded resource and `profile.workers`
+ * worker processes; runs each scenario in turn for `profile.windowMs`, healing and waiting
+ * `settleMs` after each; then stops the workers gracefully and collects what they recorded and what
+ * Redis still holds.
+ */
+async function runSession(
+  scenarios: readonly Scenario[],
   profile: ChaosProfile,
   mode: ChaosMode,
-  record: ScenarioRecord,
   run: number,
-): Promise<void> {
+  settleMs: number | ((scenario: Scenario) => number),
+): Promise<Session> {
   const keys = Array.from({ length: profile.keys }, (_, i) => `hot${run}-${i}`);
+  const record = emptyRecord(MODE_LABELS[mode], false, 1);
+  const session: Session = { record, phases: [], unhandledAt: [], crashAt: [] };
   // The sample's lock keys: prefix 'sample:lock:', the purchase key 'sku:<sku>' in a hash tag.
   const topology = await startTopology(
     mode,
@@ -317,6 +432,7 @@ async function runOnce(
           const call: Call = {
             path: event.path,
             outcome: event.outcome,
+            start: event.start,
             ms: event.ms,
             unsettled: event.unsettled,
             starved: event.stalled || stalls.overlap(event.start, event.start + event.ms),
@@ -331,6 +447,7 @@ async function runOnce(
         }
         case 'unhandled':
           record.unhandled++;
+          session.unhandledAt.push(now());
           // The count fails the scenario; the stack says where to look.
           console.error(`chaos ${record.name}: unhandled rejection in a worker: ${event.error}`);
           break;
@@ -340,13 +457,16 @@ async function runOnce(
       }
     });
     void worker.exited.then((code) => {
-      if (!worker.killed && code !== 0) record.crashes++;
+      if (worker.killed || code === 0) return;
+      record.crashes++;
+      session.crashAt.push(now());
     });
     workers[slot] = worker;
     return worker;
   };
 
   let windowEnds = Infinity;
+  let lastKill = 0;
   const ctx: FaultContext = {
     ttl: profile.ttl,
     proxies: links,
@@ -355,7 +475,7 @@ async function runOnce(
       const worker = workers[slot];
       worker.killed = true;
       worker.child.kill('SIGKILL');
-      worker.killedAt = now();
+      worker.killedAt = lastKill = now();
       for (const section of worker.open) section.killedAt = worker.killedAt;
       await worker.exited;
       await spawnWorker(slot).ready;
@@ -375,15 +495,17 @@ async function runOnce(
     for (let slot = 0; slot < profile.workers; slot++) spawnWorker(slot);
     await Promise.all(workers.map((w) => w.ready));
     await sleep(500);
-    windowEnds = now() + profile.windowMs;
-    record.faults += await scenario.inject(ctx);
-
-    // Heal, then give killed or cut-off holders' locks time to expire before the final count.
-    for (const link of links) {
-      link.setLatency(0);
-      link.heal();
+    for (const scenario of scenarios) {
+      const start = now();
+      windowEnds = start + profile.windowMs;
+      const faults = await scenario.inject(ctx);
+      for (const link of links) {
+        link.setLatency(0);
+        link.heal();
+      }
+      await sleep(typeof settleMs === 'number' ? settleMs : settleMs(scenario));
+      session.phases.push({ scenario, start, end: now(), faults });
     }
-    await sleep(profile.ttl + 1_500);
 
     const shutdownBound = callBoundMs + 2 * COMMAND_TIMEOUT + 3_000;
     const live = workers.filter((w) => !w.killed);
@@ -400,6 +522,8 @@ async function runOnce(
       }),
     );
     record.end = now();
+    // The locks of killed holders expire within a TTL of their last write.
+    await sleep(lastKill + profile.ttl + 200 - now());
 
     const leftovers = await topology.leftovers();
     record.leftoverLocks += leftovers.locks;
@@ -418,4 +542,5 @@ async function runOnce(
     await topology.stop();
     await db.stop();
   }
+  return session;
 }

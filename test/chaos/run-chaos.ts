@@ -1,14 +1,16 @@
 /**
  * `npm run chaos`: every fault scenario with the full profile, on one Redis, in Redlock mode, on a
  * Cluster and through Sentinel; prints the table and writes the report. Options: --profile
- * short|full, --mode standalone|redlock|cluster|sentinel|all (default all), --only <text in a scenario name>, --report <path>
+ * short|full (short: one session per deployment going through every scenario in turn, as in
+ * `npm test`), --mode standalone|redlock|cluster|sentinel|all (default all), --only <text in a
+ * scenario name> (full profile), --report <path>
  * (default test/chaos/REPORT.md; `-` for none). Exits 1 when any scenario has a violation.
  */
 import { parseArgs } from 'node:util';
 import { writeMarkdown } from '../support/markdown.js';
 import { check, type ScenarioFigures } from './chaos-checker.js';
 import { renderReport, renderTable, violations } from './chaos-report.js';
-import { PROFILES, runScenario, SCENARIOS } from './chaos-runner.js';
+import { PROFILES, runPhases, runScenario, SCENARIOS } from './chaos-runner.js';
 import { CHAOS_MODES, type ChaosMode } from './chaos-topologies.js';
 
 const { values } = parseArgs({
@@ -33,15 +35,21 @@ if (!modes.every((mode) => CHAOS_MODES.includes(mode))) {
 
 const started = performance.now();
 const results: ScenarioFigures[] = [];
+const print = (figures: ScenarioFigures): void => {
+  results.push(figures);
+  const problems = violations(figures);
+  console.log(
+    `${problems.length ? '✖' : '✔'} ${figures.name}${problems.length ? `: ${problems.join(', ')}` : ''}`,
+  );
+};
 for (const mode of modes) {
-  for (const scenario of scenarios) {
-    const figures = check(await runScenario(scenario, profile, mode));
-    results.push(figures);
-    const problems = violations(figures);
-    console.log(
-      `${problems.length ? '✖' : '✔'} ${figures.name}${problems.length ? `: ${problems.join(', ')}` : ''}`,
-    );
+  if (profile.phased) {
+    // One session per deployment, every scenario a phase of it (--only does not apply).
+    const { phases, session } = await runPhases(profile, mode);
+    [...phases, session].map(check).forEach(print);
+    continue;
   }
+  for (const scenario of scenarios) print(check(await runScenario(scenario, profile, mode)));
 }
 console.log(`\n${renderTable(results)}\n`);
 if (values.report !== '-') {

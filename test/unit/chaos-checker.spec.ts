@@ -31,7 +31,7 @@ function record(sections: Partial<Section>[], extra: Partial<ScenarioRecord> = {
 }
 
 function call(outcome: string, starved = false): Call {
-  return { path: 'using', outcome, ms: 1, unsettled: false, starved };
+  return { path: 'using', outcome, start: 0, ms: 1, unsettled: false, starved };
 }
 
 describe('chaos checker', () => {
@@ -145,6 +145,25 @@ describe('chaos checker', () => {
     const figures = check(record([{}], { calls }));
     assert.deepEqual(figures.calls, { ok: 1, busy: 1, failed: 3, other: 0 });
     assert.equal(figures.failedStarved, 2);
+  });
+
+  it("a phase counts overlaps and fence regressions against an earlier phase's holder, not that holder itself", () => {
+    // Phase 2 begins at 1,000. Section 0 (phase 1) still believes then (until 1,500); section 1
+    // (phase 1, over) is not context. Section 2 enters on 0 with a lower fence than 0's.
+    const figures = check(
+      record([
+        { enter: 900, exit: 1_500, fence: 7, context: true },
+        { enter: 950, exit: 1_100, fence: 6, context: true },
+        { enter: 1_200, exit: 1_300, fence: 5 },
+        { enter: 1_600, exit: 1_700, fence: 8 },
+      ]),
+    );
+    // The context sections' own overlap (1 entered while 0 believed) and regression (6 after 7)
+    // belong to their phase; this phase's section 2 overlaps 0 and regresses below 7.
+    assert.equal(figures.sections, 2);
+    assert.equal(figures.overlaps, 1);
+    assert.equal(figures.fenceRegressions, 1);
+    assert.equal(figures.lost, 1);
   });
 
   it('percentiles', () => {
