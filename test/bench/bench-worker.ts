@@ -13,8 +13,8 @@ import { CONTENDERS } from './contenders.js';
 
 const job = JSON.parse(process.argv[2]) as BenchJob;
 const LOCK_CONNECTION = 'bench-lock';
-/** Workload 6: locks held at once to measure the heap per held lock. */
-const HELD = 10_000;
+/** Workload 6: locks held at once to measure the heap per held lock (a smoke run: its pairs). */
+const HELD = Math.min(10_000, job.pairs);
 let commands = 0;
 const send = Redis.prototype.sendCommand;
 Redis.prototype.sendCommand = function (this: Redis, ...args: Parameters<Redis['sendCommand']>) {
@@ -67,8 +67,10 @@ process.exit(0);
 
 /** Workload 1: one client acquires and releases one free key, `pairs` times in a row. */
 async function sequential(): Promise<BenchResult> {
-  // Warm up to steady state (the JIT has compiled every contender's hot path) before measuring.
-  for (let i = 0; i < 2_000; i++) await (await locker.acquire('seq', 10_000, 1_000)).release();
+  // Warm up to steady state (the JIT has compiled every contender's hot path) before measuring
+  // (a smoke run: as many as it measures).
+  const warmUp = Math.min(2_000, job.pairs);
+  for (let i = 0; i < warmUp; i++) await (await locker.acquire('seq', 10_000, 1_000)).release();
   return measured(async () => {
     for (let i = 0; i < job.pairs; i++)
       await (await locker.acquire('seq', 10_000, 1_000)).release();
@@ -187,7 +189,9 @@ async function memory(): Promise<BenchResult> {
   const redisMemory = async (): Promise<number> =>
     Number(/used_memory:(\d+)/.exec(await data.info('memory'))![1]);
   // Warm up every code path first, so the baseline heap includes what stays anyway.
-  for (let i = 0; i < 1_000; i++) await (await locker.acquire(`warm${i}`, 10_000, 1_000)).release();
+  const warmUp = Math.min(1_000, job.pairs);
+  for (let i = 0; i < warmUp; i++)
+    await (await locker.acquire(`warm${i}`, 10_000, 1_000)).release();
   const keys0 = await data.dbsize();
   const redis0 = await redisMemory();
   const heap0 = await heap();

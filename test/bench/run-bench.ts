@@ -287,7 +287,8 @@ async function httpRound(round: number): Promise<void> {
       });
       app.once('exit', (code) => reject(new Error(`bench app exited ${code}: ${output}`)));
     });
-    for (const variant of HTTP_VARIANTS) await load(port, variant, 1); // warm up
+    // Warm up (not in a smoke run, which measures nothing).
+    if (!values.smoke) for (const variant of HTTP_VARIANTS) await load(port, variant, 1);
     // The floor under any lock's cost: the round trip to Redis from this machine, right now.
     const rtts: number[] = [];
     for (let i = 0; i < 500; i++) {
