@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs every suite again against the oldest majors in the peer ranges: NestJS 11 (CommonJS) and
-# ioredis 5, in a scratch copy of the project so the working tree's node_modules stay untouched.
+# Runs the suites whose behaviour depends on the NestJS or ioredis major again, against the oldest
+# majors in the peer ranges: NestJS 11 (CommonJS) and ioredis 5, in a scratch copy of the project
+# so the working tree's node_modules stay untouched. Which suites: COMPAT in scripts/test-run.mjs.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d)
@@ -10,10 +11,10 @@ cd "$root"
 git ls-files --cached --others --exclude-standard -z | tar --null -cf - -T - | tar -xf - -C "$work"
 cp -a node_modules "$work/"
 cd "$work"
-npm install --no-save --no-audit --no-fund --loglevel=error \
+npm install --prefer-offline --no-save --no-audit --no-fund --loglevel=error \
   @nestjs/common@^11 @nestjs/core@^11 @nestjs/testing@^11 @nestjs/platform-express@^11 \
   @nestjs/platform-fastify@^11 @nestjs/microservices@^11 @nestjs/websockets@^11 @nestjs/platform-ws@^11 \
   ioredis@^5
 node -e "console.log('compat: @nestjs/core', require('@nestjs/core/package.json').version, '/ ioredis', require('ioredis/package.json').version)"
 npm run build:test --silent
-npm run test:run --silent
+npm run test:run --silent -- --compat

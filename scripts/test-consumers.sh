@@ -23,27 +23,39 @@ redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$w
 redis_pid=$!
 for _ in $(seq 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
 
-for app in nest12-esm nest11-cjs; do
-  echo "consumer: $app"
+# The three apps install, build and run side by side (mostly npm and tsc: one per core and more);
+# each one's output is printed in one piece when it is done, and any failure fails the script.
+consumer() {
+  local app=$1
   cp -r "test/consumers/$app" "$work/$app"
   cp test/consumers/app.ts "$work/$app/app.ts"
-  (
-    cd "$work/$app"
-    npm install --no-audit --no-fund --loglevel=error "$tarball"
-    npm ls --depth=0 @nestjs/core ioredis typescript nestjs-redis-lock | tail -n +2
-    npm run build --silent
-    REDIS_URL="redis://127.0.0.1:$port" node dist/app.js
-  )
-done
-
-echo "consumer: the README's quick start in a Nest 11 CLI app"
-mkdir -p "$work/quickstart/src"
-cp test/consumers/quickstart/package.json test/consumers/quickstart/tsconfig.json "$work/quickstart/"
-cp test/consumers/quickstart/main.ts "$work/quickstart/src/main.ts"
-node scripts/readme-files.mjs README.md "$work/quickstart/src"
-(
+  cd "$work/$app"
+  npm install --prefer-offline --no-audit --no-fund --loglevel=error "$tarball"
+  npm ls --depth=0 @nestjs/core ioredis typescript nestjs-redis-lock | tail -n +2
+  npm run build --silent
+  REDIS_URL="redis://127.0.0.1:$port" node dist/app.js
+}
+quickstart() {
+  # The README's quick start in a Nest 11 CLI app.
+  mkdir -p "$work/quickstart/src"
+  cp test/consumers/quickstart/package.json test/consumers/quickstart/tsconfig.json "$work/quickstart/"
+  cp test/consumers/quickstart/main.ts "$work/quickstart/src/main.ts"
+  node scripts/readme-files.mjs README.md "$work/quickstart/src"
   cd "$work/quickstart"
-  npm install --no-audit --no-fund --loglevel=error "$tarball"
+  npm install --prefer-offline --no-audit --no-fund --loglevel=error "$tarball"
   npm run build --silent
   REDIS_URL="redis://127.0.0.1:$port" node dist/main.js
-)
+}
+pids=()
+for job in "consumer nest12-esm" "consumer nest11-cjs" quickstart; do
+  ( set -e; $job ) >"$work/${job// /-}.log" 2>&1 &
+  pids+=("$!")
+done
+status=0
+jobs_=("consumer nest12-esm" "consumer nest11-cjs" quickstart)
+for i in "${!pids[@]}"; do
+  if wait "${pids[$i]}"; then result=ok; else result=FAILED; status=1; fi
+  echo "consumers: ${jobs_[$i]}: $result"
+  sed 's/^/  /' "$work/${jobs_[$i]// /-}.log"
+done
+exit "$status"

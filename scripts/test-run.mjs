@@ -1,0 +1,217 @@
+#!/usr/bin/env node
+// Runs the compiled test files (build/test/**/*.spec.js), each in a `node --test` process of its
+// own, in two tiers:
+//
+// 1. shared: unit tests and suites against one redis-server, `--concurrency` files at a time
+//    (2 by default, one per core). A failure here is a failure: no re-run.
+// 2. isolated: the suites that start more than one server or more than one process (a Cluster,
+//    Sentinels, Redlock's masters, worker processes, the chaos short profile, the bench smoke
+//    run), one file at a time after the shared tier, so that none of them loads the machine
+//    under another suite. A file of this tier that fails is run once more, alone on the idle
+//    machine: if it passes then, the run passes and ends with a `FLAKY: <file> — <failure>` line;
+//    if it fails again, the run fails.
+//
+// A file that runs longer than `--file-timeout` seconds is stopped (its whole process group:
+// the redis-servers and workers it started go with it) and counts as failed.
+//
+// Options: --compat (only the suites whose behaviour depends on the NestJS or ioredis major, see
+// COMPAT), --only <substring> (repeatable), --concurrency <n>, --no-retry, --json <path> (a summary
+// for scripts/test-repeat.mjs), --file-timeout <s> (default 420).
+import { spawn } from 'node:child_process';
+import { mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join, relative } from 'node:path';
+import { parseArgs } from 'node:util';
+
+const root = join(import.meta.dirname, '..');
+const testDir = join(root, 'build', 'test');
+
+/**
+ * Suites that start more than one server (a Cluster, Sentinels, several masters, a replica) or
+ * more than one process (workers, the sample app, npm): the isolated tier. Paths under build/test.
+ */
+const ISOLATED = [
+  'bench/bench.spec.js',
+  'chaos/chaos.spec.js',
+  'chaos/chaos-failover.spec.js',
+  'demo/demo.spec.js',
+  'e2e/sample-command.e2e.spec.js',
+  'faults/bounded-operations.spec.js',
+  'faults/hostile-input.spec.js',
+  'integration/cluster.spec.js',
+  'integration/cluster-failover.spec.js',
+  'integration/health.spec.js',
+  'integration/processes.spec.js',
+  'integration/redlock.spec.js',
+  'integration/replica-ack.spec.js',
+  'integration/sentinel.spec.js',
+  'package/pack.spec.js',
+];
+
+/**
+ * What the NestJS 11 / ioredis 5 run covers: what differs between those versions. The module and
+ * its options, the decorator on every transport, the sample app end to end (booted in the test,
+ * and by its own command), and the suites that drive ioredis on every topology: standalone,
+ * Cluster, Sentinel, Redlock, and Redis failing under it. Not the chaos short profile or the bench
+ * smoke run.
+ */
+const COMPAT = [
+  'e2e/sample-command.e2e.spec.js',
+  'e2e/sample.e2e.spec.js',
+  'faults/bounded-operations.spec.js',
+  'integration/cluster.spec.js',
+  'integration/lock-service.spec.js',
+  'integration/module.spec.js',
+  'integration/redlock.spec.js',
+  'integration/sentinel.spec.js',
+  'integration/with-lock.spec.js',
+];
+
+const { values } = parseArgs({
+  options: {
+    compat: { type: 'boolean', default: false },
+    only: { type: 'string', multiple: true },
+    concurrency: { type: 'string', default: '2' },
+    'no-retry': { type: 'boolean', default: false },
+    json: { type: 'string' },
+    'file-timeout': { type: 'string', default: '420' },
+  },
+});
+const concurrency = Number(values.concurrency);
+const fileTimeoutMs = Number(values['file-timeout']) * 1_000;
+
+const all = findSpecs(testDir)
+  .map((path) => relative(testDir, path))
+  .filter((file) => !values.compat || COMPAT.includes(file))
+  .filter((file) => !values.only || values.only.some((part) => file.includes(part)));
+for (const file of [...ISOLATED, ...COMPAT]) {
+  if (!findSpecs(testDir).some((path) => relative(testDir, path) === file)) {
+    throw new Error(`scripts/test-run.mjs names ${file}, which is not in build/test`);
+  }
+}
+// Biggest files first: they take longest, and a pool finishes sooner when it starts with them.
+const bySize = (a, b) => statSync(join(testDir, b)).size - statSync(join(testDir, a)).size;
+const shared = all.filter((file) => !ISOLATED.includes(file)).sort(bySize);
+const isolated = all.filter((file) => ISOLATED.includes(file));
+
+const seconds = (ms) => (ms / 1_000).toFixed(1);
+const scratch = mkdtempSync(join(tmpdir(), 'test-run-'));
+const results = [];
+const started = performance.now();
+
+await pool(shared, concurrency, async (file) => {
+  results.push({ file, tier: 'shared', attempts: [await runFile(file)] });
+});
+for (const file of isolated) {
+  const attempts = [await runFile(file)];
+  if (!attempts[0].ok && !values['no-retry']) {
+    console.log(`\n↻ ${file} failed; running it once more, alone\n`);
+    attempts.push(await runFile(file));
+  }
+  results.push({ file, tier: 'isolated', attempts });
+}
+rmSync(scratch, { recursive: true, force: true });
+
+console.log('\nfile                                        tier      seconds  result');
+for (const { file, tier, attempts } of results) {
+  const outcome = attempts.at(-1).ok ? (attempts.length > 1 ? 'flaky' : 'ok') : 'FAILED';
+  const time = attempts.map(({ ms }) => seconds(ms)).join(' + ');
+  console.log(`${file.padEnd(44)}${tier.padEnd(10)}${time.padStart(7)}  ${outcome}`);
+}
+const total = performance.now() - started;
+console.log(`\n${results.length} files in ${seconds(total)} s`);
+const failed = results.filter(({ attempts }) => !attempts.at(-1).ok);
+const flaky = results.filter(({ attempts }) => attempts.length > 1 && attempts.at(-1).ok);
+for (const { file, attempts } of flaky) {
+  console.log(`FLAKY: ${file} — ${attempts[0].failures[0] ?? 'failed'}`);
+}
+for (const { file, attempts } of failed) {
+  console.log(`FAILED: ${file} — ${attempts.at(-1).failures[0] ?? 'failed'}`);
+}
+if (values.json) writeFileSync(values.json, JSON.stringify({ ms: total, results }, null, 2));
+process.exitCode = failed.length > 0 ? 1 : 0;
+
+/** Runs `file` in a `node --test` process of its own; prints its output when it is done. */
+function runFile(file) {
+  const failuresPath = join(scratch, `${file.replaceAll('/', '_')}.${performance.now()}.jsonl`);
+  const args = [
+    '--test',
+    // node's own limit, per test and for the file as a whole, says which test hung; the group
+    // kill below (after --file-timeout) is the backstop.
+    `--test-timeout=${fileTimeoutMs - 20_000}`,
+    '--test-reporter=spec',
+    '--test-reporter-destination=stdout',
+    `--test-reporter=${join(root, 'scripts', 'test-failures.reporter.mjs')}`,
+    `--test-reporter-destination=${failuresPath}`,
+    '--import',
+    './build/test/support/setup.js',
+    join('build', 'test', file),
+  ];
+  const begun = performance.now();
+  return new Promise((resolve) => {
+    // Its own process group, so that a file that hangs can be stopped with everything it started.
+    const child = spawn(process.execPath, args, {
+      cwd: root,
+      detached: true,
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    let output = '';
+    child.stdout.on('data', (chunk) => (output += chunk));
+    child.stderr.on('data', (chunk) => (output += chunk));
+    let timedOut = false;
+    const timer = setTimeout(() => {
+      timedOut = true;
+      killGroup(child.pid);
+    }, fileTimeoutMs);
+    child.once('close', (code, signal) => {
+      clearTimeout(timer);
+      killGroup(child.pid); // anything it left behind (it should leave nothing)
+      const ms = performance.now() - begun;
+      const failures = readFailures(failuresPath);
+      if (timedOut) failures.unshift(`still running after ${seconds(fileTimeoutMs)} s: stopped`);
+      const ok = code === 0 && !timedOut;
+      if (!ok && failures.length === 0) failures.push(`exited with ${signal ?? `code ${code}`}`);
+      console.log(`\n${ok ? '✔' : '✖'} ${file} (${seconds(ms)} s)\n${output.trimEnd()}`);
+      resolve({ ok, ms, failures });
+    });
+  });
+}
+
+function readFailures(path) {
+  try {
+    return readFileSync(path, 'utf8')
+      .split('\n')
+      .filter(Boolean)
+      .map((line) => {
+        const { name, message } = JSON.parse(line);
+        return `${name}: ${message}`;
+      });
+  } catch {
+    return [];
+  }
+}
+
+function killGroup(pid) {
+  try {
+    process.kill(-pid, 'SIGKILL');
+  } catch {
+    // Already gone.
+  }
+}
+
+async function pool(items, size, work) {
+  const queue = [...items];
+  await Promise.all(
+    Array.from({ length: Math.min(size, queue.length) }, async () => {
+      while (queue.length > 0) await work(queue.shift());
+    }),
+  );
+}
+
+function findSpecs(dir) {
+  return readdirSync(dir, { withFileTypes: true }).flatMap((entry) => {
+    const path = join(dir, entry.name);
+    if (entry.isDirectory()) return findSpecs(path);
+    return entry.name.endsWith('.spec.js') ? [path] : [];
+  });
+}
