@@ -161,6 +161,15 @@ const runs = (plan: WorkloadPlan, contender: Contender): boolean =>
   (contender.workloads === undefined || contender.workloads.includes(plan.workload));
 const server = await startRedis();
 const admin = new Redis(server.port, server.host);
+/**
+ * Where runs go: one Redis. A smoke run measures nothing, so its runs go two at a time (one per
+ * core), each lane on a Redis of its own.
+ */
+const lanes = [{ server, admin }];
+if (values.smoke) {
+  const second = await startRedis();
+  lanes.push({ server: second, admin: new Redis(second.port, second.host) });
+}
 /** results[plan][contender] = figures of each round */
 const results = new Map<string, Map<string, Figures[]>>();
 const started = performance.now();
@@ -179,8 +188,10 @@ try {
     if (runHttp) await timed('http', () => httpRound(round));
   }
 } finally {
-  admin.disconnect();
-  await server.stop();
+  for (const lane of lanes) {
+    lane.admin.disconnect();
+    await lane.server.stop();
+  }
 }
 const report = render((performance.now() - started) / 1_000);
 console.log(`\n${report}`);
@@ -212,24 +223,35 @@ async function runPlan(round: number, plan: WorkloadPlan): Promise<void> {
     const order = contenders
       .map((_, i) => contenders[(i + shift) % contenders.length])
       .filter((c) => runs(plan, c));
-    for (const contender of order) {
-      await admin.flushall();
-      const outputs = await runOnce(plan, contender.name);
-      const figures = measure(plan, outputs, Number(await admin.get('counter')));
-      const byContender = results.get(plan.id) ?? new Map<string, Figures[]>();
-      byContender.set(contender.name, [...(byContender.get(contender.name) ?? []), figures]);
-      results.set(plan.id, byContender);
-      console.log(`round ${round + 1} ${plan.id} ${contender.name}: ${JSON.stringify(figures)}`);
-    }
+    await Promise.all(
+      lanes.map(async (lane, l) => {
+        for (let i = l; i < order.length; i += lanes.length) {
+          const contender = order[i];
+          await lane.admin.flushall();
+          const outputs = await runOnce(plan, contender.name, lane.server.port);
+          const figures = measure(plan, outputs, Number(await lane.admin.get('counter')));
+          const byContender = results.get(plan.id) ?? new Map<string, Figures[]>();
+          byContender.set(contender.name, [...(byContender.get(contender.name) ?? []), figures]);
+          results.set(plan.id, byContender);
+          console.log(
+            `round ${round + 1} ${plan.id} ${contender.name}: ${JSON.stringify(figures)}`,
+          );
+        }
+      }),
+    );
   }
 }
 
-async function runOnce(plan: WorkloadPlan, contender: string): Promise<BenchResult[]> {
+async function runOnce(
+  plan: WorkloadPlan,
+  contender: string,
+  port: number,
+): Promise<BenchResult[]> {
   const children = Array.from({ length: plan.processes }, (_, proc) => {
     const job: BenchJob = {
       contender,
       workload: plan.workload,
-      port: server.port,
+      port,
       proc,
       ...sized(plan.job),
     };

@@ -17,12 +17,18 @@ import { monitorRedis, scriptCalls } from '../support/redis-monitor.js';
 import { freePort, startRedis, type RedisServer } from '../support/redis-server.js';
 
 const PAYMENT_DELAY = 150;
-const adapters = [
-  ['Express', () => undefined],
-  ['Fastify', () => new FastifyAdapter()],
-] as const;
+const ADAPTERS = {
+  Express: () => undefined,
+  Fastify: () => new FastifyAdapter(),
+} as const;
 
-for (const [adapterName, createAdapter] of adapters) {
+/**
+ * The sample app end to end on one HTTP platform: booted as `nest start` would boot it, against a
+ * private Redis, driven over HTTP, SSE and its TCP microservice. One spec file per platform
+ * (sample.express.e2e.spec.ts, sample.fastify.e2e.spec.ts), so the two run side by side.
+ */
+export function sampleAppSuite(adapterName: keyof typeof ADAPTERS): void {
+  const createAdapter = ADAPTERS[adapterName];
   describe(`sample app on ${adapterName}`, () => {
     let server: RedisServer;
     let redis: Redis;
