@@ -6,7 +6,7 @@ import { fileURLToPath } from 'node:url';
 import { Redis } from 'ioredis';
 import type { LockService } from '../../lib/index.js';
 import { startLockModule, uniqueKey, type LockModuleFixture } from '../support/lock-module.js';
-import { countIncrements, countTransfers } from '../support/processes.js';
+import { raceThenLock, transfersRaceThenLock } from '../support/processes.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
 import { assertWithin, watchStalls } from '../support/timing.js';
 
@@ -41,27 +41,23 @@ describe('locks across processes', () => {
     return child;
   }
 
-  const incrementFrom = (processes: number, iterations: number, locking: 'lock' | 'nolock') =>
-    countIncrements(String(server.port), processes, iterations, locking, (counter) =>
-      redis.get(counter),
-    );
+  const read = (counter: string): Promise<string | null> => redis.get(counter);
 
-  it('control: 4 processes incrementing without the lock lose updates', async () => {
-    // Enough iterations that the processes overlap once all four are up (they boot at different
-    // times: with 40 each, a slow machine let them run one after another).
-    const total = await incrementFrom(4, 300, 'nolock');
-    assert.ok(total < 1_200, `expected lost updates, got ${total}`);
-  });
-
-  it('4 processes incrementing under the lock end with the exact count', async () => {
-    assert.equal(await incrementFrom(4, 40, 'lock'), 160);
+  it('4 processes incrementing under the lock end with the exact count (control: without it, they lose updates)', async () => {
+    // One start of the processes: first the control, then under the lock. Enough control
+    // iterations that the processes overlap (the start barrier lines them up).
+    const { raced, locked } = await raceThenLock(String(server.port), 4, 300, 40, read);
+    assert.ok(raced < 1_200, `expected lost updates in the control, got ${raced}`);
+    assert.equal(locked, 160);
   });
 
   it('several keys: 4 processes, two naming them in the opposite order, end with exact counts and no deadlock (control without the lock loses updates)', async () => {
-    const read = (counter: string): Promise<string | null> => redis.get(counter);
-    const target = String(server.port);
-    assert.ok((await countTransfers(target, 4, 200, 'nolock', read)).some((n) => n < 800));
-    assert.deepEqual(await countTransfers(target, 4, 40, 'lock', read), [160, 160]);
+    const { raced, locked } = await transfersRaceThenLock(String(server.port), 4, 200, 40, read);
+    assert.ok(
+      raced.some((n) => n < 800),
+      `the control lost no update: ${raced.join(', ')}`,
+    );
+    assert.deepEqual(locked, [160, 160]);
   });
 
   it('the lock of a SIGKILLed holder becomes free after its TTL, not before', async () => {

@@ -29,10 +29,11 @@ describe("read/write locks (mode: 'read')", () => {
     await first.release();
     const waiter = await startNonPollingApp({ connection: env.server.url, fenceRetention: 0 });
     try {
-      const waiting = waiter.locks.acquire(key, { acquireTimeout: 5_000 });
+      // Within 3 s: short of its next poll (60 s) and of the second reader's TTL (5 s).
+      const waiting = waiter.locks.acquire(key, { acquireTimeout: 3_000 });
       await sleep(100);
       assert.equal(await second.release(), true);
-      const writer = await waiting; // the last reader's release woke it: no poll within 5 s
+      const writer = await waiting; // so the last reader's release woke it
       assert.ok(writer.fence > second.fence);
       assert.equal(await env.locks.tryAcquire(key, read), null, 'a reader waits for the writer');
       assert.equal(await writer.release(), true);

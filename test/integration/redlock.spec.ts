@@ -18,7 +18,7 @@ import {
   uniqueKey,
   type LockModuleFixture,
 } from '../support/lock-module.js';
-import { countIncrements, countTransfers } from '../support/processes.js';
+import { raceThenLock, transfersRaceThenLock } from '../support/processes.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
 import { assertWithin, watchStalls } from '../support/timing.js';
 
@@ -311,15 +311,22 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     const target = `redlock:${servers.map((server) => server.port).join(',')}`;
     const read = (counter: string): Promise<string | null> => direct[0].get(counter);
     // Without the lock the processes overlap once all three are up (they boot at different times).
-    assert.ok((await countIncrements(target, 3, 300, 'nolock', read)) < 900);
-    assert.equal(await countIncrements(target, 3, 25, 'lock', read), 75);
+    // One start of the processes: first the control without the lock, then under it.
+    const { raced, locked } = await raceThenLock(target, 3, 300, 25, read);
+    assert.ok(raced < 900, `the control lost no update: ${raced}`);
+    assert.equal(locked, 75);
   });
 
   it('several keys: 4 processes, two naming them in the opposite order, end with exact counts and no deadlock', async () => {
     const target = `redlock:${servers.map((server) => server.port).join(',')}`;
     const read = (counter: string): Promise<string | null> => direct[0].get(counter);
-    assert.ok((await countTransfers(target, 4, 200, 'nolock', read)).some((n) => n < 800));
-    assert.deepEqual(await countTransfers(target, 4, 20, 'lock', read), [80, 80]);
+    // One start of the processes: first the control without the lock, then under it.
+    const { raced, locked } = await transfersRaceThenLock(target, 4, 200, 20, read);
+    assert.ok(
+      raced.some((n) => n < 800),
+      `the control lost no update: ${raced.join(', ')}`,
+    );
+    assert.deepEqual(locked, [80, 80]);
   });
 
   it('rejects a counting semaphore (limit > 1), a read lock and a fair lock with a LockArgumentError naming the option and nodes, taking nothing', async () => {

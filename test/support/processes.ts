@@ -8,15 +8,15 @@ const worker = fileURLToPath(new URL('../fixtures/lock-worker.js', import.meta.u
 
 /**
  * Runs `processes` app instances (test/fixtures/lock-worker) against `target` (see the worker's
- * usage), each doing `iterations` read-pause-write increments of one counter, under one lock or
- * without it. Asserts that every process exited cleanly; resolves the counter's final value,
- * read through `read`.
+ * usage), each doing `iterations` read-pause-write increments of one counter under one lock (a
+ * fair one with 'fair'). Asserts that every process exited cleanly; resolves the counter's final
+ * value, read through `read`.
  */
 export async function countIncrements(
   target: string,
   processes: number,
   iterations: number,
-  locking: 'lock' | 'fair' | 'nolock',
+  locking: 'lock' | 'fair',
   read: (counter: string) => Promise<string | null>,
 ): Promise<number> {
   const key = uniqueKey();
@@ -35,17 +35,45 @@ export async function countIncrements(
 }
 
 /**
- * Like `countIncrements`, with two keys locked together (`LockService.using([a, b])`): every other
- * process names them in the opposite order. Each step increments one counter per key; resolves
- * both counters' final values.
+ * One start of `processes` app instances for a control run and a locked run: each first does
+ * `raced` increments of a control counter without any lock (concurrent with the others: updates
+ * are lost), then `locked` increments of another counter under one lock. Resolves both counters.
  */
-export async function countTransfers(
+export async function raceThenLock(
   target: string,
   processes: number,
-  iterations: number,
-  locking: 'lock' | 'nolock',
+  raced: number,
+  locked: number,
   read: (counter: string) => Promise<string | null>,
-): Promise<number[]> {
+): Promise<{ raced: number; locked: number }> {
+  const key = uniqueKey();
+  const counter = uniqueKey('counter');
+  await runWorkers(
+    Array.from({ length: processes }, () => [
+      'increment',
+      target,
+      key,
+      counter,
+      `${raced}/${locked}`,
+      'lock',
+    ]),
+  );
+  const [control, exact] = await Promise.all([read(`${counter}:control`), read(counter)]);
+  return { raced: Number(control), locked: Number(exact) };
+}
+
+/**
+ * Like `raceThenLock`, with two keys locked together (`LockService.using([a, b])`): every other
+ * process names them in the opposite order. Each step increments one counter per key; resolves
+ * both counters of the control run and of the locked run.
+ */
+export async function transfersRaceThenLock(
+  target: string,
+  processes: number,
+  raced: number,
+  locked: number,
+  read: (counter: string) => Promise<string | null>,
+): Promise<{ raced: number[]; locked: number[] }> {
   const keys = [uniqueKey('acct'), uniqueKey('acct')];
   const prefix = uniqueKey('balance');
   await runWorkers(
@@ -54,11 +82,13 @@ export async function countTransfers(
       target,
       (i % 2 === 0 ? keys : [...keys].reverse()).join(','),
       prefix,
-      String(iterations),
-      locking,
+      `${raced}/${locked}`,
+      'lock',
     ]),
   );
-  return Promise.all(keys.map(async (key) => Number(await read(`${prefix}:${key}`))));
+  const counters = (into: string): Promise<number[]> =>
+    Promise.all(keys.map(async (key) => Number(await read(`${into}:${key}`))));
+  return { raced: await counters(`${prefix}:control`), locked: await counters(prefix) };
 }
 
 /**
