@@ -17,10 +17,10 @@ import { monitorRedis, scriptCalls } from '../support/redis-monitor.js';
 import { freePort, startRedis, type RedisServer } from '../support/redis-server.js';
 
 const PAYMENT_DELAY = 150;
-const ADAPTERS = {
+const ADAPTERS: Record<'Express' | 'Fastify', () => FastifyAdapter | undefined> = {
   Express: () => undefined,
   Fastify: () => new FastifyAdapter(),
-} as const;
+};
 
 /**
  * The sample app end to end on one HTTP platform: booted as `nest start` would boot it, against a

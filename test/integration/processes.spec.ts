@@ -6,7 +6,12 @@ import { fileURLToPath } from 'node:url';
 import { Redis } from 'ioredis';
 import type { LockService } from '../../lib/index.js';
 import { startLockModule, uniqueKey, type LockModuleFixture } from '../support/lock-module.js';
-import { raceThenLock, transfersRaceThenLock } from '../support/processes.js';
+import {
+  countReadersWriters,
+  countSemaphore,
+  raceThenLock,
+  transfersRaceThenLock,
+} from '../support/processes.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
 import { assertWithin, watchStalls } from '../support/timing.js';
 
@@ -58,6 +63,32 @@ describe('locks across processes', () => {
       `the control lost no update: ${raced.join(', ')}`,
     );
     assert.deepEqual(locked, [160, 160]);
+  });
+
+  it('4 processes incrementing under a fair lock end with the exact count (control: without it, they lose updates)', async () => {
+    const target = String(server.port);
+    const { raced, locked } = await raceThenLock(target, 4, 300, 25, read, 'fair');
+    assert.ok(raced < 1_200, `the control lost no update: ${raced}`);
+    assert.equal(locked, 100);
+  });
+
+  it('a counting semaphore across 4 processes, limit 2: never more than 2 inside, every entry counted (control: without it, more)', async () => {
+    const target = String(server.port);
+    const control = await countSemaphore(target, 4, 30, 0, read);
+    assert.ok(control.peak > 2, `control peak ${control.peak}`);
+    const { peak, entries } = await countSemaphore(target, 4, 30, 2, read);
+    assert.equal(peak, 2);
+    assert.equal(entries, 120);
+  });
+
+  it('read locks across processes (3 readers, 2 writers): no writer overlaps anyone, readers share, the writers’ count is exact (control: without the lock, violations)', async () => {
+    const target = String(server.port);
+    const control = await countReadersWriters(target, 3, 2, 60, 'nolock', read);
+    assert.ok(control.violations > 0, JSON.stringify(control));
+    const result = await countReadersWriters(target, 3, 2, 30, 'lock', read);
+    assert.equal(result.violations, 0);
+    assert.equal(result.counter, 60);
+    assert.ok(result.shared > 0, 'readers shared the key');
   });
 
   it('the lock of a SIGKILLed holder becomes free after its TTL, not before', async () => {

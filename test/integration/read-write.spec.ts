@@ -9,7 +9,6 @@ import {
   type Lock,
 } from '../../lib/index.js';
 import { sleep, startNonPollingApp, twoAppsOnOneRedis, uniqueKey } from '../support/lock-module.js';
-import { countReadersWriters } from '../support/processes.js';
 
 describe("read/write locks (mode: 'read')", () => {
   const env = twoAppsOnOneRedis({ fenceRetention: 0 });
@@ -193,16 +192,5 @@ describe("read/write locks (mode: 'read')", () => {
         RedisLockConfigurationError,
       );
     }
-  });
-
-  it('across processes (3 readers, 2 writers): no writer overlaps anyone, readers share, the writers’ count is exact (control: without the lock, violations)', async () => {
-    const target = String(env.server.port);
-    const read = (counter: string): Promise<string | null> => env.redis.get(counter);
-    const control = await countReadersWriters(target, 3, 2, 60, 'nolock', read);
-    assert.ok(control.violations > 0, JSON.stringify(control));
-    const result = await countReadersWriters(target, 3, 2, 30, 'lock', read);
-    assert.equal(result.violations, 0);
-    assert.equal(result.counter, 60);
-    assert.ok(result.shared > 0, 'readers shared the key');
   });
 });

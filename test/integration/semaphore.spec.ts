@@ -14,7 +14,6 @@ import {
 } from '../../lib/index.js';
 import { sleep, startNonPollingApp, twoAppsOnOneRedis, uniqueKey } from '../support/lock-module.js';
 import { assertWithin, watchStalls } from '../support/timing.js';
-import { countSemaphore } from '../support/processes.js';
 
 let exportsInside = 0;
 let exportsPeak = 0;
@@ -219,15 +218,5 @@ describe('counting semaphores (limit)', () => {
         }),
       RedisLockConfigurationError,
     );
-  });
-
-  it('across 4 processes, limit 2: never more than 2 inside, every entry counted (control: without it, more)', async () => {
-    const read = (counter: string): Promise<string | null> => env.redis.get(counter);
-    const target = String(env.server.port);
-    const control = await countSemaphore(target, 4, 30, 0, read);
-    assert.ok(control.peak > 2, `control peak ${control.peak}`);
-    const { peak, entries } = await countSemaphore(target, 4, 30, 2, read);
-    assert.equal(peak, 2);
-    assert.equal(entries, 120);
   });
 });

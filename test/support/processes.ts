@@ -7,37 +7,11 @@ import { uniqueKey } from './lock-module.js';
 const worker = fileURLToPath(new URL('../fixtures/lock-worker.js', import.meta.url));
 
 /**
- * Runs `processes` app instances (test/fixtures/lock-worker) against `target` (see the worker's
- * usage), each doing `iterations` read-pause-write increments of one counter under one lock (a
- * fair one with 'fair'). Asserts that every process exited cleanly; resolves the counter's final
- * value, read through `read`.
- */
-export async function countIncrements(
-  target: string,
-  processes: number,
-  iterations: number,
-  locking: 'lock' | 'fair',
-  read: (counter: string) => Promise<string | null>,
-): Promise<number> {
-  const key = uniqueKey();
-  const counter = uniqueKey('counter');
-  await runWorkers(
-    Array.from({ length: processes }, () => [
-      'increment',
-      target,
-      key,
-      counter,
-      String(iterations),
-      locking,
-    ]),
-  );
-  return Number(await read(counter));
-}
-
-/**
- * One start of `processes` app instances for a control run and a locked run: each first does
- * `raced` increments of a control counter without any lock (concurrent with the others: updates
- * are lost), then `locked` increments of another counter under one lock. Resolves both counters.
+ * One start of `processes` app instances (test/fixtures/lock-worker) against `target` (see the
+ * worker's usage) for a control run and a locked run: each first does `raced` read-pause-write
+ * increments of a control counter without any lock (concurrent with the others: updates are
+ * lost), then `locked` increments of another counter under one lock (a fair one with 'fair').
+ * Asserts that every process exited cleanly; resolves both counters, read through `read`.
  */
 export async function raceThenLock(
   target: string,
@@ -45,6 +19,7 @@ export async function raceThenLock(
   raced: number,
   locked: number,
   read: (counter: string) => Promise<string | null>,
+  locking: 'lock' | 'fair' = 'lock',
 ): Promise<{ raced: number; locked: number }> {
   const key = uniqueKey();
   const counter = uniqueKey('counter');
@@ -55,7 +30,7 @@ export async function raceThenLock(
       key,
       counter,
       `${raced}/${locked}`,
-      'lock',
+      locking,
     ]),
   );
   const [control, exact] = await Promise.all([read(`${counter}:control`), read(counter)]);
