@@ -97,6 +97,15 @@ const isolated = all.filter((file) => ISOLATED.includes(file));
 
 const seconds = (ms) => (ms / 1_000).toFixed(1);
 const scratch = mkdtempSync(join(tmpdir(), 'test-run-'));
+// The files' process groups do not get a terminal's Ctrl-C: stopped with the runner, they go too.
+const running = new Set();
+for (const signal of ['SIGINT', 'SIGTERM']) {
+  process.once(signal, () => {
+    for (const pid of running) killGroup(pid);
+    rmSync(scratch, { recursive: true, force: true });
+    process.exit(1);
+  });
+}
 const results = [];
 const started = performance.now();
 
@@ -156,6 +165,7 @@ function runFile(file) {
       detached: true,
       stdio: ['ignore', 'pipe', 'pipe'],
     });
+    running.add(child.pid);
     let output = '';
     child.stdout.on('data', (chunk) => (output += chunk));
     child.stderr.on('data', (chunk) => (output += chunk));
@@ -167,6 +177,7 @@ function runFile(file) {
     child.once('close', (code, signal) => {
       clearTimeout(timer);
       killGroup(child.pid); // anything it left behind (it should leave nothing)
+      running.delete(child.pid);
       const ms = performance.now() - begun;
       const failures = readFailures(failuresPath);
       if (timedOut) failures.unshift(`still running after ${seconds(fileTimeoutMs)} s: stopped`);
