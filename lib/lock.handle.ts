@@ -37,7 +37,7 @@ export interface LockOwnerHooks {
  * (`release()`, `extend()`, re-entry, the watchdog, a reconnect check) through `checkExpiry()`.
  *
  * A lock passed on by a release in this process (see `RedisLockBackend.passOn`) starts on its
- * predecessor's lease, with the write of its own token and TTL in flight (`swap`): that write is
+ * predecessor's lease (no longer than its own TTL's), with the write of its own token and TTL in flight (`swap`): that write is
  * its first extension. Until it is answered, extensions and the release wait for it.
  */
 export class LockHandle implements Lock, HeldLease, Linked<LockHandle> {

@@ -488,8 +488,9 @@ export class RedisLockBackend implements LockBackend {
   /**
    * Hands the lock to `heir`, the first waiter of this process, without waiting for Redis: the
    * heir starts at once with the next fence of the block `lease`'s grant reserved (so no holder
-   * anywhere else can get it), on what is left of `lease`, while the write of its token and TTL
-   * over ours (`PASS_ON_SCRIPT`) goes out behind it, after our own if that is still in flight.
+   * anywhere else can get it), on what is left of `lease` but no more than its own TTL's lease,
+   * while the write of its token and TTL over ours (`PASS_ON_SCRIPT`) goes out behind it, after
+   * our own if that is still in flight.
    * That write then counts as the heir's first extension: if it finds the lock no longer ours,
    * the heir has lost it (its `signal` aborts), and its own extensions and release wait for it.
    * Resolves, like a release, whether the lock was still ours.
@@ -517,16 +518,16 @@ export class RedisLockBackend implements LockBackend {
       : afterReactions().then(send);
     const now = performance.now();
     const { fence, fenceLimit, expiresAt } = lease;
-    heir.grant(
-      { fence: fence + 1, fenceLimit, validity: expiresAt - now, sentAt: now, swap },
-      () => {
-        swap
-          .then((sent) => sent !== undefined && this.release(key, heirToken))
-          .catch(() => {
-            // It expires after its TTL.
-          });
-      },
-    );
+    // What is left of our lease, but never more than the heir's own: once its write lands, Redis
+    // lets the key go after the heir's TTL, however late the reply that would correct the lease.
+    const validity = Math.min(expiresAt - now, this.validity(ttl));
+    heir.grant({ fence: fence + 1, fenceLimit, validity, sentAt: now, swap }, () => {
+      swap
+        .then((sent) => sent !== undefined && this.release(key, heirToken))
+        .catch(() => {
+          // It expires after its TTL.
+        });
+    });
     return swap.then((sent) => sent !== undefined);
   }
 

@@ -1,0 +1,88 @@
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+import { Redis } from 'ioredis';
+
+import {
+  eventually,
+  sleep,
+  startLockModule,
+  uniqueKey,
+  type LockModuleFixture,
+} from '../support/lock-module.js';
+import { FaultProxy } from '../support/fault-proxy.js';
+import { startRedis, type RedisServer } from '../support/redis-server.js';
+
+/**
+ * One live holder per key, on the engine's edges: a lock passed on in the process, a re-entered
+ * lock released twice, several keys waited for one after another. A live holder is one whose
+ * `signal` has not aborted.
+ */
+describe('never two live holders', () => {
+  let server: RedisServer;
+  let app: LockModuleFixture;
+  let other: LockModuleFixture;
+
+  let redis: Redis;
+
+  before(async () => {
+    server = await startRedis();
+    app = await startLockModule({ connection: server.url });
+    other = await startLockModule({ connection: server.url });
+
+    redis = new Redis(server.port, '127.0.0.1');
+  });
+  after(async () => {
+    await app?.close();
+    await other?.close();
+    redis?.disconnect();
+    await server?.stop();
+  });
+
+  /** Until this process's waiter on `key` has subscribed to its releases (then one more try). */
+  const subscribed = async (key: string): Promise<void> => {
+    const channel = `lock:{${key}}:released`;
+    const count = async (): Promise<number> =>
+      Number(((await redis.pubsub('NUMSUB', channel)) as [string, number])[1]);
+    assert.ok(await eventually(async () => (await count()) > 0), `nobody subscribed to ${channel}`);
+    await sleep(50);
+  };
+
+  it("a lock passed on in the process lives by the heir's TTL, not the releaser's lease", async () => {
+    const proxy = await FaultProxy.start(() => server.port);
+    const slow = await startLockModule({
+      connection: `redis://127.0.0.1:${proxy.port}`,
+      commandTimeout: 5_000,
+    });
+    try {
+      const key = uniqueKey();
+      const releaser = await slow.locks.acquire(key, { ttl: 30_000 });
+      const heirPending = slow.locks.acquire(key, { ttl: 300, acquireTimeout: 10_000 });
+      await subscribed(key);
+      // The heir's own write (PASS_ON) reaches Redis a second late and is answered two late.
+      proxy.setLatency(1_000);
+      const released = releaser.release();
+      const heir = await heirPending;
+      // Passed on in the process: Redis still holds the releaser's token.
+      assert.equal(await redis.get(`lock:{${key}}`), releaser.token);
+      assert.equal(heir.fence, releaser.fence + 1);
+      const lease = heir.expiresAt - performance.now();
+      assert.ok(lease <= 300, `the heir's lease: ${lease.toFixed(0)} ms for a 300 ms TTL`);
+      const { signal } = heir;
+      // Redis runs the heir's TTL from when PASS_ON lands; then another app takes the key.
+      let taken = null;
+      const deadline = performance.now() + 5_000;
+      while (!taken && performance.now() < deadline) {
+        taken = await other.locks.tryAcquire(key, { ttl: 10_000 });
+        if (!taken) await sleep(20);
+      }
+      assert.ok(taken, 'the key never expired in Redis');
+      assert.equal(signal.aborted, true, 'two live holders: the heir still believes it holds');
+      await taken.release();
+      assert.equal(await released, true);
+    } finally {
+      proxy.setLatency(0);
+      await slow.close();
+      await proxy.close();
+    }
+  });
+});
