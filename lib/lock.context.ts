@@ -1,7 +1,13 @@
 import { AsyncLocalStorage } from 'node:async_hooks';
 import type { Lock } from './interfaces/lock.interface.js';
 import type { LockHandle } from './lock.handle.js';
+import type { LockReentry } from './lock.reentry.js';
 import { MultiKeyLock } from './multi-key-lock.handle.js';
+
+/** A lock on one key a call chain may hold: its own, or a re-entry of one its caller holds. */
+export type KeyHold = LockHandle | LockReentry;
+/** What a call chain holds: a key, or several. */
+export type ChainLock = KeyHold | MultiKeyLock;
 
 /**
  * The locks held by the current async call chain, innermost first. Frames are immutable: code
@@ -11,14 +17,14 @@ import { MultiKeyLock } from './multi-key-lock.handle.js';
 interface LockFrame {
   /** The LockService that took the lock: re-entrancy never crosses apps in one process. */
   readonly owner: object;
-  readonly lock: LockHandle | MultiKeyLock;
+  readonly lock: ChainLock;
   readonly parent: LockFrame | undefined;
 }
 
 const storage = new AsyncLocalStorage<LockFrame>();
 
 /** Runs `fn` with `lock` added to the current call chain. */
-export function runHoldingLock<T>(owner: object, lock: LockHandle | MultiKeyLock, fn: () => T): T {
+export function runHoldingLock<T>(owner: object, lock: ChainLock, fn: () => T): T {
   return storage.run({ owner, lock, parent: storage.getStore() }, fn);
 }
 
@@ -26,7 +32,7 @@ export function runHoldingLock<T>(owner: object, lock: LockHandle | MultiKeyLock
  * The lock on `key` that `owner` holds in this call chain and has not released, if any (of a lock
  * on several keys, that key's own).
  */
-export function findChainLock(owner: object, key: string): LockHandle | undefined {
+export function findChainLock(owner: object, key: string): KeyHold | undefined {
   for (let frame = storage.getStore(); frame; frame = frame.parent) {
     if (frame.owner !== owner) continue;
     const lock = keyLock(frame.lock, key);
@@ -52,7 +58,7 @@ export function getCurrentLock(key?: string): Lock | undefined {
 }
 
 /** The unreleased lock on `key` within `lock`. */
-function keyLock(lock: LockHandle | MultiKeyLock, key: string): LockHandle | undefined {
+function keyLock(lock: ChainLock, key: string): KeyHold | undefined {
   const found =
     lock instanceof MultiKeyLock ? lock.handleOf(key) : lock.key === key ? lock : undefined;
   return found && !found.released ? found : undefined;

@@ -13,6 +13,7 @@ import type {
 } from './interfaces/lock-backend.interface.js';
 import type { Lock } from './interfaces/lock.interface.js';
 import type { Linked } from './utils/linked-list.js';
+import { LockReentry } from './lock.reentry.js';
 import type { LockEvents } from './lock.events.js';
 import { durationProblem, PLAIN } from './redis-lock.options.js';
 
@@ -49,8 +50,6 @@ export class LockHandle implements Lock, HeldLease, Linked<LockHandle> {
   /** Why the lease ended early (lost, or abandoned on shutdown): `signal`'s abort reason. */
   private endReason: LockLostError | undefined;
   private state: 'held' | 'released' | 'lost' = 'held';
-  /** Holders in this call chain: re-entrant uses share the handle, the last release frees it. */
-  private depth = 1;
   private expiry: number;
   private expiryTimer: NodeJS.Timeout | undefined;
   private extendTimer: NodeJS.Timeout | undefined;
@@ -115,12 +114,20 @@ export class LockHandle implements Lock, HeldLease, Linked<LockHandle> {
     return this.owner === hooks;
   }
 
-  /** Re-enters the lock from nested code in the same call chain. */
-  enter(): this {
+  /**
+   * Re-enters the lock from a call nested in its holder's flow: a view of this hold (see
+   * `LockReentry`), whose release ends only the view.
+   */
+  enter(): LockReentry {
+    if (!this.stillHeld())
+      throw this.endReason ?? new LockLostError(this.key, this.token, 'not-held');
+    return new LockReentry(this);
+  }
+
+  /** Whether the lock is held still, its lease not run out (which is declared lost if it has). */
+  stillHeld(): boolean {
     this.checkExpiry();
-    if (this.state === 'lost') throw this.endReason!;
-    this.depth++;
-    return this;
+    return this.state === 'held';
   }
 
   /** Not `async`: the release's own reply is returned as it is, without a promise around it. */
@@ -130,7 +137,6 @@ export class LockHandle implements Lock, HeldLease, Linked<LockHandle> {
     // process, a blocked loop, I/O handled first after a thaw), is reported now: the signal never
     // stays silent about an overrun just because the release came first.
     this.checkExpiry();
-    if (--this.depth > 0) return Promise.resolve(this.state === 'held');
     if (this.settle('released')) this.reportRelease(false);
     return this.releaseInRedis();
   }

@@ -28,9 +28,10 @@ import type { AcquireOptions, Lock } from './interfaces/lock.interface.js';
 import type { RedisLockModuleOptions } from './interfaces/redis-lock-options.interface.js';
 import type { LockTimeoutResponse } from './interfaces/with-lock-options.interface.js';
 import type { LockEvent } from './interfaces/lock-event.interface.js';
-import { findChainLock, runHoldingLock } from './lock.context.js';
+import { findChainLock, runHoldingLock, type ChainLock, type KeyHold } from './lock.context.js';
 import { LockEvents } from './lock.events.js';
 import { LockHandle, type LockOwnerHooks } from './lock.handle.js';
+import { LockReentry } from './lock.reentry.js';
 import { MultiKeyLock } from './multi-key-lock.handle.js';
 import { MODULE_OPTIONS_TOKEN } from './redis-lock.module-definition.js';
 import {
@@ -243,7 +244,7 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
     key: Keys,
     options: AcquireOptions | undefined,
     mode: AcquireMode,
-  ): Promise<LockHandle | MultiKeyLock | null> {
+  ): Promise<ChainLock | null> {
     return Array.isArray(key)
       ? this.obtainList(key as readonly string[], options, mode)
       : this.obtain(key as string, options, mode);
@@ -254,7 +255,7 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
     list: readonly string[],
     options: AcquireOptions | undefined,
     mode: AcquireMode,
-  ): Promise<LockHandle | MultiKeyLock | null> {
+  ): Promise<ChainLock | null> {
     const keys = lockOrder(list);
     return keys.length === 1
       ? this.obtain(keys[0], options, mode)
@@ -275,7 +276,7 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
     const opts = resolveAcquireOptions(keys[0], options, this.defaults, mode);
     const token = opts.token ?? freshToken();
     const started = performance.now();
-    const handles: LockHandle[] = [];
+    const handles: KeyHold[] = [];
     try {
       // Free keys in one step where it can be done (not when the chain re-enters some of them).
       if (
@@ -309,7 +310,7 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
   }
 
   /** Undoes a partial multi-key acquisition; what cannot be released expires after its TTL. */
-  private async releaseAll(handles: readonly LockHandle[]): Promise<void> {
+  private async releaseAll(handles: readonly KeyHold[]): Promise<void> {
     await Promise.all(handles.map((handle) => this.releaseQuietly(handle)));
   }
 
@@ -322,7 +323,7 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
     options: AcquireOptions | undefined,
     mode: AcquireMode,
     ownToken?: string,
-  ): Promise<LockHandle | null> {
+  ): Promise<KeyHold | null> {
     const opts = resolveAcquireOptions(key, options, this.defaults, mode);
     const { shape } = opts;
     if (shape !== PLAIN && !this.backend.shapes) {
@@ -604,7 +605,7 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
     return handle;
   }
 
-  private async releaseQuietly(lock: LockHandle | MultiKeyLock): Promise<void> {
+  private async releaseQuietly(lock: ChainLock): Promise<void> {
     // Named only when there is something to say (a release that went well builds no string).
     const name = (): string =>
       lock instanceof MultiKeyLock
@@ -629,9 +630,13 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
     if (this.stopping.signal.aborted) throw new RedisLockShutdownError(key);
   }
 
-  private ownHandle(lock: Lock): LockHandle | MultiKeyLock {
+  private ownHandle(lock: Lock): ChainLock {
     if (
-      !(lock instanceof LockHandle || lock instanceof MultiKeyLock) ||
+      !(
+        lock instanceof LockHandle ||
+        lock instanceof LockReentry ||
+        lock instanceof MultiKeyLock
+      ) ||
       !lock.belongsTo(this.hooks)
     ) {
       throw new LockArgumentError('lock', lock, 'must be a lock returned by this LockService');

@@ -1,5 +1,6 @@
 import type { Lock } from './interfaces/lock.interface.js';
-import type { LockHandle } from './lock.handle.js';
+import type { KeyHold } from './lock.context.js';
+import type { LockOwnerHooks } from './lock.handle.js';
 
 /**
  * A lock on several keys at once (`acquire(['acct:1', 'acct:2'])`): one lock per key, all with
@@ -13,7 +14,7 @@ export class MultiKeyLock implements Lock {
   private joinedSignal: AbortSignal | undefined;
 
   /** `handles` in lock order; at least two. */
-  constructor(private readonly handles: readonly LockHandle[]) {
+  constructor(private readonly handles: readonly KeyHold[]) {
     this.keys = Object.freeze(handles.map((handle) => handle.key));
     this.fences = Object.freeze(
       Object.fromEntries(handles.map((handle) => [handle.key, handle.fence])),
@@ -53,12 +54,12 @@ export class MultiKeyLock implements Lock {
   }
 
   /** @internal The lock of one of the keys, if this lock holds it. */
-  handleOf(key: string): LockHandle | undefined {
+  handleOf(key: string): KeyHold | undefined {
     return this.handles.find((handle) => handle.key === key);
   }
 
   /** @internal Whether every key's lock was taken by the service these hooks belong to. */
-  belongsTo(hooks: Parameters<LockHandle['belongsTo']>[0]): boolean {
+  belongsTo(hooks: LockOwnerHooks): boolean {
     return this.handles.every((handle) => handle.belongsTo(hooks));
   }
 

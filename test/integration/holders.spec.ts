@@ -9,6 +9,7 @@ import {
   uniqueKey,
   type LockModuleFixture,
 } from '../support/lock-module.js';
+import type { Lock } from '../../lib/index.js';
 import { FaultProxy } from '../support/fault-proxy.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
 
@@ -84,5 +85,60 @@ describe('never two live holders', () => {
       await slow.close();
       await proxy.close();
     }
+  });
+
+  describe('a re-entered lock', () => {
+    it('is a view of the outer hold: releasing it twice answers true, then false, and never frees the outer lock', async () => {
+      const key = uniqueKey();
+      await app.locks.using(key, async (outer) => {
+        const inner = await app.locks.acquire(key);
+        assert.notEqual(inner, outer);
+        assert.equal(inner.token, outer.token);
+        assert.equal(inner.fence, outer.fence);
+        assert.equal(await inner.release(), true);
+        assert.equal(await inner.release(), false);
+        assert.equal(await app.locks.release(inner), false);
+        // The outer hold is untouched: still in Redis, still excluding everyone else.
+        assert.equal(await redis.get(`lock:{${key}}`), outer.token);
+        assert.equal(await other.locks.tryAcquire(key), null);
+        assert.equal(outer.signal.aborted, false);
+        await assert.rejects(inner.extend(), { name: 'LockLostError', reason: 'not-held' });
+        // A nested call after it re-enters again.
+        await app.locks.using(key, async (again) => {
+          assert.equal(again.fence, outer.fence);
+        });
+        assert.equal(await other.locks.tryAcquire(key), null);
+      });
+      assert.equal(await redis.exists(`lock:{${key}}`), 0);
+    });
+
+    it('is ended with the outer hold, forgotten or not: the key goes when the outermost use ends', async () => {
+      const key = uniqueKey();
+      let view: Lock | undefined;
+      await app.locks.using(key, async () => {
+        view = await app.locks.acquire(key); // never released
+      });
+      assert.equal(await redis.exists(`lock:{${key}}`), 0);
+      assert.equal(await view!.release(), false);
+      const next = await other.locks.tryAcquire(key);
+      assert.ok(next, 'the key stayed held after its outermost use ended');
+      await next.release();
+    });
+
+    it('extends the outer lock while open', async () => {
+      const key = uniqueKey();
+      await app.locks.using(
+        key,
+        async (outer) => {
+          await app.locks.using(key, async (inner) => {
+            await inner.extend(20_000);
+          });
+          const pttl = await redis.pttl(`lock:{${key}}`);
+          assert.ok(pttl > 15_000, `PTTL ${pttl}`);
+          assert.ok(outer.expiresAt > performance.now() + 15_000);
+        },
+        { ttl: 5_000, autoExtend: false },
+      );
+    });
   });
 });
