@@ -265,8 +265,11 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
   /**
    * Several keys, all or none: first, where the backend can, every key in one script if all are
    * free; otherwise each through `obtain()`, in `keys`' order (sorted: the same for every caller,
-   * so no two callers each hold a key the other waits for), with one token and one deadline. Without auto-extension, the wait for a later key is also bounded by the leases of
-   * the keys already held, which would run out meanwhile. Any failure releases what was taken.
+   * so no two callers each hold a key the other waits for), with one token and one deadline.
+   * Without auto-extension the keys already held would run out meanwhile: the wait for a later key
+   * also ends early enough for its reply to land inside their leases (`keyWaitEnd`), and the lock
+   * is only returned if every key's lease is still running. Any failure releases what was taken;
+   * when Redis fails, without waiting for those releases (they are bounded and logged).
    */
   private async obtainAll(
     keys: readonly string[],
@@ -289,29 +292,52 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
       for (const key of keys.slice(handles.length)) {
         const until = opts.autoExtend
           ? started + opts.acquireTimeout
-          : Math.min(started + opts.acquireTimeout, ...handles.map((handle) => handle.expiresAt));
+          : Math.min(started + opts.acquireTimeout, this.keyWaitEnd(handles));
         const acquireTimeout = Math.max(0, Math.ceil(until - performance.now()));
         const handle = await this.obtain(key, { ...options, acquireTimeout }, mode, token);
         if (!handle) break; // tryAcquire: that key is taken
         handles.push(handle);
       }
     } catch (error) {
+      if (error instanceof LockBackendError) {
+        void this.releaseAll(handles);
+        throw error;
+      }
       await this.releaseAll(handles);
       if (!(error instanceof LockAcquireTimeoutError)) throw error;
       // The whole call's wait, against the caller's own acquireTimeout.
       const waited = performance.now() - started;
       throw new LockAcquireTimeoutError(error.key, waited, opts.acquireTimeout, error.retryAfterMs);
     }
-    if (handles.length < keys.length) {
+    // A key whose lease ran out (or was lost) while a later one was being taken: not all held.
+    const now = performance.now();
+    const lapsed = handles.find((handle) => handle.lossReason || handle.expiresAt <= now);
+    if (handles.length < keys.length || lapsed) {
       await this.releaseAll(handles);
-      return null;
+      if (!lapsed || mode === 'tryAcquire') return null;
+      throw new LockAcquireTimeoutError(lapsed.key, now - started, opts.acquireTimeout, undefined);
     }
     return new MultiKeyLock(handles);
   }
 
-  /** Undoes a partial multi-key acquisition; what cannot be released expires after its TTL. */
+  /**
+   * Without auto-extension, when the wait for the next key must end: before the earliest lease of
+   * the keys held, by the time a reply may take (`commandTimeout`), but by no more than half of
+   * what is left of that lease, so a short TTL still leaves a wait.
+   */
+  private keyWaitEnd(handles: readonly KeyHold[]): number {
+    if (handles.length === 0) return Infinity;
+    const earliest = Math.min(...handles.map((handle) => handle.expiresAt));
+    const left = earliest - performance.now();
+    return earliest - Math.min(this.commandTimeout, left / 2);
+  }
+
+  /**
+   * Undoes a partial multi-key acquisition (no work ran: a lease that ran out is no news); what
+   * cannot be released expires after its TTL, logged as by `releaseQuietly`.
+   */
   private async releaseAll(handles: readonly KeyHold[]): Promise<void> {
-    await Promise.all(handles.map((handle) => this.releaseQuietly(handle)));
+    await Promise.all(handles.map((handle) => this.releaseQuietly(handle, true)));
   }
 
   /**
@@ -605,7 +631,8 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
     return handle;
   }
 
-  private async releaseQuietly(lock: ChainLock): Promise<void> {
+  /** Releases `lock` after its work (`undo`: after none), logging instead of throwing. */
+  private async releaseQuietly(lock: ChainLock, undo = false): Promise<void> {
     // Named only when there is something to say (a release that went well builds no string).
     const name = (): string =>
       lock instanceof MultiKeyLock
@@ -613,6 +640,7 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
         : `Lock "${lock.key}" (fence ${lock.fence})`;
     try {
       const released = await lock.release();
+      if (undo) return;
       // Read without creating the signal, which nobody may have asked for.
       const lost = lock.lossReason;
       if (lost) {

@@ -4,12 +4,13 @@ import { Redis } from 'ioredis';
 
 import {
   eventually,
+  LogCapture,
   sleep,
   startLockModule,
   uniqueKey,
   type LockModuleFixture,
 } from '../support/lock-module.js';
-import type { Lock } from '../../lib/index.js';
+import { LockAcquireTimeoutError, LockBackendError, type Lock } from '../../lib/index.js';
 import { FaultProxy } from '../support/fault-proxy.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
 
@@ -139,6 +140,110 @@ describe('never two live holders', () => {
         },
         { ttl: 5_000, autoExtend: false },
       );
+    });
+  });
+
+  describe('several keys', () => {
+    /** Whether `lock` holds every one of its keys in Redis, each with time left. */
+    const allHeld = async (lock: Lock): Promise<boolean> => {
+      for (const key of lock.keys) {
+        const [owner, pttl] = await Promise.all([
+          redis.get(`lock:{${key}}`),
+          redis.pttl(`lock:{${key}}`),
+        ]);
+        if (owner !== lock.token || pttl <= 0) return false;
+      }
+      return true;
+    };
+
+    it('never resolve after an earlier key ran out: a later key that frees near the end of its lease is not waited for', async () => {
+      for (let round = 0; round < 5; round++) {
+        const [a, b] = [uniqueKey('a'), uniqueKey('b')];
+        // Someone else's lock on b, with no TTL to wait by, goes at 250 ms without a release
+        // message (deleted): the waiter for b sleeps to the end of its wait, then tries.
+        await redis.set(`lock:{${b}}`, 'someone');
+        const freed = sleep(250).then(() => redis.del(`lock:{${b}}`));
+        const outcome: unknown = await app.locks
+          .acquire([a, b], { ttl: 300, acquireTimeout: 5_000 })
+          .catch((error: unknown) => error);
+        if (outcome instanceof Error) {
+          assert.ok(outcome instanceof LockAcquireTimeoutError, String(outcome));
+        } else {
+          const lock = outcome as Lock;
+          assert.ok(lock.expiresAt > performance.now(), 'resolved on a lease already over');
+          assert.ok(await allHeld(lock), `round ${round}: resolved without holding every key`);
+          await lock.release();
+        }
+        await freed;
+        // Nothing kept: a is free again.
+        assert.equal(await redis.exists(`lock:{${a}}`), 0);
+      }
+    });
+
+    it("check every key's lease before resolving: a reply that lands after an earlier key ran out fails the call and keeps nothing", async () => {
+      const proxy = await FaultProxy.start(() => server.port);
+      const slow = await startLockModule({
+        connection: `redis://127.0.0.1:${proxy.port}`,
+        commandTimeout: 5_000,
+      });
+      try {
+        const [a, b] = [uniqueKey('a'), uniqueKey('b')];
+        // With a caller's own token the keys go one by one; a's lease is shorter than the round
+        // trip that takes it and then b, so b's grant arrives after a ran out.
+        await (await slow.locks.acquire(uniqueKey())).release(); // a warm connection
+        proxy.setLatency(150);
+        await assert.rejects(
+          slow.locks.acquire([a, b], { ttl: 400, token: 'mine', acquireTimeout: 0 }),
+          (error) => error instanceof LockAcquireTimeoutError,
+        );
+        proxy.setLatency(0);
+        assert.ok(
+          await eventually(async () => (await redis.exists(`lock:{${a}}`, `lock:{${b}}`)) === 0),
+          'a key was kept',
+        );
+      } finally {
+        proxy.setLatency(0);
+        await slow.close();
+        await proxy.close();
+      }
+    });
+
+    it('fail within one commandTimeout when Redis stops answering between keys: the undo is not waited for', async () => {
+      const proxy = await FaultProxy.start(() => server.port);
+      const slow = await startLockModule({
+        connection: `redis://127.0.0.1:${proxy.port}`,
+        commandTimeout: 1_000,
+      });
+      // After compile(): the testing module installs its own logger.
+      const { capture, restore } = LogCapture.install();
+      try {
+        const [a, b] = [uniqueKey('a'), uniqueKey('b')];
+        // With its own token the call takes a, then b: the partition starts as a is granted.
+        const seen = slow.locks.events.subscribe((event) => {
+          if (event.type === 'acquired' && event.key === a) proxy.stall();
+        });
+        const failure = await slow.locks.tryAcquire([a, b], { token: 'mine' }).then(
+          () => undefined,
+          (error: unknown) => error,
+        );
+        seen.unsubscribe();
+        assert.ok(failure instanceof LockBackendError && failure.timedOut, String(failure));
+        // Failed before the undo of a (its release, as unanswered) had run out its own bound.
+        assert.ok(
+          !capture.lines.some(({ message }) => message.includes('could not release')),
+          'the call waited for the undo of the keys it had taken',
+        );
+        proxy.heal();
+        assert.ok(
+          await eventually(async () => (await redis.exists(`lock:{${a}}`)) === 0),
+          'a was kept',
+        );
+      } finally {
+        proxy.heal();
+        await slow.close();
+        await proxy.close();
+        restore();
+      }
     });
   });
 });
