@@ -197,8 +197,9 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
   }
 
   /**
-   * Startup: on a Cluster, asks the servers how releases are announced (and logs it), within
-   * `commandTimeout`; never fails the bootstrap.
+   * Startup, within `commandTimeout`: on a Cluster, asks the servers how releases are announced
+   * (and logs it; never fails the bootstrap); in Redlock mode, checks that no two nodes are one
+   * server (`RedisLockConfigurationError` if they are).
    */
   async onApplicationBootstrap(): Promise<void> {
     await this.backend.prepare();

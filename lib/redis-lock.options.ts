@@ -219,6 +219,13 @@ export function resolveModuleOptions(raw: RedisLockModuleOptions): ResolvedModul
     raw.fenceRetention === undefined ? DEFAULT_FENCE_RETENTION : raw.fenceRetention;
   const fenceRetentionProblem = durationProblem(fenceRetention, true);
   if (fenceRetentionProblem) fail('fenceRetention', fenceRetention, fenceRetentionProblem);
+  if (fenceRetention === 0 && raw.nodes !== undefined) {
+    fail(
+      'fenceRetention + nodes',
+      fenceRetention,
+      "in Redlock mode a fence is the highest count of a majority of nodes; with 0 every release deletes the counts, and the next fence comes from the clocks of the nodes that answer first, which differ between independent masters (fences went backwards): keep fenceRetention above the nodes' clock offset (the default is one minute)",
+    );
+  }
 
   const handoffTurn = raw.handoffTurn === undefined ? DEFAULT_HANDOFF_TURN : raw.handoffTurn;
   const handoffTurnProblem = durationProblem(handoffTurn, true);

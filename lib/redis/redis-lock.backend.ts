@@ -565,6 +565,16 @@ export class RedisLockBackend implements LockBackend {
     });
   }
 
+  /**
+   * The server's `run_id` (new at every start of redis-server), asked within `commandTimeout`:
+   * what tells one server apart from another whatever name it was reached by. `undefined` if it
+   * does not answer in time.
+   */
+  async serverId(): Promise<string | undefined> {
+    const info = await within(this.client.info('server'), this.commandTimeout, []).catch(() => '');
+    return /^run_id:(\w+)/m.exec(info)?.[1];
+  }
+
   async health(): Promise<BackendHealth> {
     const started = performance.now();
     try {

@@ -1,7 +1,7 @@
 import { PLAIN } from '../redis-lock.options.js';
 import type { Logger } from '@nestjs/common';
 import type { Redis } from 'ioredis';
-import { LockQuorumError } from '../errors/redis-lock.errors.js';
+import { LockQuorumError, RedisLockConfigurationError } from '../errors/redis-lock.errors.js';
 import type {
   AcquireAttempt,
   BackendHealth,
@@ -215,8 +215,27 @@ export class RedlockBackend implements LockBackend {
     return this.majority((node) => node.isHeld(key, token));
   }
 
+  /**
+   * Startup: refuses two nodes that are one server under two names (`127.0.0.1:6379` and
+   * `localhost:6379`, a DNS alias), whose one vote would count twice: every node is asked its
+   * `run_id` within `commandTimeout`. A node that does not answer then is not checked.
+   * @throws RedisLockConfigurationError naming both nodes
+   */
   async prepare(): Promise<void> {
-    // Nothing to decide: Redlock nodes are standalone masters.
+    const ids = await Promise.all(this.nodes.map((node) => node.serverId()));
+    const seen = new Map<string, number>();
+    ids.forEach((id, i) => {
+      if (id === undefined) return;
+      const earlier = seen.get(id);
+      if (earlier !== undefined) {
+        throw new RedisLockConfigurationError(
+          `nodes[${earlier}] + nodes[${i}]`,
+          id,
+          'are one Redis server (the same run_id) under two names: Redlock needs independent masters, or one server counts for two votes',
+        );
+      }
+      seen.set(id, i);
+    });
   }
 
   /** Up while a majority answers; `details.nodes` has each node's own report. */

@@ -316,6 +316,14 @@ describe('RedisLockModule', () => {
         'handoffTurn + nodes',
       ],
       [
+        "fenceRetention 0 with Redlock nodes (fences would follow the nodes' clocks, backwards)",
+        () => ({
+          nodes: [server.url, server.url.replace(/:\d+$/, ':1'), server.url.replace(/:\d+$/, ':2')],
+          fenceRetention: 0,
+        }),
+        'fenceRetention + nodes',
+      ],
+      [
         'a URL with a password that is not redis:// (and stays out of the message)',
         () => ({ connection: 'http://user:s3cret@localhost' }),
         'connection',

@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict';
 import { once } from 'node:events';
 import { after, before, describe, it } from 'node:test';
+import { Test } from '@nestjs/testing';
 import { Redis } from 'ioredis';
 import {
   LockArgumentError,
@@ -8,6 +9,7 @@ import {
   LockLostError,
   LockQuorumError,
   RedisLockConfigurationError,
+  RedisLockModule,
   type LockService,
 } from '../../lib/index.js';
 import {
@@ -112,6 +114,27 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
       await waiter.close();
     }
     assert.equal(await locks.isLocked(key), false);
+  });
+
+  it('refuses at startup two nodes that are one server under two names (127.0.0.1 and localhost)', async () => {
+    const nodes = [
+      servers[0].url,
+      servers[0].url.replace('127.0.0.1', 'localhost'),
+      servers[1].url,
+    ];
+    const module = await Test.createTestingModule({
+      imports: [RedisLockModule.forRoot({ nodes })],
+    }).compile();
+    try {
+      const error = await module.init().then(
+        () => undefined,
+        (e: unknown) => e,
+      );
+      assert.ok(error instanceof RedisLockConfigurationError, String(error));
+      assert.equal(error.option, 'nodes[0] + nodes[1]');
+    } finally {
+      await module.close();
+    }
   });
 
   it('counts the clock drift: a lock is valid for ttl - 1% - 2 ms from when it was asked for', async () => {
@@ -347,15 +370,15 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     const given = servers
       .slice(0, 2)
       .map((server) => new Redis(server.port, server.host).on('error', () => {}));
-    const fixture = await startLockModule({
-      nodes: [...given, servers[2].url, { host: servers[3].host, port: servers[3].port }],
-    });
     const countClients = async (): Promise<number> =>
       String(await direct[2].call('CLIENT', 'LIST'))
         .trim()
         .split('\n').length;
+    const baseline = await countClients();
+    const fixture = await startLockModule({
+      nodes: [...given, servers[2].url, { host: servers[3].host, port: servers[3].port }],
+    });
     try {
-      const baseline = await countClients();
       const key = uniqueKey();
       const lock = await fixture.locks.acquire(key);
       assert.ok(
