@@ -412,6 +412,18 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
           attempt = queueFirst ? QUEUED : await this.attempt(key, token, opts);
           queueFirst = false;
         }
+        if (attempt.acquired && sentAt + attempt.validity <= performance.now()) {
+          // Granted, but the answer came after the lease it grants had run out (a slow link, a
+          // stalled process): no use to the caller, and Redis lets the key go any moment. Undone
+          // (not with the caller's own token, which may hold the lock already), and counted as a
+          // failed attempt: the caller never gets a lock whose lease is over.
+          if (opts.token === undefined) {
+            this.backend.release(key, token, shape).catch(() => {
+              // It expires after its TTL, which has all but run out.
+            });
+          }
+          attempt = { acquired: false, retryAfter: undefined };
+        }
         if (attempt.acquired) {
           handle = this.hold(key, token, attempt, sentAt, opts, handoff?.swap);
           this.reportAcquired(handle, started);

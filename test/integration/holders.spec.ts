@@ -88,6 +88,32 @@ describe('never two live holders', () => {
     }
   });
 
+  it('a grant whose answer comes after its lease ran out is not a lock: the attempt counts as failed', async () => {
+    const proxy = await FaultProxy.start(() => server.port);
+    const slow = await startLockModule({
+      connection: `redis://127.0.0.1:${proxy.port}`,
+      commandTimeout: 5_000,
+    });
+    try {
+      await (await slow.locks.acquire(uniqueKey())).release(); // a warm connection
+      // A 300 ms round trip against a 250 ms TTL: every grant arrives after its lease.
+      proxy.setLatency(150);
+      assert.equal(await slow.locks.tryAcquire(uniqueKey(), { ttl: 250 }), null);
+      await assert.rejects(
+        slow.locks.acquire(uniqueKey(), { ttl: 250, acquireTimeout: 0 }),
+        (error) => error instanceof LockAcquireTimeoutError,
+      );
+      // With a longer TTL the same link gives a lock with its lease still running.
+      const lock = await slow.locks.acquire(uniqueKey(), { ttl: 2_000, acquireTimeout: 0 });
+      assert.ok(lock.expiresAt > performance.now() && !lock.signal.aborted);
+      await lock.release();
+    } finally {
+      proxy.setLatency(0);
+      await slow.close();
+      await proxy.close();
+    }
+  });
+
   describe('a re-entered lock', () => {
     it('is a view of the outer hold: releasing it twice answers true, then false, and never frees the outer lock', async () => {
       const key = uniqueKey();
