@@ -494,10 +494,12 @@ ${NEXT_FENCE('ARGV[3]')}`;
 
 /**
  * KEYS[1] lock key, KEYS[2] fence key, KEYS[3] queue, KEYS[4] stay; ARGV[1] token, ARGV[2] message,
- * ARGV[3] 1 to release the lock, 0 for a waiter leaving the queue. Tells the head of the queue (on
- * its own channel, `<lock key>:fair:<token>`) that it is its turn: after a release, or when a
- * waiter leaves while the key is free. Returns 0 if ARGV[1] did not hold the lock (release), else
- * 1 + the subscribers reached.
+ * ARGV[3] 1 to release the lock, 0 for a waiter leaving the queue, ARGV[4] the turn channels'
+ * prefix, `<lock key>:fair:` as the client names it (not from KEYS[1], which a client's own ioredis
+ * `keyPrefix` prefixes, while channels it subscribes to are not). Tells the head of the queue (on
+ * its own channel, ARGV[4] .. token) that it is its turn: after a release, or when a waiter leaves
+ * while the key is free. Returns 0 if ARGV[1] did not hold the lock (release), else 1 + the
+ * subscribers reached.
  */
 const fairRelease = (forget: boolean, publish: 'PUBLISH' | 'SPUBLISH'): string => `
 if ARGV[3] == '1' then
@@ -511,7 +513,7 @@ end
 ${DROP_GONE_WAITERS}
 local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
 if not head then return 1 end
-return 1 + redis.call('${publish}', KEYS[1] .. ':fair:' .. head, ARGV[2])
+return 1 + redis.call('${publish}', ARGV[4] .. head, ARGV[2])
 `;
 export const RELEASE_FAIR_SCRIPT = fairRelease(false, 'PUBLISH');
 export const RELEASE_FAIR_FORGETTING_SCRIPT = fairRelease(true, 'PUBLISH');

@@ -628,6 +628,7 @@ export class RedisLockBackend implements LockBackend {
       token,
       message,
       releasing ? 1 : 0,
+      `${lockKey}:fair:`,
     );
   }
 

@@ -13,6 +13,7 @@ import {
   eventually,
   sleep,
   startLockModule,
+  startNonPollingApp,
   uniqueKey,
   type LockModuleFixture,
 } from '../support/lock-module.js';
@@ -212,5 +213,41 @@ describe('fair locks (fair: true)', () => {
         }),
       RedisLockConfigurationError,
     );
+  });
+
+  it('a waiter on a client with an ioredis keyPrefix of its own hears its turn (it never polls here)', async () => {
+    const clients = [0, 1].map(() => new Redis(server.port, '127.0.0.1', { keyPrefix: 'app:' }));
+    const [app, other] = await Promise.all(clients.map((client) => startNonPollingApp({ client })));
+    try {
+      const key = uniqueKey('prefixed');
+      const holder = await other.locks.acquire(key, { ...fair, ttl: 30_000 });
+      // Its turn or nothing: the holder's 30 s TTL and the app's 60 s poll are past the deadline
+      // (and the holder is in another app: no wake-up within the process). Only its last attempt
+      // would come before, at the deadline.
+      const waiting = app.locks.acquire(key, { ...fair, acquireTimeout: 20_000 });
+      assert.ok(
+        await eventually(async () => (await redis.zcard(`app:lock:{${key}}:queue`)) === 1),
+        'the waiter never queued',
+      );
+      // Subscribed to its turn, then (after one more attempt) asleep.
+      assert.ok(
+        await eventually(
+          async () => (await redis.pubsub('CHANNELS', `*{${key}}:fair:*`)).length === 1,
+        ),
+        'the waiter never listened for its turn',
+      );
+      await sleep(100);
+      const releasedAt = performance.now();
+      await holder.release();
+      const next = await waiting;
+      // Woken, not at its last attempt at the deadline, 20 s on.
+      const took = performance.now() - releasedAt;
+      assert.ok(took < 10_000, `got its turn ${took.toFixed(0)} ms after the release`);
+      assert.ok(next.fence > holder.fence);
+      await next.release();
+    } finally {
+      await Promise.all([app.close(), other.close()]);
+      for (const client of clients) client.disconnect();
+    }
   });
 });
