@@ -388,7 +388,10 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
     // once, so that a holder that releases and asks again cannot barge in ahead of the waiter its
     // release wakes (see Waiting in the README).
     // (Not a fair waiter: it queues in Redis, where its turn is decided.)
-    let queueFirst = opts.acquireTimeout > 0 && !shape.fair && this.backend.hasWaiters(key);
+    // Nor a semaphore's: callers with different limits queue on one key, and a place free for
+    // this one's limit goes to whoever asks first.
+    let queueFirst =
+      opts.acquireTimeout > 0 && !shape.fair && shape.limit === 1 && this.backend.hasWaiters(key);
     /** A fair waiter hears on its own channel that it is its turn. */
     const turnOf = shape.fair ? token : undefined;
     // A waiter may be handed the lock by a release in this process (not with the caller's own
@@ -434,6 +437,9 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
           }
           return handle;
         }
+        // Woken for nothing: the next waiter may take what this one could not (a semaphore's
+        // place for a higher limit, a read lock behind a writer's wait).
+        if (shape !== PLAIN && attempt !== QUEUED) subscription?.passOnWake();
         const remaining = deadline - performance.now();
         if (remaining <= 0) {
           if (this.lockEvents.observed) {

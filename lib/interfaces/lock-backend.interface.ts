@@ -193,6 +193,12 @@ export interface ReleaseSubscription {
     signals: readonly (AbortSignal | undefined)[],
   ): Promise<Handoff | undefined>;
   /**
+   * After an attempt that failed: if a release woke this waiter and it could not use it, the next
+   * waiter is woken to try. For shapes whose callers differ in what they can take (places of
+   * semaphores with different limits, readers and writers): what one could not take, the next may.
+   */
+  passOnWake(): void;
+  /**
    * Stops watching. `acquired: false` means the waiter gave up: a wake-up it received but did not
    * use is handed to the next waiter. `shared`: it took a lock others may share (a read lock), so
    * the next waiter is woken to try too.

@@ -357,6 +357,12 @@ class ChannelSubscription implements ReleaseSubscription, Partial<Heir> {
     });
   }
 
+  passOnWake(): void {
+    if (!this.woken) return;
+    this.woken = false;
+    this.state.waiters[0]?.wake();
+  }
+
   /** Heir: leaves the queue (the next waiter leads) and waits for its handoff. */
   reserve(): void {
     const current = this.current!;

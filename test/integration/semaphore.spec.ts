@@ -33,6 +33,65 @@ class ExportJobs {
 describe('counting semaphores (limit)', () => {
   const env = twoAppsOnOneRedis({ fenceRetention: 0 });
 
+  /** Tracks whether `pending` has settled yet. */
+  const settledFlag = (pending: Promise<unknown>): { settled: boolean } => {
+    const flag = { settled: false };
+    pending.then(
+      () => (flag.settled = true),
+      () => (flag.settled = true),
+    );
+    return flag;
+  };
+
+  describe('mixed limits in one process: each caller is admitted while fewer than its own limit hold the key', () => {
+    it('a caller whose limit has room is not queued behind a waiter whose limit has none', async () => {
+      const key = uniqueKey('mixed');
+      const app = await startNonPollingApp({ connection: env.server.url, fenceRetention: 0 });
+      try {
+        const held = [
+          await env.other.locks.acquire(key, { limit: 2, ttl: 30_000 }),
+          await env.other.locks.acquire(key, { limit: 2, ttl: 30_000 }),
+        ];
+        const two = app.locks.acquire(key, { limit: 2, acquireTimeout: 10_000 });
+        const twoFlag = settledFlag(two);
+        await sleep(100); // asleep
+        // A third place is free for limit 3: got at once, not after the limit-2 waiter gives up
+        // at 10 s (nor at its own deadline, 20 s).
+        const three = await app.locks.acquire(key, { limit: 3, acquireTimeout: 20_000 });
+        assert.equal(twoFlag.settled, false, 'the limit-3 caller waited for the limit-2 waiter');
+        await three.release();
+        for (const lock of held) await lock.release();
+        await (await two).release();
+      } finally {
+        await app.close();
+      }
+    });
+
+    it('a release that wakes a waiter whose limit has no room wakes the next, whose limit has', async () => {
+      const key = uniqueKey('mixed');
+      const app = await startNonPollingApp({ connection: env.server.url, fenceRetention: 0 });
+      try {
+        const held = await Promise.all(
+          [0, 1, 2].map(() => env.other.locks.acquire(key, { limit: 3, ttl: 30_000 })),
+        );
+        const two = app.locks.acquire(key, { limit: 2, acquireTimeout: 10_000 });
+        const twoFlag = settledFlag(two);
+        await sleep(100);
+        const three = app.locks.acquire(key, { limit: 3, acquireTimeout: 20_000 });
+        await sleep(100); // both asleep: their next polls are past their deadlines
+        // 2 left: no room for limit 2, room for limit 3.
+        await held[0].release();
+        const third = await three;
+        assert.equal(twoFlag.settled, false, 'the limit-3 waiter slept until the limit-2 one left');
+        await third.release();
+        for (const lock of held.slice(1)) await lock.release();
+        await (await two).release();
+      } finally {
+        await app.close();
+      }
+    });
+  });
+
   it('admits `limit` holders, each with its own token and a greater fence; the next waits until one leaves', async () => {
     const key = uniqueKey('pool');
     const holders: Lock[] = [];
