@@ -15,7 +15,7 @@ import type { Lock } from './interfaces/lock.interface.js';
 import type { Linked } from './utils/linked-list.js';
 import { LockReentry } from './lock.reentry.js';
 import type { LockEvents } from './lock.events.js';
-import { durationProblem, PLAIN } from './redis-lock.options.js';
+import { PLAIN, ttlProblem } from './redis-lock.options.js';
 
 /** What a handle needs from the service that created it. */
 export interface LockOwnerHooks {
@@ -142,7 +142,7 @@ export class LockHandle implements Lock, HeldLease, Linked<LockHandle> {
   }
 
   async extend(ttl: number = this.ttl): Promise<void> {
-    const problem = durationProblem(ttl, false);
+    const problem = ttlProblem(ttl);
     if (problem) throw new LockArgumentError('ttl', ttl, problem);
     if (this.state === 'released') throw new LockLostError(this.key, this.token, 'not-held');
     this.checkExpiry();

@@ -179,6 +179,20 @@ function lockShape(limit: unknown = 1, mode: unknown = 'write', fair: unknown = 
   return limit === 1 ? PLAIN : Object.freeze({ limit, mode: 'write', fair: false });
 }
 
+/**
+ * The shortest TTL, in ms. A lock's lease is its TTL less 1 % and 2 ms, counted from when its
+ * command was sent: a shorter TTL would leave next to nothing, and a grant arriving after it is not
+ * a lock (see `LockService.obtain`).
+ */
+export const MIN_TTL = 10;
+
+/** What is wrong with `value` as a lock's TTL, if anything. */
+export function ttlProblem(value: unknown): string | undefined {
+  const problem = durationProblem(value, false);
+  if (problem || (value as number) >= MIN_TTL) return problem;
+  return `must be at least ${MIN_TTL} ms: a lock's lease is its TTL less 1 % and 2 ms, so a shorter one would be over before its grant arrived`;
+}
+
 export function durationProblem(value: unknown, allowZero: boolean): string | undefined {
   const floor = allowZero ? '>= 0' : '> 0';
   if (typeof value !== 'number' || !Number.isFinite(value) || !Number.isInteger(value)) {
@@ -249,7 +263,8 @@ export function resolveModuleOptions(raw: RedisLockModuleOptions): ResolvedModul
   for (const name of ['ttl', 'acquireTimeout', 'retryInterval', 'retryJitter'] as const) {
     const value = given[name];
     if (value === undefined) continue;
-    const problem = durationProblem(value, name !== 'ttl' && name !== 'retryInterval');
+    const problem =
+      name === 'ttl' ? ttlProblem(value) : durationProblem(value, name !== 'retryInterval');
     if (problem) fail(`defaults.${name}`, value, problem);
     defaults[name] = value;
   }
@@ -425,7 +440,11 @@ export function validateWithLockOptions(options: WithLockOptions, method: string
   for (const name of ['ttl', 'acquireTimeout'] as const) {
     const value = options[name];
     const problem =
-      value === undefined ? undefined : durationProblem(value, name === 'acquireTimeout');
+      value === undefined
+        ? undefined
+        : name === 'ttl'
+          ? ttlProblem(value)
+          : durationProblem(value, true);
     if (problem) fail(`${path}${name}`, value, problem);
   }
   if (options.autoExtend !== undefined && typeof options.autoExtend !== 'boolean') {
@@ -488,8 +507,8 @@ export function resolveAcquireOptions(
   rejectUnknownKeys(opts, ACQUIRE_KEYS, '', fail);
 
   const ttl = opts.ttl === undefined ? defaults.ttl : opts.ttl;
-  const ttlProblem = durationProblem(ttl, false);
-  if (ttlProblem) fail('ttl', ttl, ttlProblem);
+  const problem = ttlProblem(ttl);
+  if (problem) fail('ttl', ttl, problem);
   const givenTimeout =
     opts.acquireTimeout === undefined ? defaults.acquireTimeout : opts.acquireTimeout;
   const timeoutProblem = durationProblem(givenTimeout, true);

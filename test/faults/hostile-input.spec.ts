@@ -40,7 +40,8 @@ const CALL_BOUND = 3_000;
 // --- Oracles, written independently of the library's own validation. ---
 const isWholeMs = (v: unknown): v is number =>
   typeof v === 'number' && Number.isInteger(v) && v <= MAX_DURATION;
-const validTtl = (v: unknown): boolean => isWholeMs(v) && v > 0;
+/** At least MIN_TTL (10 ms): a lock's lease is its TTL less 1 % and 2 ms. */
+const validTtl = (v: unknown): boolean => isWholeMs(v) && v >= 10;
 const validTimeout = (v: unknown): boolean => isWholeMs(v) && v >= 0;
 const validKey = (k: unknown): k is string =>
   typeof k === 'string' && k.length > 0 && !/\p{Surrogate}/u.test(k);
@@ -455,8 +456,8 @@ describe('hostile input (property-based)', () => {
         await redis.del(`${PREFIX}{${key}}`);
         // Work that ends without its lock logs a warning: with the key, never the token.
         await locks.using(key, async (held) => void (await held.release()), { token: mine });
-        const lost = await locks.acquire(key, { token: mine, ttl: 1 });
-        await new Promise((resolve) => setTimeout(resolve, 5));
+        const lost = await locks.acquire(key, { token: mine, ttl: 10 });
+        await new Promise((resolve) => setTimeout(resolve, 15));
         const extendError = await lost.extend().catch((e: unknown) => e);
         assert.ok(extendError instanceof LockLostError);
         seen(extendError);
