@@ -53,13 +53,8 @@ import { ReleaseNotifier, type Heir } from './release.notifier.js';
 import { WriteBatcher } from './write-batcher.js';
 import { lockScripts, type ScriptDefinition } from './lock-scripts.runner.js';
 
-type ReleaseCommand = (
-  lockKey: string,
-  fenceKey: string,
-  token: string,
-  channel: string,
-  message: string,
-) => Promise<number>;
+/** KEYS (see `keysOf`), then token, channel, message. */
+type ReleaseCommand = (...args: LockScriptArgs) => Promise<number>;
 
 /**
  * The shapes' script families: the plain lock, a semaphore, a read lock (see `familyOf`). The
@@ -125,8 +120,10 @@ const afterReactions = (): Promise<void> => new Promise((resolve) => setImmediat
 /** 0: the plain lock (a writer), 1: a place in a counting semaphore, 2: a read lock. */
 const familyOf = (shape: LockShape): 0 | 1 | 2 =>
   shape.mode === 'read' ? 2 : shape.limit > 1 ? 1 : 0;
+/** How many keys a family's scripts take: the plain lock 2, the shapes 3 (see `shapeKeys`). */
+const keysOf = (family: number): number => (family === 0 ? 2 : 3);
 
-/** KEYS (2, or 4 for a fair lock), then ARGV. */
+/** KEYS (2; 3 for a semaphore or a read lock; 4 for a fair lock), then ARGV. */
 type LockScriptArgs = readonly (string | number)[];
 
 /** Fair-lock release commands by [sharded pub/sub][fence counter deleted], and their scripts. */
@@ -256,15 +253,16 @@ export class RedisLockBackend implements LockBackend {
       redisLockPassOn: { numberOfKeys: 2, lua: PASS_ON_SCRIPT },
       redisLockRaiseFence: { numberOfKeys: 2, lua: RAISE_FENCE_SCRIPT },
     };
-    const twoKeys = (names: readonly string[], luas: readonly string[]): void =>
-      names.forEach((name, i) => (scripts[name] = { numberOfKeys: 2, lua: luas[i] }));
-    twoKeys(ACQUIRE_COMMANDS, [
-      ACQUIRE_OWN_TOKEN_SCRIPT,
-      ACQUIRE_SEMAPHORE_SCRIPT,
-      ACQUIRE_READ_SCRIPT,
-    ]);
-    twoKeys(EXTEND_COMMANDS, [EXTEND_SCRIPT, EXTEND_SEMAPHORE_SCRIPT, EXTEND_READ_SCRIPT]);
-    twoKeys(RELEASE_COMMANDS.flat(2), RELEASE_SCRIPTS.flat(2));
+    // Per family (see `keysOf`): the plain lock's scripts take 2 keys, the shapes' 3.
+    const byFamily = (names: readonly string[], luas: readonly string[], family: number): void =>
+      names.forEach((name, i) => (scripts[name] = { numberOfKeys: keysOf(family), lua: luas[i] }));
+    [ACQUIRE_OWN_TOKEN_SCRIPT, ACQUIRE_SEMAPHORE_SCRIPT, ACQUIRE_READ_SCRIPT].forEach((lua, i) =>
+      byFamily([ACQUIRE_COMMANDS[i]], [lua], i),
+    );
+    [EXTEND_SCRIPT, EXTEND_SEMAPHORE_SCRIPT, EXTEND_READ_SCRIPT].forEach((lua, i) =>
+      byFamily([EXTEND_COMMANDS[i]], [lua], i),
+    );
+    RELEASE_COMMANDS.forEach((names, i) => byFamily(names.flat(), RELEASE_SCRIPTS[i].flat(), i));
     FAIR_RELEASE_COMMANDS.flat().forEach((name, i) => {
       scripts[name] = { numberOfKeys: 4, lua: FAIR_RELEASE_SCRIPTS.flat()[i] };
     });
@@ -313,8 +311,10 @@ export class RedisLockBackend implements LockBackend {
       const stay = queue ? this.queueStay : 0;
       args = [lockKey, fenceKey, ...this.queueKeys(lockKey), token, ttl, counterTtl, stay];
     } else if (family === 1) {
-      args = [lockKey, fenceKey, token, ttl, counterTtl, shape.limit];
-    } else if (family === 0 && queue) {
+      args = [...this.shapeKeys(lockKey), token, ttl, counterTtl, shape.limit, reserve ? 0 : 1];
+    } else if (family === 2) {
+      args = [...this.shapeKeys(lockKey), token, ttl, counterTtl, reserve ? 0 : 1];
+    } else if (queue) {
       // A writer that will wait holds new readers off (see WRITER_AFTER_READERS).
       args = [lockKey, fenceKey, token, ttl, counterTtl, 1];
     } else {
@@ -352,8 +352,10 @@ export class RedisLockBackend implements LockBackend {
     shape: LockShape = PLAIN,
   ): Promise<boolean> {
     const lockKey = this.lockKey(key);
-    const args: LockScriptArgs = [lockKey, `${lockKey}:fence`, token, ttl, this.counterTtl(ttl)];
-    const command = EXTEND_COMMANDS[familyOf(shape)];
+    const family = familyOf(shape);
+    const keys = family === 0 ? [lockKey, `${lockKey}:fence`] : this.shapeKeys(lockKey);
+    const args: LockScriptArgs = [...keys, token, ttl, this.counterTtl(ttl)];
+    const command = EXTEND_COMMANDS[family];
     this.batcher?.beforeSend();
     if (!this.replicaAck) return (await this.commands[command](...args)) === 1;
     const [extended, acknowledged] = await this.replicated(command, args);
@@ -438,9 +440,10 @@ export class RedisLockBackend implements LockBackend {
     let reply = 0;
     try {
       const sharded = this.isCluster && (await this.shardedPubSub());
-      const command =
-        RELEASE_COMMANDS[familyOf(shape)][sharded ? 1 : 0][this.fenceRetention === 0 ? 1 : 0];
-      reply = await this.commands[command](lockKey, `${lockKey}:fence`, token, channel, message);
+      const family = familyOf(shape);
+      const command = RELEASE_COMMANDS[family][sharded ? 1 : 0][this.fenceRetention === 0 ? 1 : 0];
+      const keys = family === 0 ? [lockKey, `${lockKey}:fence`] : this.shapeKeys(lockKey);
+      reply = await this.commands[command](...keys, token, channel, message);
     } finally {
       // Yielding (see takeHeir): another subscriber than this process's own got the message.
       if (this.notifier.watching) this.notifier.endYield(channel, reply > 2);
@@ -630,6 +633,14 @@ export class RedisLockBackend implements LockBackend {
       releasing ? 1 : 0,
       `${lockKey}:fair:`,
     );
+  }
+
+  /**
+   * A semaphore's or read lock's keys: its holders, the fence counter, and the fences its callers'
+   * own tokens hold (see `SHARED_FENCE`), in the key's slot.
+   */
+  private shapeKeys(lockKey: string): [string, string, string] {
+    return [lockKey, `${lockKey}:fence`, `${lockKey}:fences`];
   }
 
   /** A fair lock's queue and its waiters' stay (see `ACQUIRE_FAIR_SCRIPT`), in the key's slot. */
