@@ -480,10 +480,11 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
       throw error;
     } finally {
       subscription?.dispose(handle !== undefined, shape.mode === 'read');
-      if (shape.fair && !handle && opts.acquireTimeout > 0) {
-        // A fair waiter that gives up leaves the queue at once, and the next in line is told.
-        this.backend.leaveQueue(key, token).catch(() => {
-          // Its place lapses by itself within the queue's stay.
+      if (!handle && opts.acquireTimeout > 0 && (shape.fair || shape === PLAIN)) {
+        // A waiter that gives up leaves nothing: a fair one leaves the queue at once (the next in
+        // line is told), a writer takes back its mark on read locks.
+        this.backend.giveUp(key, token, shape).catch(() => {
+          // Its place, or its mark, lapses by itself within the queue's stay.
         });
       }
     }

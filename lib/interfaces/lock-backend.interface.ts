@@ -127,8 +127,12 @@ export interface LockBackend {
     token: string,
     ttl: number,
   ): Promise<number[] | { retryAfter: number | undefined }> | undefined;
-  /** Fair locks: leaves the queue of `key` (a waiter that gives up), waking the next in line. */
-  leaveQueue(key: string, token: string): Promise<void>;
+  /**
+   * A waiter that gives up without the lock leaves nothing behind: a fair waiter leaves the queue
+   * of `key`, waking the next in line; a writer takes back its mark on read locks (another waiting
+   * writer renews its own at its next attempt).
+   */
+  giveUp(key: string, token: string, shape: LockShape): Promise<void>;
   /** Resets the TTL. Resolves false when the token no longer holds the key. */
   extend(key: string, token: string, ttl: number, shape?: LockShape): Promise<boolean>;
   /**

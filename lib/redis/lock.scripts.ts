@@ -112,24 +112,37 @@ for i = 1, #fields, 2 do
 end
 `;
 
-/** How long a waiting writer's mark holds new readers off after its last attempt, at most (ms). */
-const WRITER_MARK_MS = 2_000;
+/**
+ * A writer that will wait marks the readers' hash (`stay`, a Lua expression: ms, or nil when it
+ * will not wait): no new reader joins until the mark lapses, `stay` after this attempt. The writer
+ * renews it with every attempt, and its attempts come closer together than that (its pause, at
+ * most `retryInterval` + jitter, and the reply's trip), so readers cannot starve it however long
+ * its own TTL or theirs; a writer that died holds new readers off for at most `stay`.
+ */
+const MARK_WRITER = (stay: string): string => `
+if ${stay} then
+  local mark = now + tonumber(${stay})
+  if (writer or 0) < mark then redis.call('HSET', KEYS[1], '', mark) end
+  if mark > last then last = mark end
+  redis.call('PEXPIRE', KEYS[1], last - now)
+end`;
+
+/** KEYS[1] the lock key: a writer that gave up takes back the mark on read locks, if there is one. */
+export const DROP_MARK_SCRIPT = `
+if redis.call('TYPE', KEYS[1]).ok == 'hash' then redis.call('HDEL', KEYS[1], '') end
+return 0
+`;
 
 /**
  * The plain lock's (a writer's) way past a read lock, inside ACQUIRE_SCRIPT (ARGV[2] its ttl,
- * ARGV[4] set when it will wait): while readers hold the key, a writer that waits marks itself
- * (for min(ttl, 2 s) from this attempt; each attempt renews the mark) and it reports busy; once
- * none is left, it replaces the hash with its lock and goes on to take its fence.
+ * ARGV[4] when it will wait, its mark's stay in ms, see MARK_WRITER): while readers hold the key,
+ * it reports busy (marked, if it will wait); once none is left, it replaces the hash with its lock
+ * and goes on to take its fence.
  */
 const WRITER_AFTER_READERS = `
 ${SCAN_READERS}
 if readers > 0 then
-  if ARGV[4] then
-    local mark = now + math.min(tonumber(ARGV[2]), ${WRITER_MARK_MS})
-    if (writer or 0) < mark then redis.call('HSET', KEYS[1], '', mark) end
-    if mark > last then last = mark end
-    redis.call('PEXPIRE', KEYS[1], last - now)
-  end
+  ${MARK_WRITER('ARGV[4]')}
   return -2 - (last - now)
 end
 redis.call('DEL', KEYS[1])
@@ -158,7 +171,8 @@ redis.call('PEXPIRE', KEYS[1], ARGV[2])`;
 
 /**
  * KEYS[1] lock key, KEYS[2] fence key; ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fence counter TTL
- * ms, ARGV[4] (optional) set when the caller will wait. Returns one integer (one reply to decode):
+ * ms, ARGV[4] (optional) when the caller will wait, how long its mark holds new readers off
+ * (see MARK_WRITER). Returns one integer (one reply to decode):
  * the fence (> 0) when the caller holds the lock afterwards; when someone else does, -2 - the
  * holder's remaining TTL in ms (or -1 when that lock has no TTL). A free key costs SET NX +
  * INCRBY + PEXPIRE (TIME and SET instead of PEXPIRE when the counter is new). A key held by
@@ -520,7 +534,15 @@ local holder = redis.pcall('GET', KEYS[1])
 if holder == ARGV[1] then
   ${RENEW_OWN}
 else
-  local busy = redis.call('EXISTS', KEYS[1]) == 1
+  local busy
+  if redis.call('TYPE', KEYS[1]).ok == 'hash' then
+    -- Read locks: a fair writer marks them as any waiting writer does (see MARK_WRITER).
+    ${SCAN_READERS}
+    busy = readers > 0
+    if busy and tonumber(ARGV[4]) > 0 then ${MARK_WRITER('ARGV[4]')} end
+  else
+    busy = redis.call('EXISTS', KEYS[1]) == 1
+  end
   local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
   if busy or (head and head ~= ARGV[1]) then
     redis.call('ZADD', KEYS[3], 'NX', tonumber(clock[1]) * 1000000 + tonumber(clock[2]), ARGV[1])
@@ -555,6 +577,8 @@ if ARGV[3] == '1' then
 else
   redis.call('ZREM', KEYS[3], ARGV[1])
   redis.call('ZREM', KEYS[4], ARGV[1])
+  -- A fair writer waiting on read locks takes back its mark (see MARK_WRITER).
+  if redis.call('TYPE', KEYS[1]).ok == 'hash' then redis.call('HDEL', KEYS[1], '') end
   if redis.call('EXISTS', KEYS[1]) == 1 then return 1 end
 end
 ${DROP_GONE_WAITERS}

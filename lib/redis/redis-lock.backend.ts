@@ -28,6 +28,7 @@ import {
   HANDOFF_SCRIPT,
   HANDOFF_UNRESERVED_SCRIPT,
   IS_HELD_SCRIPT,
+  DROP_MARK_SCRIPT,
   PASS_ON_SCRIPT,
   RAISE_FENCE_SCRIPT,
   RELEASE_FORGETTING_SCRIPT,
@@ -160,6 +161,7 @@ interface LockCommands {
   redisLockReleaseReadSharded: ReleaseCommand;
   redisLockReleaseReadForgettingSharded: ReleaseCommand;
   redisLockIsHeld(lockKey: string, token: string): Promise<number>;
+  redisLockDropMark(lockKey: string): Promise<number>;
   redisLockAcquireFair(...args: LockScriptArgs): Promise<number>;
   /** The number of keys first (it varies), then KEYS and ARGV. */
   redisLockAcquireAll(...args: LockScriptArgs): Promise<number[] | number>;
@@ -215,8 +217,9 @@ export class RedisLockBackend implements LockBackend {
    */
   private readonly stride: number;
   /**
-   * How long a fair waiter's place lasts without another attempt: it attempts at least every
-   * retryInterval (+ jitter, + a reply within commandTimeout), so twice that never drops a live one.
+   * How long a waiter's claim lasts without another attempt (a fair waiter's place in the queue, a
+   * writer's mark on read locks): it attempts at least every retryInterval (+ jitter, + a reply
+   * within commandTimeout), so twice that never drops a live one.
    */
   private readonly queueStay: number;
   private readonly isCluster: boolean;
@@ -247,6 +250,7 @@ export class RedisLockBackend implements LockBackend {
       redisLockAcquireFair: { numberOfKeys: 4, lua: ACQUIRE_FAIR_SCRIPT },
       redisLockAcquireAll: { lua: ACQUIRE_ALL_SCRIPT },
       redisLockIsHeld: { numberOfKeys: 1, lua: IS_HELD_SCRIPT },
+      redisLockDropMark: { numberOfKeys: 1, lua: DROP_MARK_SCRIPT },
       redisLockAcquire: { numberOfKeys: 2, lua: ACQUIRE_SCRIPT },
       redisLockHandoff: { numberOfKeys: 2, lua: HANDOFF_SCRIPT },
       redisLockHandoffUnreserved: { numberOfKeys: 2, lua: HANDOFF_UNRESERVED_SCRIPT },
@@ -315,8 +319,9 @@ export class RedisLockBackend implements LockBackend {
     } else if (family === 2) {
       args = [...this.shapeKeys(lockKey), token, ttl, counterTtl, reserve ? 0 : 1];
     } else if (queue) {
-      // A writer that will wait holds new readers off (see WRITER_AFTER_READERS).
-      args = [lockKey, fenceKey, token, ttl, counterTtl, 1];
+      // A writer that will wait holds new readers off (see MARK_WRITER), for as long as its place
+      // in a fair queue would last.
+      args = [lockKey, fenceKey, token, ttl, counterTtl, this.queueStay];
     } else {
       args = [lockKey, fenceKey, token, ttl, counterTtl];
     }
@@ -610,8 +615,13 @@ export class RedisLockBackend implements LockBackend {
       );
   }
 
-  async leaveQueue(key: string, token: string): Promise<void> {
-    await this.fairRelease(this.lockKey(key), token, false, '');
+  async giveUp(key: string, token: string, shape: LockShape): Promise<void> {
+    if (shape.fair) {
+      await this.fairRelease(this.lockKey(key), token, false, '');
+    } else if (shape === PLAIN) {
+      this.batcher?.beforeSend();
+      await this.commands.redisLockDropMark(this.lockKey(key));
+    }
   }
 
   /** A fair lock's release (`releasing`) or a waiter leaving its queue: see `fairRelease` script. */

@@ -56,8 +56,8 @@ export class RedlockBackend implements LockBackend {
     return undefined;
   }
 
-  /** No fair locks here (they are rejected up front): nothing to leave. */
-  leaveQueue(): Promise<void> {
+  /** No fair locks nor read locks here (they are rejected up front): nothing to leave. */
+  giveUp(): Promise<void> {
     return Promise.resolve();
   }
   private readonly quorum: number;

@@ -10,6 +10,7 @@ import { Logger } from '@nestjs/common';
 import fc from 'fast-check';
 import type { Redis } from 'ioredis';
 import { pubSubChoice, RedisLockBackend } from '../../lib/redis/redis-lock.backend.js';
+import { PLAIN } from '../../lib/redis-lock.options.js';
 
 /**
  * What Redis hashes to find a key's slot: the part between the first `{` and the first `}` after
@@ -92,7 +93,8 @@ describe('key layout', () => {
           await backend.extend(k, 's', 1_000, shape);
           await backend.release(k, 's', shape);
         }
-        await backend.leaveQueue(k, 's');
+        await backend.giveUp(k, 's', { limit: 1, mode: 'write', fair: true });
+        await backend.giveUp(k, 's', PLAIN);
         await backend.isLocked(k);
         await backend.isHeld(k, 't');
         assert.ok(calls.length >= 16);
