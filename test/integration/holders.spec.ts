@@ -49,13 +49,31 @@ describe('never two live holders', () => {
     await sleep(50);
   };
 
-  it("a lock passed on in the process lives by the heir's TTL, not the releaser's lease", async () => {
+  /**
+   * Runs `fn` with an app whose connection goes through a fault proxy (`commandTimeout` as given),
+   * then closes both, the proxy healed and without latency.
+   */
+  async function throughProxy(
+    commandTimeout: number,
+    fn: (slow: LockModuleFixture, proxy: FaultProxy) => Promise<void>,
+  ): Promise<void> {
     const proxy = await FaultProxy.start(() => server.port);
     const slow = await startLockModule({
       connection: `redis://127.0.0.1:${proxy.port}`,
-      commandTimeout: 5_000,
+      commandTimeout,
     });
     try {
+      await fn(slow, proxy);
+    } finally {
+      proxy.setLatency(0);
+      proxy.heal();
+      await slow.close();
+      await proxy.close();
+    }
+  }
+
+  it("a lock passed on in the process lives by the heir's TTL, not the releaser's lease", async () => {
+    await throughProxy(5_000, async (slow, proxy) => {
       const key = uniqueKey();
       const releaser = await slow.locks.acquire(key, { ttl: 30_000 });
       const heirPending = slow.locks.acquire(key, { ttl: 300, acquireTimeout: 10_000 });
@@ -81,20 +99,11 @@ describe('never two live holders', () => {
       assert.equal(signal.aborted, true, 'two live holders: the heir still believes it holds');
       await taken.release();
       assert.equal(await released, true);
-    } finally {
-      proxy.setLatency(0);
-      await slow.close();
-      await proxy.close();
-    }
+    });
   });
 
   it('a grant whose answer comes after its lease ran out is not a lock: the attempt counts as failed', async () => {
-    const proxy = await FaultProxy.start(() => server.port);
-    const slow = await startLockModule({
-      connection: `redis://127.0.0.1:${proxy.port}`,
-      commandTimeout: 5_000,
-    });
-    try {
+    await throughProxy(5_000, async (slow, proxy) => {
       await (await slow.locks.acquire(uniqueKey())).release(); // a warm connection
       // A 300 ms round trip against a 250 ms TTL: every grant arrives after its lease.
       proxy.setLatency(150);
@@ -107,11 +116,7 @@ describe('never two live holders', () => {
       const lock = await slow.locks.acquire(uniqueKey(), { ttl: 2_000, acquireTimeout: 0 });
       assert.ok(lock.expiresAt > performance.now() && !lock.signal.aborted);
       await lock.release();
-    } finally {
-      proxy.setLatency(0);
-      await slow.close();
-      await proxy.close();
-    }
+    });
   });
 
   describe('a re-entered lock', () => {
@@ -207,12 +212,7 @@ describe('never two live holders', () => {
     });
 
     it("check every key's lease before resolving: a reply that lands after an earlier key ran out fails the call and keeps nothing", async () => {
-      const proxy = await FaultProxy.start(() => server.port);
-      const slow = await startLockModule({
-        connection: `redis://127.0.0.1:${proxy.port}`,
-        commandTimeout: 5_000,
-      });
-      try {
+      await throughProxy(5_000, async (slow, proxy) => {
         const [a, b] = [uniqueKey('a'), uniqueKey('b')];
         // With a caller's own token the keys go one by one; a's lease is shorter than the round
         // trip that takes it and then b, so b's grant arrives after a ran out.
@@ -227,49 +227,39 @@ describe('never two live holders', () => {
           await eventually(async () => (await redis.exists(`lock:{${a}}`, `lock:{${b}}`)) === 0),
           'a key was kept',
         );
-      } finally {
-        proxy.setLatency(0);
-        await slow.close();
-        await proxy.close();
-      }
+      });
     });
 
     it('fail within one commandTimeout when Redis stops answering between keys: the undo is not waited for', async () => {
-      const proxy = await FaultProxy.start(() => server.port);
-      const slow = await startLockModule({
-        connection: `redis://127.0.0.1:${proxy.port}`,
-        commandTimeout: 1_000,
+      await throughProxy(1_000, async (slow, proxy) => {
+        // After compile(): the testing module installs its own logger.
+        const { capture, restore } = LogCapture.install();
+        try {
+          const [a, b] = [uniqueKey('a'), uniqueKey('b')];
+          // With its own token the call takes a, then b: the partition starts as a is granted.
+          const seen = slow.locks.events.subscribe((event) => {
+            if (event.type === 'acquired' && event.key === a) proxy.stall();
+          });
+          const failure = await slow.locks.tryAcquire([a, b], { token: 'mine' }).then(
+            () => undefined,
+            (error: unknown) => error,
+          );
+          seen.unsubscribe();
+          assert.ok(failure instanceof LockBackendError && failure.timedOut, String(failure));
+          // Failed before the undo of a (its release, as unanswered) had run out its own bound.
+          assert.ok(
+            !capture.lines.some(({ message }) => message.includes('could not release')),
+            'the call waited for the undo of the keys it had taken',
+          );
+          proxy.heal();
+          assert.ok(
+            await eventually(async () => (await redis.exists(`lock:{${a}}`)) === 0),
+            'a was kept',
+          );
+        } finally {
+          restore();
+        }
       });
-      // After compile(): the testing module installs its own logger.
-      const { capture, restore } = LogCapture.install();
-      try {
-        const [a, b] = [uniqueKey('a'), uniqueKey('b')];
-        // With its own token the call takes a, then b: the partition starts as a is granted.
-        const seen = slow.locks.events.subscribe((event) => {
-          if (event.type === 'acquired' && event.key === a) proxy.stall();
-        });
-        const failure = await slow.locks.tryAcquire([a, b], { token: 'mine' }).then(
-          () => undefined,
-          (error: unknown) => error,
-        );
-        seen.unsubscribe();
-        assert.ok(failure instanceof LockBackendError && failure.timedOut, String(failure));
-        // Failed before the undo of a (its release, as unanswered) had run out its own bound.
-        assert.ok(
-          !capture.lines.some(({ message }) => message.includes('could not release')),
-          'the call waited for the undo of the keys it had taken',
-        );
-        proxy.heal();
-        assert.ok(
-          await eventually(async () => (await redis.exists(`lock:{${a}}`)) === 0),
-          'a was kept',
-        );
-      } finally {
-        proxy.heal();
-        await slow.close();
-        await proxy.close();
-        restore();
-      }
     });
   });
 });

@@ -14,6 +14,7 @@ import {
   sleep,
   startNonPollingApp,
   twoAppsOnOneRedis,
+  assertOwnTokenKeepsFence,
   uniqueKey,
 } from '../support/lock-module.js';
 
@@ -210,22 +211,7 @@ describe("read/write locks (mode: 'read')", () => {
   });
 
   it("re-acquiring a read lock with the caller's own token that reads returns the same fence; a new read lock a new one", async () => {
-    const key = uniqueKey('own');
-    const options = { mode: 'read' as const };
-    const mine = await env.locks.acquire(key, { ...options, token: 'mine', ttl: 10_000 });
-    const theirs = await env.other.locks.acquire(key, options); // a later, greater fence
-    assert.ok(theirs.fence > mine.fence);
-    const again = await env.locks.acquire(key, { ...options, token: 'mine', ttl: 10_000 });
-    assert.equal(again.fence, mine.fence, 'the same fence for the token that holds it');
-    assert.equal(await again.extend(20_000), undefined);
-    assert.equal((await env.locks.acquire(key, { ...options, token: 'mine' })).fence, mine.fence);
-    assert.equal(await mine.release(), true);
-    // Its place given back, the token's next one is a new holder: a new, greater fence.
-    const next = await env.locks.acquire(key, { ...options, token: 'mine' });
-    assert.ok(next.fence > theirs.fence, `${next.fence} after ${theirs.fence}`);
-    await next.release();
-    await theirs.release();
-    assert.deepEqual(await env.redis.keys(`lock:{${key}}*`), []);
+    await assertOwnTokenKeepsFence(env, { mode: 'read' as const });
   });
 
   describe('a writer is not starved by readers that keep coming', () => {

@@ -12,7 +12,13 @@ import {
   WithLock,
   type Lock,
 } from '../../lib/index.js';
-import { sleep, startNonPollingApp, twoAppsOnOneRedis, uniqueKey } from '../support/lock-module.js';
+import {
+  assertOwnTokenKeepsFence,
+  sleep,
+  startNonPollingApp,
+  twoAppsOnOneRedis,
+  uniqueKey,
+} from '../support/lock-module.js';
 import { assertWithin, watchStalls } from '../support/timing.js';
 
 let exportsInside = 0;
@@ -44,22 +50,7 @@ describe('counting semaphores (limit)', () => {
   };
 
   it("re-acquiring with the caller's own token that holds a place returns the same fence; a new place a new one", async () => {
-    const key = uniqueKey('own');
-    const options = { limit: 2 };
-    const mine = await env.locks.acquire(key, { ...options, token: 'mine', ttl: 10_000 });
-    const theirs = await env.other.locks.acquire(key, options); // a later, greater fence
-    assert.ok(theirs.fence > mine.fence);
-    const again = await env.locks.acquire(key, { ...options, token: 'mine', ttl: 10_000 });
-    assert.equal(again.fence, mine.fence, 'the same fence for the token that holds it');
-    assert.equal(await again.extend(20_000), undefined);
-    assert.equal((await env.locks.acquire(key, { ...options, token: 'mine' })).fence, mine.fence);
-    assert.equal(await mine.release(), true);
-    // Its place given back, the token's next one is a new holder: a new, greater fence.
-    const next = await env.locks.acquire(key, { ...options, token: 'mine' });
-    assert.ok(next.fence > theirs.fence, `${next.fence} after ${theirs.fence}`);
-    await next.release();
-    await theirs.release();
-    assert.deepEqual(await env.redis.keys(`lock:{${key}}*`), []);
+    await assertOwnTokenKeepsFence(env, { limit: 2 });
   });
 
   describe('mixed limits in one process: each caller is admitted while fewer than its own limit hold the key', () => {

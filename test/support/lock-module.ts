@@ -1,9 +1,15 @@
+import assert from 'node:assert/strict';
 import { Logger, type LoggerService } from '@nestjs/common';
 import { Test, type TestingModule } from '@nestjs/testing';
 import { Redis } from 'ioredis';
 import { randomUUID } from 'node:crypto';
 import { after, before } from 'node:test';
-import { LockService, RedisLockModule, type RedisLockModuleOptions } from '../../lib/index.js';
+import {
+  LockService,
+  RedisLockModule,
+  type AcquireOptions,
+  type RedisLockModuleOptions,
+} from '../../lib/index.js';
 import { startRedis, type RedisServer } from './redis-server.js';
 
 export interface LockModuleFixture {
@@ -127,3 +133,29 @@ class SilentLogger implements LoggerService {
   warn(): void {}
 }
 Logger.overrideLogger(new SilentLogger());
+
+/**
+ * With a caller's own token that holds the key as `options` (a semaphore's place, a read lock),
+ * acquiring again returns the same fence, also after another holder's later fence and an
+ * extension; once given back, the token's next hold is a new holder with a greater fence; nothing
+ * is left in Redis afterwards.
+ */
+export async function assertOwnTokenKeepsFence(
+  env: TwoApps,
+  options: AcquireOptions,
+): Promise<void> {
+  const key = uniqueKey('own');
+  const mine = await env.locks.acquire(key, { ...options, token: 'mine', ttl: 10_000 });
+  const theirs = await env.other.locks.acquire(key, options); // a later, greater fence
+  assert.ok(theirs.fence > mine.fence);
+  const again = await env.locks.acquire(key, { ...options, token: 'mine', ttl: 10_000 });
+  assert.equal(again.fence, mine.fence, 'the same fence for the token that holds it');
+  await again.extend(20_000);
+  assert.equal((await env.locks.acquire(key, { ...options, token: 'mine' })).fence, mine.fence);
+  assert.equal(await mine.release(), true);
+  const next = await env.locks.acquire(key, { ...options, token: 'mine' });
+  assert.ok(next.fence > theirs.fence, `${next.fence} after ${theirs.fence}`);
+  await next.release();
+  await theirs.release();
+  assert.deepEqual(await env.redis.keys(`lock:{${key}}*`), []);
+}
