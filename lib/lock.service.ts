@@ -199,10 +199,16 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
   /**
    * Startup, within `commandTimeout`: on a Cluster, asks the servers how releases are announced
    * (and logs it; never fails the bootstrap); in Redlock mode, checks that no two nodes are one
-   * server (`RedisLockConfigurationError` if they are).
+   * server (`RedisLockConfigurationError` if they are; the service closes its connections first,
+   * so that a failed startup leaves nothing open, whatever the Nest version does on `close()`).
    */
   async onApplicationBootstrap(): Promise<void> {
-    await this.backend.prepare();
+    try {
+      await this.backend.prepare();
+    } catch (error) {
+      await this.onApplicationShutdown();
+      throw error;
+    }
   }
 
   /**
