@@ -1,18 +1,17 @@
 import assert from 'node:assert/strict';
-import { after, before, describe, it } from 'node:test';
-import { Redis } from 'ioredis';
+import { describe, it } from 'node:test';
 
 import {
   eventually,
   LogCapture,
   sleep,
   startLockModule,
+  twoAppsOnOneRedis,
   uniqueKey,
   type LockModuleFixture,
 } from '../support/lock-module.js';
 import { LockAcquireTimeoutError, LockBackendError, type Lock } from '../../lib/index.js';
 import { FaultProxy } from '../support/fault-proxy.js';
-import { startRedis, type RedisServer } from '../support/redis-server.js';
 
 /**
  * One live holder per key, on the engine's edges: a lock passed on in the process, a re-entered
@@ -20,31 +19,13 @@ import { startRedis, type RedisServer } from '../support/redis-server.js';
  * `signal` has not aborted.
  */
 describe('never two live holders', () => {
-  let server: RedisServer;
-  let app: LockModuleFixture;
-  let other: LockModuleFixture;
-
-  let redis: Redis;
-
-  before(async () => {
-    server = await startRedis();
-    app = await startLockModule({ connection: server.url });
-    other = await startLockModule({ connection: server.url });
-
-    redis = new Redis(server.port, '127.0.0.1');
-  });
-  after(async () => {
-    await app?.close();
-    await other?.close();
-    redis?.disconnect();
-    await server?.stop();
-  });
+  const env = twoAppsOnOneRedis();
 
   /** Until this process's waiter on `key` has subscribed to its releases (then one more try). */
   const subscribed = async (key: string): Promise<void> => {
     const channel = `lock:{${key}}:released`;
     const count = async (): Promise<number> =>
-      Number(((await redis.pubsub('NUMSUB', channel)) as [string, number])[1]);
+      Number(((await env.redis.pubsub('NUMSUB', channel)) as [string, number])[1]);
     assert.ok(await eventually(async () => (await count()) > 0), `nobody subscribed to ${channel}`);
     await sleep(50);
   };
@@ -57,7 +38,7 @@ describe('never two live holders', () => {
     commandTimeout: number,
     fn: (slow: LockModuleFixture, proxy: FaultProxy) => Promise<void>,
   ): Promise<void> {
-    const proxy = await FaultProxy.start(() => server.port);
+    const proxy = await FaultProxy.start(() => env.server.port);
     const slow = await startLockModule({
       connection: `redis://127.0.0.1:${proxy.port}`,
       commandTimeout,
@@ -83,7 +64,7 @@ describe('never two live holders', () => {
       const released = releaser.release();
       const heir = await heirPending;
       // Passed on in the process: Redis still holds the releaser's token.
-      assert.equal(await redis.get(`lock:{${key}}`), releaser.token);
+      assert.equal(await env.redis.get(`lock:{${key}}`), releaser.token);
       assert.equal(heir.fence, releaser.fence + 1);
       const lease = heir.expiresAt - performance.now();
       assert.ok(lease <= 300, `the heir's lease: ${lease.toFixed(0)} ms for a 300 ms TTL`);
@@ -92,7 +73,7 @@ describe('never two live holders', () => {
       let taken = null;
       const deadline = performance.now() + 5_000;
       while (!taken && performance.now() < deadline) {
-        taken = await other.locks.tryAcquire(key, { ttl: 10_000 });
+        taken = await env.other.locks.tryAcquire(key, { ttl: 10_000 });
         if (!taken) await sleep(20);
       }
       assert.ok(taken, 'the key never expired in Redis');
@@ -122,50 +103,50 @@ describe('never two live holders', () => {
   describe('a re-entered lock', () => {
     it('is a view of the outer hold: releasing it twice answers true, then false, and never frees the outer lock', async () => {
       const key = uniqueKey();
-      await app.locks.using(key, async (outer) => {
-        const inner = await app.locks.acquire(key);
+      await env.locks.using(key, async (outer) => {
+        const inner = await env.locks.acquire(key);
         assert.notEqual(inner, outer);
         assert.equal(inner.token, outer.token);
         assert.equal(inner.fence, outer.fence);
         assert.equal(await inner.release(), true);
         assert.equal(await inner.release(), false);
-        assert.equal(await app.locks.release(inner), false);
+        assert.equal(await env.locks.release(inner), false);
         // The outer hold is untouched: still in Redis, still excluding everyone else.
-        assert.equal(await redis.get(`lock:{${key}}`), outer.token);
-        assert.equal(await other.locks.tryAcquire(key), null);
+        assert.equal(await env.redis.get(`lock:{${key}}`), outer.token);
+        assert.equal(await env.other.locks.tryAcquire(key), null);
         assert.equal(outer.signal.aborted, false);
         await assert.rejects(inner.extend(), { name: 'LockLostError', reason: 'not-held' });
         // A nested call after it re-enters again.
-        await app.locks.using(key, async (again) => {
+        await env.locks.using(key, async (again) => {
           assert.equal(again.fence, outer.fence);
         });
-        assert.equal(await other.locks.tryAcquire(key), null);
+        assert.equal(await env.other.locks.tryAcquire(key), null);
       });
-      assert.equal(await redis.exists(`lock:{${key}}`), 0);
+      assert.equal(await env.redis.exists(`lock:{${key}}`), 0);
     });
 
     it('is ended with the outer hold, forgotten or not: the key goes when the outermost use ends', async () => {
       const key = uniqueKey();
       let view: Lock | undefined;
-      await app.locks.using(key, async () => {
-        view = await app.locks.acquire(key); // never released
+      await env.locks.using(key, async () => {
+        view = await env.locks.acquire(key); // never released
       });
-      assert.equal(await redis.exists(`lock:{${key}}`), 0);
+      assert.equal(await env.redis.exists(`lock:{${key}}`), 0);
       assert.equal(await view!.release(), false);
-      const next = await other.locks.tryAcquire(key);
+      const next = await env.other.locks.tryAcquire(key);
       assert.ok(next, 'the key stayed held after its outermost use ended');
       await next.release();
     });
 
     it('extends the outer lock while open', async () => {
       const key = uniqueKey();
-      await app.locks.using(
+      await env.locks.using(
         key,
         async (outer) => {
-          await app.locks.using(key, async (inner) => {
+          await env.locks.using(key, async (inner) => {
             await inner.extend(20_000);
           });
-          const pttl = await redis.pttl(`lock:{${key}}`);
+          const pttl = await env.redis.pttl(`lock:{${key}}`);
           assert.ok(pttl > 15_000, `PTTL ${pttl}`);
           assert.ok(outer.expiresAt > performance.now() + 15_000);
         },
@@ -179,8 +160,8 @@ describe('never two live holders', () => {
     const allHeld = async (lock: Lock): Promise<boolean> => {
       for (const key of lock.keys) {
         const [owner, pttl] = await Promise.all([
-          redis.get(`lock:{${key}}`),
-          redis.pttl(`lock:{${key}}`),
+          env.redis.get(`lock:{${key}}`),
+          env.redis.pttl(`lock:{${key}}`),
         ]);
         if (owner !== lock.token || pttl <= 0) return false;
       }
@@ -192,9 +173,9 @@ describe('never two live holders', () => {
         const [a, b] = [uniqueKey('a'), uniqueKey('b')];
         // Someone else's lock on b, with no TTL to wait by, goes at 250 ms without a release
         // message (deleted): the waiter for b sleeps to the end of its wait, then tries.
-        await redis.set(`lock:{${b}}`, 'someone');
-        const freed = sleep(250).then(() => redis.del(`lock:{${b}}`));
-        const outcome: unknown = await app.locks
+        await env.redis.set(`lock:{${b}}`, 'someone');
+        const freed = sleep(250).then(() => env.redis.del(`lock:{${b}}`));
+        const outcome: unknown = await env.locks
           .acquire([a, b], { ttl: 300, acquireTimeout: 5_000 })
           .catch((error: unknown) => error);
         if (outcome instanceof Error) {
@@ -207,7 +188,7 @@ describe('never two live holders', () => {
         }
         await freed;
         // Nothing kept: a is free again.
-        assert.equal(await redis.exists(`lock:{${a}}`), 0);
+        assert.equal(await env.redis.exists(`lock:{${a}}`), 0);
       }
     });
 
@@ -224,7 +205,9 @@ describe('never two live holders', () => {
         );
         proxy.setLatency(0);
         assert.ok(
-          await eventually(async () => (await redis.exists(`lock:{${a}}`, `lock:{${b}}`)) === 0),
+          await eventually(
+            async () => (await env.redis.exists(`lock:{${a}}`, `lock:{${b}}`)) === 0,
+          ),
           'a key was kept',
         );
       });
@@ -253,7 +236,7 @@ describe('never two live holders', () => {
           );
           proxy.heal();
           assert.ok(
-            await eventually(async () => (await redis.exists(`lock:{${a}}`)) === 0),
+            await eventually(async () => (await env.redis.exists(`lock:{${a}}`)) === 0),
             'a was kept',
           );
         } finally {
