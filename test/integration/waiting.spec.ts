@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
+import type { Socket } from 'node:net';
 import { Redis } from 'ioredis';
 import {
   LockAcquireAbortedError,
@@ -697,15 +698,19 @@ describe('waiting for a held lock', () => {
         backend: { notifier: { subscribers: Redis[] } };
       };
       const [subscriber] = backend.notifier.subscribers;
+      // Only the subscriber's connection is reset: the waiter's attempts on the command connection
+      // must not fail (an attempt that loses its connection fails the acquisition, as documented).
+      const resetSubscriber = (): void =>
+        proxy.drop((subscriber as unknown as { stream: Socket }).stream.localPort!);
       // Reset; once the subscriber is back (ready, its SUBSCRIBE written), reset it again before
       // the reply can come. ioredis' own resubscription left that SUBSCRIBE's rejection unhandled.
       const backAgain = new Promise((resolve) =>
         subscriber.once('ready', () => {
-          proxy.dropAll();
+          resetSubscriber();
           subscriber.once('ready', resolve);
         }),
       );
-      proxy.dropAll();
+      resetSubscriber();
       await backAgain;
       assert.ok(await eventually(subscribed), 'the subscriber did not subscribe again');
       // Give a late rejection the turns of the event loop it needs to be reported.

@@ -64,6 +64,23 @@ export class FaultProxy {
     this.delayed.clear();
   }
 
+  /**
+   * Resets the one connection whose client end is at local port `clientPort` (a client's
+   * `stream.localPort`), leaving every other connection through the proxy as it is.
+   */
+  drop(clientPort: number): void {
+    for (const pair of this.pairs) {
+      if (pair[0].remotePort !== clientPort) continue;
+      this.pairs.delete(pair);
+      for (const socket of pair) {
+        reset(socket);
+        this.delayed.delete(socket);
+      }
+      return;
+    }
+    throw new Error(`no connection from port ${clientPort} goes through the proxy`);
+  }
+
   async close(): Promise<void> {
     this.dropAll();
     await new Promise<void>((resolve) => this.server.close(() => resolve()));
