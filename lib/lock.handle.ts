@@ -54,6 +54,10 @@ export class LockHandle implements Lock, HeldLease, Linked<LockHandle> {
   private expiryTimer: NodeJS.Timeout | undefined;
   private extendTimer: NodeJS.Timeout | undefined;
   private lastExtendError: unknown;
+  /** The view of this hold that a call nested in its flow has open, if any (see `enter()`). */
+  private inner: LockReentry | undefined;
+  /** Calls waiting for their turn to re-enter (see `turnChanged()`). */
+  private turn: { promise: Promise<void>; resolve: () => void } | undefined;
 
   constructor(
     readonly key: string,
@@ -114,14 +118,51 @@ export class LockHandle implements Lock, HeldLease, Linked<LockHandle> {
     return this.owner === hooks;
   }
 
+  /** @internal The TTL the lease is kept with (the last extension's). */
+  get leaseTtl(): number {
+    return this.ttl;
+  }
+
+  /** @internal Whether a watchdog keeps the lease. */
+  get extendsItself(): boolean {
+    return this.autoExtend;
+  }
+
   /**
    * Re-enters the lock from a call nested in its holder's flow: a view of this hold (see
-   * `LockReentry`), whose release ends only the view.
+   * `LockReentry`), whose release ends only the view; `undefined` while another call nested in this
+   * flow is inside (a fork of it: it waits for `turnChanged()`).
+   * @throws LockLostError if the lease is over
    */
-  enter(): LockReentry {
+  enter(): LockReentry | undefined {
     if (!this.stillHeld())
       throw this.endReason ?? new LockLostError(this.key, this.token, 'not-held');
-    return new LockReentry(this);
+    if (this.inner && !this.inner.released) return undefined;
+    return (this.inner = new LockReentry(this));
+  }
+
+  /** @internal Settles when a view of this hold ends, or the hold does: a turn may be free. */
+  turnChanged(): Promise<void> {
+    if (!this.turn) {
+      let resolve!: () => void;
+      const promise = new Promise<void>((done) => (resolve = done));
+      this.turn = { promise, resolve };
+    }
+    return this.turn.promise;
+  }
+
+  /**
+   * @internal A view ended (`later`), or the hold: whoever waits for a turn looks again. After a
+   * view, not before the flow it returned to has run what it runs without waiting: a section
+   * that ends right after its nested call ends the hold before a fork that waited looks, and the
+   * fork then takes the key afresh instead of a view the section's end would cut short.
+   */
+  turnOver(later = false): void {
+    const turn = this.turn;
+    if (!turn) return;
+    this.turn = undefined;
+    if (later) setImmediate(turn.resolve);
+    else turn.resolve();
   }
 
   /** Whether the lock is held still, its lease not run out (which is declared lost if it has). */
@@ -331,6 +372,7 @@ export class LockHandle implements Lock, HeldLease, Linked<LockHandle> {
     clearTimeout(this.extendTimer);
     this.expiryTimer = this.extendTimer = undefined;
     if (wasHeld) this.owner.settled(this);
+    this.turnOver();
     return wasHeld;
   }
 

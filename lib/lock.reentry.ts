@@ -1,6 +1,7 @@
-import { LockLostError } from './errors/redis-lock.errors.js';
+import { LockArgumentError, LockLostError } from './errors/redis-lock.errors.js';
+
 import type { LockShape } from './interfaces/lock-backend.interface.js';
-import type { Lock } from './interfaces/lock.interface.js';
+import type { AcquireOptions, Lock } from './interfaces/lock.interface.js';
 import type { LockHandle, LockOwnerHooks } from './lock.handle.js';
 
 /**
@@ -9,9 +10,16 @@ import type { LockHandle, LockOwnerHooks } from './lock.handle.js';
  * view (`true` once if the lock is still held, then `false`) and never touches Redis; extending it
  * extends the outer lock while the view is open. The outer holder's release ends the lock, however
  * many views were forgotten.
+ *
+ * One view at a time per level: while a call nested in a flow (the holder's, or a view's) is
+ * inside, another one nested in the same flow — a fork of it: a promise run side by side, a timer
+ * — gets no view and waits its turn (`turnChanged()`), as two requests would. A call nested in the
+ * view's own flow re-enters the view (`enter()`), so straight nesting never waits.
  */
 export class LockReentry implements Lock {
   private ended = false;
+  /** The view that a call nested in this view's flow has open, if any. */
+  private inner: LockReentry | undefined;
 
   constructor(private readonly hold: LockHandle) {}
 
@@ -63,15 +71,39 @@ export class LockReentry implements Lock {
     return this.hold.belongsTo(hooks);
   }
 
-  /** Re-enters the outer lock again, from a call nested in this view's flow. */
-  enter(): LockReentry {
-    return this.hold.enter();
+  /** @internal See `LockHandle.leaseTtl`. */
+  get leaseTtl(): number {
+    return this.hold.leaseTtl;
+  }
+
+  /** @internal See `LockHandle.extendsItself`. */
+  get extendsItself(): boolean {
+    return this.hold.extendsItself;
+  }
+
+  /**
+   * Re-enters the outer lock again, from a call nested in this view's flow; `undefined` while
+   * another call nested in it is inside (see the class comment).
+   * @throws LockLostError if the lease is over
+   */
+  enter(): LockReentry | undefined {
+    if (!this.hold.stillHeld()) {
+      throw this.hold.lossReason ?? new LockLostError(this.key, this.token, 'not-held');
+    }
+    if (this.inner && !this.inner.released) return undefined;
+    return (this.inner = new LockReentry(this.hold));
+  }
+
+  /** @internal See `LockHandle.turnChanged`. */
+  turnChanged(): Promise<void> {
+    return this.hold.turnChanged();
   }
 
   /** Ends this view: whether the lock was still held, once; `false` after. Redis is not asked. */
   release(): Promise<boolean> {
     if (this.ended) return Promise.resolve(false);
     this.ended = true;
+    this.hold.turnOver(true);
     return Promise.resolve(this.hold.stillHeld());
   }
 
@@ -82,3 +114,46 @@ export class LockReentry implements Lock {
     return this.hold.extend(ttl);
   }
 }
+
+/** How an error names a shape. */
+function describeShape(shape: LockShape): string {
+  if (shape.mode === 'read') return 'a read lock';
+  if (shape.limit > 1) return `limit ${shape.limit}`;
+  return shape.fair ? 'a fair lock' : 'a plain lock';
+}
+
+/**
+ * Throws `LockArgumentError` naming the option if a call nested in the flow of `held` asks for
+ * what a view of it cannot give: another shape, or a `ttl`, `autoExtend` or `token` other than
+ * the outer hold's (options left out take the outer hold's).
+ */
+export function assertReentry(
+  key: string,
+  held: KeyHoldLike,
+  options: AcquireOptions | undefined,
+  shape: LockShape,
+): void {
+  const outer = held.shape;
+  const reject = (option: string, value: unknown, outerValue: string): never => {
+    throw new LockArgumentError(
+      option,
+      value,
+      `this call chain already holds "${key}" with ${outerValue}: a nested call re-enters that hold and cannot change it (leave the option out, or ask for the same)`,
+    );
+  };
+  if (outer.limit !== shape.limit || outer.mode !== shape.mode || outer.fair !== shape.fair) {
+    reject('limit + mode + fair', shape, `${describeShape(outer)} (no upgrade from read to write)`);
+  }
+  if (options?.ttl !== undefined && options.ttl !== held.leaseTtl) {
+    reject('ttl', options.ttl, `ttl ${held.leaseTtl}`);
+  }
+  if (options?.autoExtend !== undefined && options.autoExtend !== held.extendsItself) {
+    reject('autoExtend', options.autoExtend, `autoExtend ${held.extendsItself}`);
+  }
+  if (options?.token !== undefined && options.token !== held.token) {
+    reject('token', options.token, 'another token');
+  }
+}
+
+/** What `assertReentry` reads of a hold or a view. */
+type KeyHoldLike = Pick<LockReentry, 'shape' | 'leaseTtl' | 'extendsItself' | 'token'>;

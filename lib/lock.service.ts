@@ -20,7 +20,6 @@ import type {
   BackendHealth,
   Handoff,
   LockBackend,
-  LockShape,
   PendingSwap,
   ReleaseSubscription,
 } from './interfaces/lock-backend.interface.js';
@@ -31,7 +30,7 @@ import type { LockEvent } from './interfaces/lock-event.interface.js';
 import { findChainLock, runHoldingLock, type ChainLock, type KeyHold } from './lock.context.js';
 import { LockEvents } from './lock.events.js';
 import { LockHandle, type LockOwnerHooks } from './lock.handle.js';
-import { LockReentry } from './lock.reentry.js';
+import { assertReentry, LockReentry } from './lock.reentry.js';
 import { MultiKeyLock } from './multi-key-lock.handle.js';
 import { MODULE_OPTIONS_TOKEN } from './redis-lock.module-definition.js';
 import {
@@ -52,18 +51,6 @@ import { DEADLINE, ignoreDeadline, within } from './utils/within.js';
 
 /** What a caller that queues behind this process's waiters starts from: no attempt made yet. */
 const QUEUED: AcquireAttempt = { acquired: false, retryAfter: undefined };
-
-/** How an error names a shape. */
-const describeShape = (shape: LockShape): string =>
-  shape.mode === 'read'
-    ? 'a read lock'
-    : shape.limit > 1
-      ? `limit ${shape.limit}`
-      : shape.fair
-        ? 'a fair lock'
-        : 'a plain lock';
-const sameShape = (a: LockShape, b: LockShape): boolean =>
-  a.limit === b.limit && a.mode === b.mode && a.fair === b.fair;
 
 /** One key, or several to lock together (all or none). */
 type Keys = string | readonly string[];
@@ -373,16 +360,7 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
       );
     }
     const chained = findChainLock(this, key);
-    if (chained) {
-      if (!sameShape(chained.shape, shape)) {
-        throw new LockArgumentError(
-          'limit + mode + fair',
-          shape,
-          `this call chain already holds "${key}" as ${describeShape(chained.shape)}: a nested call re-enters it, so it must ask for the same (no upgrade from read to write)`,
-        );
-      }
-      return chained.enter();
-    }
+    if (chained) return this.reenter(key, chained, options, opts, mode, ownToken);
 
     const token = opts.token ?? ownToken ?? freshToken();
     const started = performance.now();
@@ -479,11 +457,7 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
         handoff = await subscription.wait(seen, pause, Math.ceil(remaining) + 1, signals);
       }
     } catch (error) {
-      if (opts.signal?.aborted && error === opts.signal.reason) {
-        throw new LockAcquireAbortedError(key, error);
-      }
-      if (error === this.stopping.signal.reason) throw new RedisLockShutdownError(key);
-      throw error;
+      throw this.waitEnded(key, opts.signal, error);
     } finally {
       subscription?.dispose(handle !== undefined, shape.mode === 'read');
       if (!handle && opts.acquireTimeout > 0 && (shape.fair || shape === PLAIN)) {
@@ -494,6 +468,45 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
         });
       }
     }
+  }
+
+  /**
+   * A call nested in the flow of a hold on `key` (`chained`): a view of it (see `LockReentry`), or,
+   * while another call nested in the same flow is inside (a fork: promises run side by side, a
+   * timer), a wait for its turn, bounded by the deadline and the signal as any wait. If the hold
+   * ends meanwhile, the call acquires the key as any other would.
+   */
+  private async reenter(
+    key: string,
+    chained: KeyHold,
+    options: AcquireOptions | undefined,
+    opts: ResolvedAcquireOptions,
+    mode: AcquireMode,
+    ownToken: string | undefined,
+  ): Promise<KeyHold | null> {
+    const started = performance.now();
+    const deadline = started + opts.acquireTimeout;
+    const signals = [opts.signal, this.stopping.signal];
+    for (let held: KeyHold | undefined = chained; held; held = findChainLock(this, key)) {
+      assertReentry(key, held, options, opts.shape);
+      this.throwIfStopped(key, opts.signal);
+      const view = held.enter();
+      if (view) return view;
+      const remaining = deadline - performance.now();
+      if (remaining <= 0) {
+        const waitedMs = performance.now() - started;
+        if (this.lockEvents.observed) this.lockEvents.emit({ type: 'timeout', key, waitedMs });
+        if (mode === 'tryAcquire') return null;
+        const left = Math.max(0, held.expiresAt - performance.now());
+        throw new LockAcquireTimeoutError(key, waitedMs, opts.acquireTimeout, left);
+      }
+      await within(held.turnChanged(), Math.ceil(remaining), signals).catch((error: unknown) => {
+        if (error !== DEADLINE) throw this.waitEnded(key, opts.signal, error);
+      });
+    }
+    // The hold ended while this call waited: it takes the key as any caller, in the time left.
+    const acquireTimeout = Math.max(0, Math.ceil(deadline - performance.now()));
+    return this.obtain(key, { ...options, acquireTimeout }, mode, ownToken);
   }
 
   /**
@@ -677,6 +690,13 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
     } catch (error) {
       this.logger.error(`${name()}: could not release; it expires after its TTL: ${String(error)}`);
     }
+  }
+
+  /** What a wait ended by the caller's signal or by shutdown rejects with (else `error`). */
+  private waitEnded(key: string, signal: AbortSignal | undefined, error: unknown): unknown {
+    if (signal?.aborted && error === signal.reason) return new LockAcquireAbortedError(key, error);
+    if (error === this.stopping.signal.reason) return new RedisLockShutdownError(key);
+    return error;
   }
 
   private throwIfStopped(key: string, signal: AbortSignal | undefined): void {

@@ -1,0 +1,265 @@
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+import { Injectable } from '@nestjs/common';
+import { Test, type TestingModule } from '@nestjs/testing';
+import { Redis } from 'ioredis';
+import {
+  getCurrentLock,
+  LockAcquireAbortedError,
+  LockAcquireTimeoutError,
+  LockArgumentError,
+  LockService,
+  RedisLockModule,
+  WithLock,
+  type Lock,
+} from '../../lib/index.js';
+import { sleep, uniqueKey } from '../support/lock-module.js';
+import { startRedis, type RedisServer } from '../support/redis-server.js';
+
+/** An account whose debit is a read-modify-write with a pause in it: a lost update shows. */
+class Ledger {
+  balance = 100;
+  inside = 0;
+  mostInside = 0;
+  readonly fences: number[] = [];
+
+  async debit(amount: number): Promise<void> {
+    this.inside++;
+    this.mostInside = Math.max(this.mostInside, this.inside);
+    const read = this.balance;
+    await sleep(20);
+    this.balance = read - amount;
+    this.fences.push(getCurrentLock()!.fence);
+    this.inside--;
+  }
+}
+
+const ledger = new Ledger();
+
+@Injectable()
+class Accounts {
+  @WithLock({ key: 'acct:{0}', acquireTimeout: 5_000 })
+  async debit(_account: string, amount: number): Promise<void> {
+    await ledger.debit(amount);
+  }
+}
+
+/**
+ * Re-entrancy is for a call nested in the holder's own flow (DESIGN §2): straight nesting never
+ * deadlocks, while work forked inside a section — promises run side by side, timers — waits its
+ * turn as two requests would, and nested options the outer hold cannot honour are refused.
+ */
+describe('re-entrancy', () => {
+  let server: RedisServer;
+  let module: TestingModule;
+  let locks: LockService;
+  let accounts: Accounts;
+  let redis: Redis;
+
+  before(async () => {
+    server = await startRedis();
+    module = await Test.createTestingModule({
+      imports: [RedisLockModule.forRoot({ connection: server.url })],
+      providers: [Accounts],
+    }).compile();
+    await module.init();
+    locks = module.get(LockService);
+    accounts = module.get(Accounts);
+    redis = new Redis(server.port, '127.0.0.1');
+  });
+
+  after(async () => {
+    await module?.close();
+    redis?.disconnect();
+    await server?.stop();
+  });
+
+  const reset = (): void => {
+    ledger.balance = 100;
+    ledger.inside = ledger.mostInside = 0;
+    ledger.fences.length = 0;
+  };
+  const debitWith = (key: string, amount: number): Promise<void> =>
+    locks.using(key, () => ledger.debit(amount));
+
+  describe('concurrent work forked inside a section takes turns', () => {
+    it('Promise.all of two nested using() calls: one at a time, no lost update', async () => {
+      reset();
+      const key = uniqueKey('acct');
+      await locks.using(key, async (outer) => {
+        await Promise.all([debitWith(key, 10), debitWith(key, 20)]);
+        assert.deepEqual(ledger.fences, [outer.fence, outer.fence], 'both ran in the outer hold');
+      });
+      assert.equal(ledger.balance, 70);
+      assert.equal(ledger.mostInside, 1, 'two nested calls were inside at once');
+    });
+
+    it('Promise.all of two @WithLock provider calls inside a section: one at a time', async () => {
+      reset();
+      const account = uniqueKey('acct');
+      await locks.using(`acct:${account}`, async () => {
+        await Promise.all([accounts.debit(account, 10), accounts.debit(account, 20)]);
+      });
+      assert.equal(ledger.balance, 70);
+      assert.equal(ledger.mostInside, 1);
+    });
+
+    it('@WithLock calling itself in parallel from a locked method: no deadlock, one at a time', async () => {
+      reset();
+      const account = uniqueKey('acct');
+      @Injectable()
+      class Batch {
+        constructor(private readonly inner: Accounts) {}
+        @WithLock({ key: 'acct:{0}', acquireTimeout: 5_000 })
+        async run(id: string): Promise<void> {
+          await Promise.all([this.inner.debit(id, 10), this.inner.debit(id, 20)]);
+        }
+      }
+      const local = await Test.createTestingModule({
+        imports: [RedisLockModule.forRoot({ connection: server.url })],
+        providers: [Accounts, Batch],
+      }).compile();
+      await local.init();
+      try {
+        await local.get(Batch).run(account);
+      } finally {
+        await local.close();
+      }
+      assert.equal(ledger.balance, 70);
+      assert.equal(ledger.mostInside, 1);
+    });
+
+    it('a timer started in the section waits for the nested call that is inside', async () => {
+      reset();
+      const key = uniqueKey('acct');
+      let timed: Promise<void> | undefined;
+      await locks.using(key, async () => {
+        setTimeout(() => {
+          timed = debitWith(key, 10);
+        }, 5);
+        await debitWith(key, 20);
+      });
+      await sleep(10);
+      assert.ok(timed, 'the timer ran');
+      await timed;
+      assert.equal(ledger.balance, 70);
+      assert.equal(ledger.mostInside, 1);
+    });
+
+    it('work that outlives the section does not inherit its lock: it acquires the key afresh', async () => {
+      reset();
+      const key = uniqueKey('acct');
+      let late: Promise<Lock> | undefined;
+      let outerFence = 0;
+      await locks.using(key, async (outer) => {
+        outerFence = outer.fence;
+        late = sleep(50).then(() => locks.acquire(key));
+      });
+      const lock = await late!;
+      try {
+        assert.ok(lock.fence > outerFence, 'a fresh hold, not a view of the ended one');
+        assert.equal(await redis.get(`lock:{${key}}`), lock.token);
+      } finally {
+        await lock.release();
+      }
+    });
+
+    it('a fork waiting for its turn when the section ends takes the key afresh, after the release', async () => {
+      const key = uniqueKey();
+      let forked: Promise<Lock> | undefined;
+      let outerFence = 0;
+      let view: Lock | undefined;
+      await locks.using(key, async (outer) => {
+        outerFence = outer.fence;
+        view = await locks.acquire(key); // inside until the section's end: never released
+        forked = locks.acquire(key, { acquireTimeout: 5_000 });
+        await sleep(30);
+      });
+      assert.equal(await view!.release(), false, 'the view ended with the outer hold');
+      const lock = await forked!;
+      try {
+        assert.ok(lock.fence > outerFence);
+      } finally {
+        await lock.release();
+      }
+    });
+
+    it("a fork's wait is bounded: acquireTimeout, tryAcquire and an aborted signal end it", async () => {
+      const key = uniqueKey();
+      await locks.using(key, async () => {
+        const inside = await locks.acquire(key);
+        assert.equal(await locks.tryAcquire(key), null);
+        await assert.rejects(
+          locks.acquire(key, { acquireTimeout: 50 }),
+          (error) => error instanceof LockAcquireTimeoutError && error.key === key,
+        );
+        const controller = new AbortController();
+        const aborted = locks.acquire(key, { acquireTimeout: 5_000, signal: controller.signal });
+        setTimeout(() => controller.abort(), 20);
+        await assert.rejects(aborted, (error) => error instanceof LockAcquireAbortedError);
+        assert.equal(await inside.release(), true);
+        // Now the turn is free again.
+        const next = await locks.tryAcquire(key);
+        assert.ok(next);
+        assert.equal(await next.release(), true);
+      });
+    });
+
+    it('straight nesting, any depth, never waits', async () => {
+      const key = uniqueKey();
+      const depth = async (n: number): Promise<number> =>
+        n === 0 ? getCurrentLock(key)!.fence : locks.using(key, () => depth(n - 1));
+      await locks.using(
+        key,
+        async (outer) => {
+          const started = performance.now();
+          assert.equal(await depth(5), outer.fence);
+          // Sequential nested calls, each after the previous one ended.
+          for (let i = 0; i < 3; i++) assert.equal(await depth(2), outer.fence);
+          assert.ok(performance.now() - started < 2_000);
+        },
+        { acquireTimeout: 0 },
+      );
+    });
+  });
+
+  describe('nested options the outer hold cannot honour', () => {
+    it('another ttl, autoExtend or token is a LockArgumentError naming the option', async () => {
+      const key = uniqueKey();
+      await locks.using(
+        key,
+        async (outer) => {
+          for (const [option, value] of [
+            ['ttl', 5_000],
+            ['autoExtend', true],
+            ['token', 'someone-else'],
+          ] as const) {
+            await assert.rejects(
+              locks.using(key, async () => assert.fail('ran'), { [option]: value }),
+              (error) => error instanceof LockArgumentError && error.argument === option,
+              option,
+            );
+          }
+          // The same values, or none, re-enter.
+          await locks.using(key, async (inner) => assert.equal(inner.fence, outer.fence), {
+            ttl: 3_000,
+            autoExtend: false,
+            token: outer.token,
+          });
+          await locks.using(key, async (inner) => assert.equal(inner.fence, outer.fence));
+        },
+        { ttl: 3_000, autoExtend: false },
+      );
+    });
+
+    it('an already-aborted signal rejects and does not run the nested work', async () => {
+      const key = uniqueKey();
+      await locks.using(key, async () => {
+        await assert.rejects(
+          locks.using(key, async () => assert.fail('ran'), { signal: AbortSignal.abort() }),
+          (error) => error instanceof LockAcquireAbortedError,
+        );
+      });
+    });
+  });
+});
