@@ -64,6 +64,7 @@ const COMPAT = [
   'integration/redlock.spec.js',
   'integration/sentinel.spec.js',
   'integration/with-lock.spec.js',
+  'integration/with-lock-streams.spec.js',
 ];
 
 const { values } = parseArgs({

@@ -8,7 +8,8 @@ import type { LockTimeoutResponse } from '../interfaces/with-lock-options.interf
  * The error a handler's lock timeout becomes in its transport: the `timeoutException` if one is
  * set (the decorator's, else the module's), else HTTP `timeoutStatus` (409) with `Retry-After`
  * (set through the platform's adapter, so Express and Fastify alike), an `RpcException`, or a
- * `WsException`; in any other context the error itself. `response` is the decorator's setting if
+ * `WsException`; in any other context the error itself. Once the headers are out (an SSE stream
+ * that started), no header is set and Nest sends the error as the stream's `error` event. `response` is the decorator's setting if
  * it has one, else the module's.
  */
 export async function answerLockTimeout(
@@ -22,7 +23,11 @@ export async function answerLockTimeout(
     case 'http': {
       const seconds = retryAfterSeconds(error);
       const reply: unknown = context.switchToHttp().getResponse();
-      adapterHost?.httpAdapter?.setHeader(reply, 'Retry-After', String(seconds));
+      const adapter = adapterHost?.httpAdapter;
+      // Not once a stream (SSE) has sent its headers: the error then goes out as an event.
+      if (adapter && !adapter.isHeadersSent(reply)) {
+        adapter.setHeader(reply, 'Retry-After', String(seconds));
+      }
       const status = response.timeoutStatus ?? 409;
       return new HttpException(
         {

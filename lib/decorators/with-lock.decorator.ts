@@ -1,6 +1,6 @@
 import { createParamDecorator, Inject, Optional, type ExecutionContext } from '@nestjs/common';
 import { HttpAdapterHost } from '@nestjs/core';
-import { from, isObservable, Observable, type Subscription } from 'rxjs';
+import { from, isObservable, mergeMap, Observable, of, type Subscription } from 'rxjs';
 import {
   LockAcquireTimeoutError,
   RedisLockConfigurationError,
@@ -253,7 +253,7 @@ function lockOnSubscribe(
         new Promise<void>((resolve, reject) => {
           endHold = resolve;
           if (unsubscribed.signal.aborted) return resolve();
-          inner = from(call.apply(this, args) as Observable<unknown>).subscribe({
+          inner = streamOf(call.apply(this, args)).subscribe({
             next: (value) => subscriber.next(value),
             error: reject,
             complete: resolve,
@@ -271,11 +271,29 @@ function lockOnSubscribe(
       );
       return () => {
         unsubscribed.abort();
-        inner?.unsubscribe();
-        endHold?.();
+        try {
+          inner?.unsubscribe();
+        } finally {
+          // A teardown that throws still ends the hold (its error goes to whoever unsubscribed).
+          endHold?.();
+        }
       };
     });
   };
+}
+
+/**
+ * What an Observable method's call gives, as one stream: its Observable, or, from an `async`
+ * method (an `async` `@Sse()` handler returns a Promise of its Observable), the Observable its
+ * Promise resolves to, relayed event by event rather than emitted as one value.
+ */
+function streamOf(result: unknown): Observable<unknown> {
+  if (!isPromiseLike(result)) return from(result as Observable<unknown>);
+  return from(result).pipe(mergeMap((value) => (isObservable(value) ? value : of(value))));
+}
+
+function isPromiseLike(value: unknown): value is PromiseLike<unknown> {
+  return typeof (value as PromiseLike<unknown> | undefined)?.then === 'function';
 }
 
 function lockServiceOf(instance: object, method: string): LockService {
