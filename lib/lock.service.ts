@@ -72,6 +72,8 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
    * enter and leave without allocating.
    */
   private readonly held = new LinkedList<LockHandle>();
+  /** Undos in flight (see `undoing()`). */
+  private readonly undos = new Set<Promise<unknown>>();
   private readonly stopping = new AbortController();
   private readonly hooks: LockOwnerHooks;
   private readonly stopWatchingReconnects: () => void;
@@ -218,7 +220,12 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
     this.deadlines.interrupt(this.stopping.signal.reason as Error);
     this.stopWatchingReconnects();
     const locks = this.held.toArray();
-    const results = await Promise.allSettled(locks.map((lock) => lock.abandon()));
+    const [results] = await Promise.all([
+      Promise.allSettled(locks.map((lock) => lock.abandon())),
+      // The grants of attempts shutdown interrupted, undone before the connections close; no
+      // longer than an attempt's reply and a release take.
+      within(Promise.all(this.undos), 2 * this.commandTimeout, []).catch(ignoreDeadline),
+    ]);
     results.forEach((result, i) => {
       if (result.status === 'rejected') {
         this.logger.warn(
@@ -404,11 +411,7 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
           // stalled process): no use to the caller, and Redis lets the key go any moment. Undone
           // (not with the caller's own token, which may hold the lock already), and counted as a
           // failed attempt: the caller never gets a lock whose lease is over.
-          if (opts.token === undefined) {
-            this.backend.release(key, token, shape).catch(() => {
-              // It expires after its TTL, which has all but run out.
-            });
-          }
+          if (opts.token === undefined) this.undoing(this.backend.release(key, token, shape));
           attempt = { acquired: false, retryAfter: undefined };
         }
         if (attempt.acquired) {
@@ -590,9 +593,18 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
     undo: (late: T) => Promise<unknown> | undefined,
   ): void {
     if (error instanceof LockBackendError && !error.timedOut) return;
-    pending.then(undo).catch(() => {
-      // Nothing to undo: the attempt failed, or its lock expires after its TTL.
-    });
+    this.undoing(pending.then(undo));
+  }
+
+  /**
+   * Follows an undo sent on its own (a late grant's release): shutdown waits for it before it
+   * closes the connections, since a release queued behind their QUIT would never run. A failure
+   * is dropped: there was nothing to undo, or the lock expires after its TTL.
+   */
+  private undoing(undo: Promise<unknown>): void {
+    const forget = (): void => void this.undos.delete(settled);
+    const settled: Promise<void> = undo.then(forget, forget);
+    this.undos.add(settled);
   }
 
   /** The `acquired` event, built only when someone listens. */

@@ -100,6 +100,31 @@ describe('never two live holders', () => {
     });
   });
 
+  it('shutdown with an attempt in flight leaves nothing: its late grant is undone before the connection closes', async () => {
+    const proxy = await FaultProxy.start(() => env.server.port);
+    const slow = await startLockModule({
+      connection: `redis://127.0.0.1:${proxy.port}`,
+      commandTimeout: 2_000,
+    });
+    try {
+      await (await slow.locks.acquire(uniqueKey())).release(); // a warm connection
+      const key = uniqueKey();
+      // A 300 ms round trip: the attempt is on its way when the app closes.
+      proxy.setLatency(150);
+      const pending = slow.locks.acquire(key, { ttl: 20_000 });
+      pending.catch(() => {}); // awaited below
+      await sleep(20);
+      await slow.close();
+      await assert.rejects(pending, { name: 'RedisLockShutdownError' });
+      // Redis granted the attempt; the undo ran before the QUIT.
+      assert.equal(await env.redis.exists(`lock:{${key}}`), 0, 'the late grant stayed in Redis');
+    } finally {
+      proxy.setLatency(0);
+      await slow.close();
+      await proxy.close();
+    }
+  });
+
   describe('a re-entered lock', () => {
     it('is a view of the outer hold: releasing it twice answers true, then false, and never frees the outer lock', async () => {
       const key = uniqueKey();
