@@ -346,7 +346,7 @@ export class LockHandle implements Lock, HeldLease, Linked<LockHandle> {
     this.lose(this.autoExtend ? 'unconfirmed' : 'expired', this.lastExtendError);
   }
 
-  private lose(reason: LockLostReason, cause?: unknown): void {
+  private lose(reason: Exclude<LockLostReason, 'shutdown'>, cause?: unknown): void {
     if (this.state !== 'held') return;
     this.settle('lost');
     const { events } = this.owner;

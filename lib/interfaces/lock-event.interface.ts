@@ -12,7 +12,16 @@ export type LockEvent =
   | { type: 'released'; key: string; fence: number; heldMs: number; shutdown: boolean }
   /** A held lock's TTL was reset to `ttl`, by `extend()` or the watchdog. */
   | { type: 'extended'; key: string; fence: number; ttl: number }
-  /** A held lock was lost or could not be confirmed: `lock.signal` aborted with this `reason`. */
-  | { type: 'lost'; key: string; fence: number; heldMs: number; reason: LockLostReason }
+  /**
+   * A held lock was lost or could not be confirmed: `lock.signal` aborted with this `reason`. Not
+   * on shutdown: that is a `released` event with `shutdown: true`.
+   */
+  | {
+      type: 'lost';
+      key: string;
+      fence: number;
+      heldMs: number;
+      reason: Exclude<LockLostReason, 'shutdown'>;
+    }
   /** `acquire()`, `using()` or `@WithLock` gave up after `acquireTimeout`; `tryAcquire()` found it held. */
   | { type: 'timeout'; key: string; waitedMs: number };

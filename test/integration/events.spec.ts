@@ -166,10 +166,13 @@ describe('LockService.events', () => {
         toArray(),
       ),
     );
-    await fixture.locks.acquire(uniqueKey());
+    const lock = await fixture.locks.acquire(uniqueKey());
+    const { signal } = lock;
     await fixture.close();
     const events = await all;
+    // One event: the release, not a `lost` too, though the signal aborts with reason 'shutdown'.
     assert.equal(events.length, 1);
+    assert.equal((signal.reason as { reason?: string }).reason, 'shutdown');
     assert.deepEqual(
       { type: events[0].type, shutdown: (events[0] as { shutdown?: boolean }).shutdown },
       { type: 'released', shutdown: true },
