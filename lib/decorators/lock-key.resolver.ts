@@ -14,7 +14,7 @@ const PLACEHOLDER = /^(\d+)((?:\.[A-Za-z_$][\w$]*)*)$/;
 
 /**
  * Compiles a key template once, when the decorator is applied: `'order:{0}'`, `'acct:{0.id}'`,
- * `'{1.tenant}:{0}'`. `{N}` is the N-th argument, `.name` steps into a property. Text outside
+ * `'{1.tenant}:{0}'`. `{N}` is the N-th argument, `.name` steps into an own property. Text outside
  * braces is literal; a template without placeholders is a fixed key. Malformed templates throw
  * `RedisLockConfigurationError` at once.
  */
@@ -100,7 +100,12 @@ function resolvePart(
 ): string {
   let value: unknown = args[part.index];
   for (const name of part.path) {
-    if (value === null || value === undefined) break;
+    // Own properties only: a name found on the prototype chain (`constructor`, or one a polluted
+    // `Object.prototype` adds) is a missing one, never a shared key.
+    if (value === null || value === undefined || !Object.hasOwn(Object(value) as object, name)) {
+      value = undefined;
+      break;
+    }
     value = (value as Record<string, unknown>)[name];
   }
   if (

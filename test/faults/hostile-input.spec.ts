@@ -524,8 +524,13 @@ describe('hostile input (property-based)', () => {
           (_, index: string, path: string) => {
             let value: unknown = args[Number(index)];
             for (const name of path.split('.').slice(1)) {
-              if (value === null || value === undefined) break;
-              value = (value as Record<string, unknown>)[name];
+              // Own properties only (inherited ones are missing).
+              const own =
+                value !== null &&
+                value !== undefined &&
+                Object.prototype.hasOwnProperty.call(Object(value), name);
+              value = own ? (value as Record<string, unknown>)[name] : undefined;
+              if (!own) break;
             }
             const fine =
               (typeof value === 'string' && value.length > 0) ||
