@@ -1,4 +1,7 @@
-import { Module } from '@nestjs/common';
+import { Module, type OnModuleInit } from '@nestjs/common';
+import { ModulesContainer } from '@nestjs/core';
+import { lacksLockService, provideLockService } from './decorators/with-lock.decorator.js';
+import { RedisLockConfigurationError } from './errors/redis-lock.errors.js';
 import { LockService } from './lock.service.js';
 import { ConfigurableModuleClass } from './redis-lock.module-definition.js';
 
@@ -20,4 +23,40 @@ import { ConfigurableModuleClass } from './redis-lock.module-definition.js';
   providers: [LockService],
   exports: [LockService],
 })
-export class RedisLockModule extends ConfigurableModuleClass {}
+export class RedisLockModule extends ConfigurableModuleClass implements OnModuleInit {
+  constructor(
+    private readonly modules: ModulesContainer,
+    private readonly locks: LockService,
+  ) {
+    super();
+  }
+
+  /**
+   * A provider with `@WithLock` methods made by `useFactory` or given as `useValue` gets no
+   * property injection from Nest: it is given this app's LockService here, before any module's
+   * `onModuleInit` may call it. With several LockServices in the app, which one it should use is
+   * unknown: the app fails to boot, naming the class.
+   */
+  async onModuleInit(): Promise<void> {
+    const wrappers = [...this.modules.values()].flatMap((module) => [...module.providers.values()]);
+    const services = new Set(
+      wrappers
+        .map((wrapper): unknown => wrapper.instance)
+        .filter((instance) => instance instanceof LockService),
+    );
+    for (const wrapper of wrappers) {
+      const instance: unknown = wrapper.isDependencyTreeStatic() ? wrapper.instance : undefined;
+      if (!lacksLockService(instance)) continue;
+      if (services.size > 1) {
+        // A failed init is not followed by a shutdown in every Nest version: close what is open.
+        await Promise.all([...services].map((service) => service.onApplicationShutdown()));
+        throw new RedisLockConfigurationError(
+          `@WithLock(${instance.constructor.name})`,
+          wrapper.name,
+          'this provider is made by useFactory or given as useValue, so Nest injects nothing into it, and the app has several LockServices to choose from: provide the class itself (`providers: [MyService]` or `useClass`)',
+        );
+      }
+      provideLockService(instance, this.locks);
+    }
+  }
+}

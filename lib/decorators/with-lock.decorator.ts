@@ -17,6 +17,8 @@ const NEST_SSE_METADATA = '__sse__';
 
 /** Where Nest injects the app's own LockService into every instance of a class using @WithLock. */
 const LOCK_SERVICE = Symbol('nestjs-redis-lock:LockService');
+/** On a class with @WithLock methods (see `lacksLockService`). */
+const LOCKED_CLASS = Symbol('nestjs-redis-lock:locked-class');
 /** Where Nest injects the app's HttpAdapterHost (to set `Retry-After`), if the app has one. */
 const ADAPTER_HOST = Symbol('nestjs-redis-lock:HttpAdapterHost');
 
@@ -139,6 +141,7 @@ export function WithLock(
       propertyKey,
       Math.max(call.length, ...parameters.map((index) => index + 1)),
     );
+    Reflect.defineMetadata(LOCKED_CLASS, true, target.constructor);
     Inject(LockService)(target, LOCK_SERVICE);
     Inject(HttpAdapterHost)(target, ADAPTER_HOST);
     Optional()(target, ADAPTER_HOST);
@@ -294,6 +297,23 @@ function streamOf(result: unknown): Observable<unknown> {
 
 function isPromiseLike(value: unknown): value is PromiseLike<unknown> {
   return typeof (value as PromiseLike<unknown> | undefined)?.then === 'function';
+}
+
+/**
+ * @internal Whether `instance` has `@WithLock` methods but no LockService: Nest injects properties
+ * only into the instances it creates from a class, not into a `useFactory` or `useValue` one.
+ */
+export function lacksLockService(instance: unknown): instance is object {
+  if (typeof instance !== 'object' || instance === null) return false;
+  const locked = Reflect.getMetadata(LOCKED_CLASS, instance.constructor) === true;
+  return (
+    locked && !((instance as { [LOCK_SERVICE]?: unknown })[LOCK_SERVICE] instanceof LockService)
+  );
+}
+
+/** @internal Gives such an instance the app's LockService, as Nest gives a class's instances. */
+export function provideLockService(instance: object, locks: LockService): void {
+  Object.defineProperty(instance, LOCK_SERVICE, { value: locks, configurable: true });
 }
 
 function lockServiceOf(instance: object, method: string): LockService {

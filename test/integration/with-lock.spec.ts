@@ -739,6 +739,43 @@ describe('@WithLock', () => {
     }
   });
 
+  describe('a provider made by useFactory or given as useValue', () => {
+    for (const [how, provider] of [
+      ['useFactory', { provide: AccountsService, useFactory: () => new AccountsService() }],
+      ['useValue', { provide: AccountsService, useValue: new AccountsService() }],
+    ] as const) {
+      it(`${how}: gets the app's LockService though Nest injects nothing into it`, async () => {
+        const module = await Test.createTestingModule({
+          imports: [RedisLockModule.forRoot({ connection: server.url })],
+          providers: [provider],
+        }).compile();
+        await module.init();
+        try {
+          const result = await module.get(AccountsService).debit({ id: uniqueKey() }, 1);
+          assert.ok(result.fence! > 0, 'ran under a lock');
+        } finally {
+          await module.close();
+        }
+      });
+    }
+
+    it('with several LockServices in the app, which one is unknown: the app fails to boot', async () => {
+      @Module({ imports: [RedisLockModule.forRoot({ connection: server.url })] })
+      class First {}
+      @Module({ imports: [RedisLockModule.forRoot({ connection: server.url })] })
+      class Second {}
+      const module = await Test.createTestingModule({
+        imports: [First, Second],
+        providers: [{ provide: AccountsService, useFactory: () => new AccountsService() }],
+      }).compile();
+      await assert.rejects(
+        module.init(),
+        (error) => error instanceof RedisLockConfigurationError && /useFactory/.test(error.message),
+      );
+      await module.close().catch(() => {});
+    });
+  });
+
   it('without LockService in the module, the app fails to boot', async () => {
     await assert.rejects(Test.createTestingModule({ imports: [OrdersModule] }).compile());
   });
