@@ -24,6 +24,9 @@ import { SLACK_MS, watchStalls } from '../support/timing.js';
  *
  * - never two live holders of one key where one excludes the other (live: not released, `signal`
  *   not aborted, lease not over); never more places than the semaphore's limit;
+ * - counting views: calls forked inside a section (side by side, or from a timer that may outlive
+ *   it) are never inside the key at once while both are live, be it through a view of the
+ *   section's hold or a lock of their own; a view is never live once its hold is not;
  * - a grant never comes with its lease over, nor with a lease longer than its own TTL;
  * - fences of exclusive holders grow strictly per key, in the order grants are seen (those of
  *   places and read locks, which overlap, are unique);
@@ -38,6 +41,8 @@ const RUNS = Number(process.env.MODEL_RUNS ?? 15);
 const STEPS = Number(process.env.MODEL_STEPS ?? 40);
 const SEED = process.env.MODEL_SEED === undefined ? undefined : Number(process.env.MODEL_SEED);
 const COMMAND_TIMEOUT = 2_000;
+/** The module's default TTL (a nested call leaves it out: it re-enters, or takes the key afresh). */
+const DEFAULT_TTL = 10_000;
 
 /** Internals the invariants read (not part of the API). */
 interface Internals {
@@ -58,6 +63,8 @@ interface Held {
   readonly shape: Shape;
   /** A re-entry from inside a section: a view of that section's lock. */
   readonly view: boolean;
+  /** Of a view: the section's hold it is a view of. */
+  readonly outer?: Held;
   /** When the model saw it granted (`performance.now()`). */
   readonly grantedAt: number;
   releases: number;
@@ -127,6 +134,10 @@ interface Model {
   /** Per key, the highest fence granted so far. */
   readonly fences: Map<string, number>;
   readonly violations: string[];
+  /** The locks (views or their own) that forked calls are inside right now. */
+  readonly inside: Set<Lock>;
+  /** Forked calls that ran inside a view of their section's hold. */
+  forkedViews: number;
   nextId: number;
 }
 
@@ -152,6 +163,7 @@ function granted(
   ttl: number,
   view: boolean,
   shape: Shape = 'plain',
+  outer?: Held,
 ): void {
   const now = performance.now();
   const name = `${view ? 'view' : shape} of ${lock.keys.join('+')} (app ${app}, fence ${lock.fence})`;
@@ -202,7 +214,16 @@ function granted(
       model.fences.set(key, Math.max(fence, last));
     }
   }
-  model.held.push({ id: model.nextId++, app, lock, shape, view, grantedAt: now, releases: 0 });
+  model.held.push({
+    id: model.nextId++,
+    app,
+    lock,
+    shape,
+    view,
+    outer,
+    grantedAt: now,
+    releases: 0,
+  });
 }
 
 /** An acquisition that failed: only the documented errors. */
@@ -252,6 +273,13 @@ async function checkState(model: Model, real: Real): Promise<void> {
       }
     }
   });
+  for (const held of model.held) {
+    if (held.outer && live(held, now) && !live(held.outer, now)) {
+      model.violations.push(
+        `a view of ${held.lock.key} (fence ${held.lock.fence}) live after its hold ended`,
+      );
+    }
+  }
   if (model.violations.length > 0) assert.fail(model.violations.join('\n'));
 }
 
@@ -486,7 +514,7 @@ class NestedCommand implements fc.AsyncCommand<Model, Real> {
                 `a nested acquire() of ${key} got a lock of its own, not a re-entry`,
               );
             }
-            granted(model, outer.app, lock, 10_000, view);
+            granted(model, outer.app, lock, 10_000, view, 'plain', view ? outer : undefined);
           } else {
             await service.using(
               key,
@@ -508,6 +536,80 @@ class NestedCommand implements fc.AsyncCommand<Model, Real> {
     await checkState(model, real);
   }
   toString = (): string => `  nested ${this.how}(section #${this.pick})`;
+}
+
+/**
+ * Calls forked inside a section: `count` nested `using()` run side by side, and maybe one more
+ * from a timer that the section does not wait for (it may run after the section ended). Each is
+ * inside for a while; none may be inside while another live one is (counting views).
+ */
+class ForkCommand implements fc.AsyncCommand<Model, Real> {
+  constructor(
+    readonly pick: number,
+    readonly count: number,
+    readonly timer: boolean,
+  ) {}
+  check = (model: Readonly<Model>): boolean => model.sections.some((section) => section.open);
+  async run(model: Model, real: Real): Promise<void> {
+    const open = model.sections.filter((section) => section.open);
+    const section = open[this.pick % open.length];
+    const outer = model.held.find((held) => held.lock === section.outer)!;
+    const service = real.apps[outer.app];
+    const key = outer.lock.key;
+    const fork = (): Promise<void> =>
+      service
+        .using(
+          key,
+          async (lock) => {
+            const view = lock.token === outer.lock.token;
+            // A fork that found the hold ended took the key afresh: a grant like any other.
+            if (!view) granted(model, outer.app, lock, DEFAULT_TTL, false);
+            else model.forkedViews++;
+            const now = performance.now();
+            for (const other of model.inside) {
+              if (other.key === key && live(holderOf(model, other), now)) {
+                model.violations.push(
+                  `two forked calls inside ${key} at once (fences ${other.fence} and ${lock.fence})`,
+                );
+              }
+            }
+            model.inside.add(lock);
+            await new Promise((resolve) => setTimeout(resolve, 15));
+            model.inside.delete(lock);
+          },
+          { acquireTimeout: 1_000 },
+        )
+        .catch((error: unknown) => {
+          if (!(error instanceof LockLostError)) failed(model, this.toString(), error);
+        });
+    await bounded(real, model, this.toString(), 3 * COMMAND_TIMEOUT, () =>
+      section.run(async () => {
+        if (this.timer) {
+          const later = new Promise<void>((resolve) => setTimeout(() => resolve(fork()), 0));
+          model.pending.push(later);
+        }
+        await Promise.all(Array.from({ length: this.count }, fork));
+      }),
+    );
+    await checkState(model, real);
+  }
+  toString = (): string =>
+    `  fork ${this.count} using()${this.timer ? ' + a timer' : ''} (section #${this.pick})`;
+}
+
+/** The model's record of `lock`, or (a view it did not record) one to judge its liveness by. */
+function holderOf(model: Model, lock: Lock): Held {
+  return (
+    model.held.find((held) => held.lock === lock) ?? {
+      id: -1,
+      app: -1,
+      lock,
+      shape: 'plain',
+      view: true,
+      grantedAt: 0,
+      releases: 0,
+    }
+  );
 }
 
 class CloseCommand implements fc.AsyncCommand<Model, Real> {
@@ -559,12 +661,15 @@ const commandKinds = [
     )
     .map(([app, shape, ttl, wait]) => new ShapeCommand(app, shape, ttl, wait)),
   fc.constantFrom(100, 400).map((ms) => new StallCommand(ms)),
+  fc
+    .tuple(fc.nat(), fc.integer({ min: 2, max: 3 }), fc.boolean())
+    .map(([pick, count, timer]) => new ForkCommand(pick, count, timer)),
 ];
 /**
  * How often each kind comes, in order: acquire, release, extend, sleep, latency, using, nested,
- * close, shapes, stall.
+ * close, shapes, stall, fork.
  */
-const WEIGHTS = [4, 3, 1, 2, 1, 2, 3, 1, 3, 1];
+const WEIGHTS = [4, 3, 1, 2, 1, 2, 3, 1, 3, 1, 2];
 const commands = commandKinds.flatMap((kind, i) => Array.from({ length: WEIGHTS[i] }, () => kind));
 
 describe('the engine against a model of the lock (fast-check)', () => {
@@ -595,7 +700,7 @@ describe('the engine against a model of the lock (fast-check)', () => {
 
   it(`never two live holders, fences rising, nothing left: ${RUNS} random sequences of up to ${STEPS} steps`, async (t) => {
     const stalls = watchStalls();
-    const totals = { sequences: 0, steps: 0, grants: 0, views: 0 };
+    const totals = { sequences: 0, steps: 0, grants: 0, views: 0, forked: 0 };
     try {
       await fc.assert(
         fc.asyncProperty(
@@ -609,6 +714,8 @@ describe('the engine against a model of the lock (fast-check)', () => {
               pending: [],
               fences: new Map(),
               violations: [],
+              inside: new Set(),
+              forkedViews: 0,
               nextId: 0,
             };
             const real: Real = { apps: apps.map((app) => app.locks), redis, proxy, stalls };
@@ -620,6 +727,7 @@ describe('the engine against a model of the lock (fast-check)', () => {
               totals.steps += [...sequence].length;
               totals.grants += model.held.filter((held) => !held.view).length;
               totals.views += model.held.filter((held) => held.view).length;
+              totals.forked += model.forkedViews;
             }
           },
         ),
@@ -633,7 +741,7 @@ describe('the engine against a model of the lock (fast-check)', () => {
     } finally {
       stalls.stop();
       t.diagnostic(
-        `${totals.sequences} sequences (shrinking included), ${totals.steps} steps, ${totals.grants} locks granted, ${totals.views} re-entries`,
+        `${totals.sequences} sequences (shrinking included), ${totals.steps} steps, ${totals.grants} locks granted, ${totals.views} re-entries, ${totals.forked} forked calls inside a view`,
       );
     }
   });
