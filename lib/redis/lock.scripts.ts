@@ -211,9 +211,14 @@ export const ACQUIRE_OWN_TOKEN_SCRIPT = ACQUIRE(RENEW_OWN, 1);
  * takes its place with the heir's TTL and a new block of `stride` fences, in one step, so the lock
  * is never free in between (nobody is woken: nobody else could take it). Returns the heir's fence
  * (the block's first), or 0 if the releasing token no longer held the lock (then nothing changed).
+ * If the heir's token holds it already, ioredis resent the script after a lost reply (a client of
+ * the app's own with `autoResendUnfulfilledCommands`): the heir never saw the first block, so it
+ * gets a new one, as a resent grant does (see RENEW_RESENT), instead of a 0 that would leave its
+ * lock to run out its TTL with nobody holding it.
  */
 const HANDOFF = (stride: number): string => `
-if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+local held = redis.pcall('GET', KEYS[1])
+if held ~= ARGV[1] and held ~= ARGV[2] then return 0 end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 ${NEXT_FENCE('ARGV[4]', stride)}`;
 

@@ -18,6 +18,7 @@ import {
   ACQUIRE_OWN_TOKEN_SCRIPT,
   ACQUIRE_SCRIPT,
   FENCE_STRIDE,
+  HANDOFF_SCRIPT,
   PASS_ON_SCRIPT,
 } from '../../lib/redis/lock.scripts.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
@@ -370,7 +371,7 @@ describe('LockService on a single Redis', () => {
       await lock.release();
     });
 
-    it('a resent grant (a reply lost with its connection) takes a new block; a caller token keeps its fence; a resent pass-on is answered the same', async () => {
+    it('a resent grant (a reply lost with its connection) takes a new block; a caller token keeps its fence; a resent pass-on is answered the same, a resent handoff with a new block', async () => {
       const key = uniqueKey();
       const [lockKey, fenceKey] = [`lock:{${key}}`, `lock:{${key}}:fence`];
       const acquire = (script: string, token: string): Promise<unknown> =>
@@ -392,6 +393,16 @@ describe('LockService on a single Redis', () => {
         0,
       );
       assert.equal(await redis.get(lockKey), 'heir');
+      // Handed straight to a waiter through Redis, then the same handoff again (resent): the
+      // second answers a new block for the heir, not 0 (the heir would never hold its lock).
+      const handOff = async (): Promise<number> =>
+        Number(
+          await redis.eval(HANDOFF_SCRIPT, 2, lockKey, fenceKey, 'heir', 'next', 7_000, 67_000),
+        );
+      const handed = await handOff();
+      const handedAgain = await handOff();
+      assert.ok(handed > 0 && handedAgain >= handed + FENCE_STRIDE, `${handed}, ${handedAgain}`);
+      assert.equal(await redis.get(lockKey), 'next');
       await redis.del(lockKey);
       // A caller's own token: one fence per grant, the same one again while it holds the lock.
       const own = Number(await acquire(ACQUIRE_OWN_TOKEN_SCRIPT, 'mine'));
