@@ -49,7 +49,8 @@ const client = new Redis(process.env.REDIS_URL ?? 'redis://127.0.0.1:6379');
 
 @Module({
   imports: [
-    RedisLockModule.forRoot({ client, keyPrefix: 'consumer:', isGlobal: true }),
+    // The consumer apps run side by side on one Redis: each locks its own keys.
+    RedisLockModule.forRoot({ client, keyPrefix: `consumer-${process.pid}:`, isGlobal: true }),
     TerminusModule,
   ],
   controllers: [OrdersController],
