@@ -457,6 +457,20 @@ export class RedisLockBackend implements LockBackend {
   }
 
   /**
+   * Redlock: releases the copy a failed attempt got on this node, sending the script itself
+   * (`EVAL`), never `EVALSHA`. On a node that lost its scripts (restarted empty), `EVALSHA` is
+   * answered `NOSCRIPT` and the script re-sent behind whatever was written meanwhile: the next
+   * attempt with the same token would then re-take the copy first and lose it to this late
+   * release, leaving the lock on fewer nodes than its holder counts. The plain lock only (Redlock
+   * offers no other shape) and never with `fenceRetention: 0` (refused with `nodes`).
+   */
+  async undoCopy(key: string, token: string): Promise<boolean> {
+    const lockKey = this.lockKey(key);
+    const args = [lockKey, `${lockKey}:fence`, token, `${lockKey}:released`, ''];
+    return Number(await this.client.eval(RELEASE_SCRIPT, 2, ...args)) > 0;
+  }
+
+  /**
    * Releases the lock straight to `heir`, the first waiter of this process: one command instead of
    * a release, a message and the waiter's attempt. If the lock was no longer ours, or Redis did not
    * answer, the heir goes back to trying by itself; if the heir gave up meanwhile without the

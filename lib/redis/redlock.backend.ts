@@ -153,7 +153,7 @@ export class RedlockBackend implements LockBackend {
 
   /**
    * A failed attempt: releases what it got, on each node as soon as its reply says so, however
-   * late. Not once a later attempt with the same token was sent: that one re-took (by re-entry)
+   * late (see `RedisLockBackend.undoCopy`: in order with the next attempt). Not once a later attempt with the same token was sent: that one re-took (by re-entry)
    * the copies this one left, and keeps or undoes them itself. A late undo of an earlier attempt
    * would otherwise delete the copy of the lock the later one holds.
    */
@@ -168,7 +168,7 @@ export class RedlockBackend implements LockBackend {
     const undone = replies.map((reply, i) =>
       reply
         .then((granted) =>
-          granted.acquired && current() ? this.nodes[i].release(key, token) : undefined,
+          granted.acquired && current() ? this.nodes[i].undoCopy(key, token) : undefined,
         )
         .catch(() => {
           // That copy expires after its TTL.

@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
+import { Logger } from '@nestjs/common';
 import { Redis } from 'ioredis';
 import {
   LockAcquireTimeoutError,
@@ -22,6 +23,7 @@ import {
   PASS_ON_SCRIPT,
 } from '../../lib/redis/lock.scripts.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
+import { RedisLockBackend } from '../../lib/redis/redis-lock.backend.js';
 import { assertWithin, watchStalls } from '../support/timing.js';
 
 describe('LockService on a single Redis', () => {
@@ -410,6 +412,50 @@ describe('LockService on a single Redis', () => {
       assert.equal(Number(await acquire(ACQUIRE_OWN_TOKEN_SCRIPT, 'mine')), own);
       assert.equal(Number(await redis.get(fenceKey)), own);
       await redis.del(lockKey);
+    });
+
+    it("a Redlock undo runs before the next attempt with its token, on a node that lost its scripts too (EVALSHA's re-sent release would delete the re-taken copy)", async () => {
+      const client = new Redis(server.port, '127.0.0.1');
+      const node = new RedisLockBackend(
+        client,
+        {
+          keyPrefix: 'lock:',
+          commandTimeout: 2_000,
+          fenceRetention: 60_000,
+          replicaAck: undefined,
+        },
+        false,
+        new Logger('test'),
+      );
+      const key = uniqueKey();
+      /** A failed attempt's copy, the node restarted empty, then its undo and the next attempt. */
+      const retake = async (
+        undo: () => Promise<boolean>,
+      ): Promise<{ next: boolean; owner: string | null }> => {
+        assert.equal((await node.tryAcquire(key, 'token', 5_000)).acquired, true);
+        await redis.script('FLUSH');
+        // Someone's attempt loads the acquire script again (NOSCRIPT, then EVAL); not the release.
+        assert.equal((await node.tryAcquire(key, 'other', 5_000)).acquired, false);
+        // On one connection: the undo, then at once the same token's next attempt.
+        const [, next] = await Promise.all([undo(), node.tryAcquire(key, 'token', 5_000)]);
+        const owner = await redis.get(`lock:{${key}}`);
+        await redis.del(`lock:{${key}}`);
+        return { next: next.acquired, owner };
+      };
+      try {
+        // What an undo by EVALSHA did: its NOSCRIPT re-send ran after the attempt re-took the copy.
+        assert.deepEqual(await retake(() => node.release(key, 'token')), {
+          next: true,
+          owner: null,
+        });
+        assert.deepEqual(await retake(() => node.undoCopy(key, 'token')), {
+          next: true,
+          owner: 'token',
+        });
+      } finally {
+        await node.close();
+        client.disconnect();
+      }
     });
 
     it('keep their counter for the TTL plus fenceRetention (default one minute), then let it go', async () => {

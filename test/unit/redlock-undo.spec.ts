@@ -20,7 +20,7 @@ class StandInNode {
   tryAcquire(): Promise<AcquireAttempt> {
     return new Promise((resolve) => this.pending.push(resolve));
   }
-  release(): Promise<boolean> {
+  undoCopy(): Promise<boolean> {
     this.releases++;
     return Promise.resolve(true);
   }
