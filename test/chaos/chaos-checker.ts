@@ -17,6 +17,11 @@ export interface Section {
   /** From the call to the section, on the using() path. */
   waited?: number;
   /**
+   * The hold it ran in: sections of one hold (re-entered, or forked inside it, taking turns)
+   * share its fence, one after another; any other section needs a higher one.
+   */
+  hold?: string;
+  /**
    * A section of an earlier phase of the session whose holder still believed when this phase began
    * (see `runPhases`): an overlap with it, or a fence that is not above its fence, counts in this
    * phase; it does not count as one of this phase's sections.
@@ -134,6 +139,7 @@ export function check(record: ScenarioRecord): ScenarioFigures {
   for (const sections of byKey.values()) {
     sections.sort((a, b) => a.enter - b.enter);
     let highest = -Infinity;
+    let highestHold: string | undefined;
     let believing: Section[] = [];
     for (const section of sections) {
       // Entered with its signal already aborted (paused between the grant and the section, past
@@ -142,12 +148,16 @@ export function check(record: ScenarioRecord): ScenarioFigures {
       believing = believing.filter((s) => beliefEnd(s, record.end) > section.enter);
       // A context section's own fence and intrusions were counted in its own phase.
       if (!section.context) {
-        if (section.fence <= highest) fenceRegressions++;
+        const sameHold = section.hold !== undefined && section.hold === highestHold;
+        if (section.fence < highest || (section.fence === highest && !sameHold)) {
+          fenceRegressions++;
+        }
         if (believing.length > 0) overlaps++;
         for (const holder of believing) {
           if (!firstIntrusion.has(holder)) firstIntrusion.set(holder, section.enter);
         }
       }
+      if (section.fence >= highest) highestHold = section.hold;
       highest = Math.max(highest, section.fence);
       believing.push(section);
     }

@@ -52,6 +52,8 @@ export type ChaosEvent =
       at: number;
       /** From the call to the section (using() path): the acquire latency. */
       waited?: number;
+      /** The hold it runs in (a token's start): re-entered and forked sections share it. */
+      hold: string;
     }
   | {
       t: 'exit';

@@ -410,6 +410,7 @@ async function runSession(
             path: event.path,
             enter: event.at,
             waited: event.waited,
+            hold: event.hold,
             killedAt: worker.killedAt,
           };
           sections.set(event.id, section);

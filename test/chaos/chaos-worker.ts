@@ -52,7 +52,12 @@ const guardedWrite = (key: string, fence: number): Promise<number> =>
 
 let sequence = 0;
 /** The critical section, the same for both paths. Throws the lock's LockLostError if it aborts. */
-async function section(lock: Lock, path: 'using' | 'route', calledAt?: number): Promise<void> {
+async function section(
+  lock: Lock,
+  path: 'using' | 'route',
+  calledAt?: number,
+  short = false,
+): Promise<void> {
   const id = `${config.slot}.${process.pid}.${sequence++}`;
   const enter = now();
   emit({
@@ -63,6 +68,7 @@ async function section(lock: Lock, path: 'using' | 'route', calledAt?: number): 
     path,
     at: enter,
     waited: calledAt === undefined ? undefined : enter - calledAt,
+    hold: lock.token.slice(0, 16),
   });
   let abortAt: number | undefined = lock.signal.aborted ? enter : undefined;
   let exited = false;
@@ -77,7 +83,7 @@ async function section(lock: Lock, path: 'using' | 'route', calledAt?: number): 
   );
   let wrote: 'accepted' | 'rejected' | 'skipped' = 'skipped';
   try {
-    const long = Math.random() < config.longWorkRatio;
+    const long = !short && Math.random() < config.longWorkRatio;
     const [min, max] = long ? config.longWorkMs : config.workMs;
     await sleep(min + Math.random() * (max - min), lock.signal);
     // A careful worker checks its lock before writing; the fence stops it when that is too late.
@@ -173,12 +179,41 @@ const stalls = stallRecorder();
 let stopping = false;
 process.once('SIGTERM', () => void (stopping = true));
 
+/**
+ * One call on the using() path, in one of several shapes: a section in the hold itself, in a view
+ * of it (a nested `using()`), in two nested calls forked side by side (they take turns, sharing
+ * the hold's fence), or in two keys held together (a section on each, at once). Its TTL is the
+ * profile's or half of it: holders with different TTLs meet on every key.
+ */
 async function callUsing(key: string, calledAt: number): Promise<string> {
+  const options = {
+    ttl: Math.random() < 0.5 ? config.ttl : config.ttl / 2,
+    acquireTimeout: config.acquireTimeout,
+  };
+  const skuKey = `sku:${key}`;
+  const shape = Math.random();
   try {
-    await locks.using(`sku:${key}`, (lock) => section(lock, 'using', calledAt), {
-      ttl: config.ttl,
-      acquireTimeout: config.acquireTimeout,
-    });
+    if (shape < 0.55) {
+      await locks.using(skuKey, (lock) => section(lock, 'using', calledAt), options);
+    } else if (shape < 0.7) {
+      await locks.using(
+        skuKey,
+        () => locks.using(skuKey, (view) => section(view, 'using', calledAt)),
+        options,
+      );
+    } else if (shape < 0.85) {
+      const forked = (): Promise<void> =>
+        locks.using(skuKey, (view) => section(view, 'using', calledAt, true));
+      await locks.using(skuKey, () => Promise.all([forked(), forked()]), options);
+    } else {
+      const other = config.keys[(config.keys.indexOf(key) + 1) % config.keys.length];
+      const both = [skuKey, `sku:${other}`];
+      await locks.using(
+        both,
+        () => Promise.all(both.map((each) => section(getCurrentLock(each)!, 'using', calledAt))),
+        options,
+      );
+    }
     return 'ok';
   } catch (error) {
     return (error as Error).name ?? 'unknown';

@@ -112,6 +112,26 @@ describe('chaos checker', () => {
     assert.ok(violations(figures).some((v) => v.includes('fence regressions')));
   });
 
+  it('sections of one hold (re-entered, forked) share its fence one after another; overlapping, they count', () => {
+    const turns = check(
+      record([
+        { fence: 5, hold: 'a' },
+        { fence: 5, hold: 'a' },
+        { fence: 5, hold: 'b' },
+        { fence: 6, hold: 'c' },
+      ]),
+    );
+    assert.equal(turns.fenceRegressions, 1, 'only the other hold with an equal fence');
+    assert.equal(turns.overlaps, 0);
+    const together = check(
+      record([
+        { fence: 5, hold: 'a', enter: 0, exit: 50 },
+        { fence: 5, hold: 'a', enter: 10, exit: 60 },
+      ]),
+    );
+    assert.equal(together.overlaps, 1, 'two sections of one hold inside at once');
+  });
+
   it('counts stale writes the guard accepted', () => {
     const figures = check(record([{}], { accepted: new Map([['k', [5, 7, 6, 7, 3]]]) }));
     assert.equal(figures.staleAccepted, 2);
