@@ -2,7 +2,16 @@ import tseslint from 'typescript-eslint';
 
 export default tseslint.config(
   // test/consumers: apps built against the packed tarball by scripts/test-consumers.sh.
-  { ignores: ['dist/**', 'build/**', 'node_modules/**', 'test/consumers/**'] },
+  {
+    ignores: [
+      'dist/**',
+      'build/**',
+      'node_modules/**',
+      'test/consumers/**',
+      '.dependency-cruiser.cjs',
+      'knip.json',
+    ],
+  },
   ...tseslint.configs.recommendedTypeChecked,
   {
     languageOptions: {

@@ -1,11 +1,6 @@
 import { AsyncLocalStorage } from 'node:async_hooks';
 import type { Lock } from './interfaces/lock.interface.js';
-import type { LockHandle } from './lock.handle.js';
-import type { LockReentry } from './lock.reentry.js';
-import { MultiKeyLock } from './multi-key-lock.handle.js';
-
-/** A lock on one key a call chain may hold: its own, or a re-entry of one its caller holds. */
-export type KeyHold = LockHandle | LockReentry;
+import { MultiKeyLock, type KeyHold } from './multi-key-lock.handle.js';
 /** What a call chain holds: a key, or several. */
 export type ChainLock = KeyHold | MultiKeyLock;
 

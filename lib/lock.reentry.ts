@@ -1,8 +1,22 @@
 import { LockArgumentError, LockLostError } from './errors/redis-lock.errors.js';
-
 import type { LockShape } from './interfaces/lock-backend.interface.js';
 import type { AcquireOptions, Lock } from './interfaces/lock.interface.js';
-import type { LockHandle, LockOwnerHooks } from './lock.handle.js';
+
+/**
+ * What a view reads of the hold it re-enters: a `LockHandle` (which creates views, so this file
+ * does not import it).
+ */
+export interface ReentrantHold extends Lock {
+  readonly shape: LockShape;
+  readonly lossReason: LockLostError | undefined;
+  readonly released: boolean;
+  readonly leaseTtl: number;
+  readonly extendsItself: boolean;
+  belongsTo(hooks: object): boolean;
+  stillHeld(): boolean;
+  turnChanged(): Promise<void>;
+  turnOver(later?: boolean): void;
+}
 
 /**
  * A re-entry of a held lock by a call nested in its holder's flow: a view of the outer hold, not
@@ -21,7 +35,7 @@ export class LockReentry implements Lock {
   /** The view that a call nested in this view's flow has open, if any. */
   private inner: LockReentry | undefined;
 
-  constructor(private readonly hold: LockHandle) {}
+  constructor(private readonly hold: ReentrantHold) {}
 
   get key(): string {
     return this.hold.key;
@@ -67,7 +81,7 @@ export class LockReentry implements Lock {
   }
 
   /** Whether the outer lock was created by the service that `hooks` belong to. */
-  belongsTo(hooks: LockOwnerHooks): boolean {
+  belongsTo(hooks: object): boolean {
     return this.hold.belongsTo(hooks);
   }
 

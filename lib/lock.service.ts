@@ -27,11 +27,11 @@ import type { AcquireOptions, Lock } from './interfaces/lock.interface.js';
 import type { RedisLockModuleOptions } from './interfaces/redis-lock-options.interface.js';
 import type { LockTimeoutResponse } from './interfaces/with-lock-options.interface.js';
 import type { LockEvent } from './interfaces/lock-event.interface.js';
-import { findChainLock, runHoldingLock, type ChainLock, type KeyHold } from './lock.context.js';
+import { findChainLock, runHoldingLock, type ChainLock } from './lock.context.js';
 import { LockEvents } from './lock.events.js';
 import { LockHandle, type LockOwnerHooks } from './lock.handle.js';
 import { assertReentry, LockReentry } from './lock.reentry.js';
-import { MultiKeyLock } from './multi-key-lock.handle.js';
+import { MultiKeyLock, type KeyHold } from './multi-key-lock.handle.js';
 import { MODULE_OPTIONS_TOKEN } from './redis-lock.module-definition.js';
 import {
   assertKey,

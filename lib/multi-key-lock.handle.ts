@@ -1,6 +1,9 @@
 import type { Lock } from './interfaces/lock.interface.js';
-import type { KeyHold } from './lock.context.js';
-import type { LockOwnerHooks } from './lock.handle.js';
+import type { LockHandle, LockOwnerHooks } from './lock.handle.js';
+import type { LockReentry } from './lock.reentry.js';
+
+/** A lock on one key a call chain may hold: its own, or a re-entry of one its caller holds. */
+export type KeyHold = LockHandle | LockReentry;
 
 /**
  * A lock on several keys at once (`acquire(['acct:1', 'acct:2'])`): one lock per key, all with

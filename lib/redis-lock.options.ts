@@ -13,7 +13,7 @@ import type {
 } from './interfaces/redis-lock-options.interface.js';
 
 /** The built-in defaults: the single place they are written down. */
-export const DEFAULT_KEY_PREFIX = 'lock:';
+const DEFAULT_KEY_PREFIX = 'lock:';
 export const DEFAULT_LOCK_DEFAULTS = {
   ttl: 10_000,
   acquireTimeout: 5_000,
@@ -28,7 +28,7 @@ export const DEFAULT_LOCK_DEFAULTS = {
  * TLS, AUTH, script load) while staying well under the default TTL, so a hung extension still
  * leaves the watchdog more tries before the lease runs out.
  */
-export const DEFAULT_COMMAND_TIMEOUT = 1_000;
+const DEFAULT_COMMAND_TIMEOUT = 1_000;
 
 /**
  * Default `fenceRetention`: a key's fence counter outlives its lock by one minute. Long enough
@@ -36,7 +36,7 @@ export const DEFAULT_COMMAND_TIMEOUT = 1_000;
  * well under a second); short enough that an app locking a thousand new keys a second keeps about
  * 60,000 counters (~8 MB), not millions.
  */
-export const DEFAULT_FENCE_RETENTION = 60_000;
+const DEFAULT_FENCE_RETENTION = 60_000;
 
 /**
  * Default `handoffTurn`: how long one process may pass a contended lock among its own waiters
@@ -59,7 +59,7 @@ export const DEFAULT_HANDOFF_TURN = 250;
 export const DEFAULT_DRIFT_FACTOR = 0.01;
 
 /** Fewest independent masters in Redlock mode: with fewer, one node down stops all locking. */
-export const MIN_REDLOCK_NODES = 3;
+const MIN_REDLOCK_NODES = 3;
 
 /** Largest duration accepted: Node timers fire at once beyond 2^31 - 1 ms (~24.8 days). */
 export const MAX_DURATION = 2_147_483_647;
@@ -184,7 +184,7 @@ function lockShape(limit: unknown = 1, mode: unknown = 'write', fair: unknown = 
  * command was sent: a shorter TTL would leave next to nothing, and a grant arriving after it is not
  * a lock (see `LockService.obtain`).
  */
-export const MIN_TTL = 10;
+const MIN_TTL = 10;
 
 /** What is wrong with `value` as a lock's TTL, if anything. */
 export function ttlProblem(value: unknown): string | undefined {
@@ -193,7 +193,7 @@ export function ttlProblem(value: unknown): string | undefined {
   return `must be at least ${MIN_TTL} ms: a lock's lease is its TTL less 1 % and 2 ms, so a shorter one would be over before its grant arrived`;
 }
 
-export function durationProblem(value: unknown, allowZero: boolean): string | undefined {
+function durationProblem(value: unknown, allowZero: boolean): string | undefined {
   const floor = allowZero ? '>= 0' : '> 0';
   if (typeof value !== 'number' || !Number.isFinite(value) || !Number.isInteger(value)) {
     return `must be a whole number of milliseconds ${floor}`;

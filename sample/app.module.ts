@@ -9,7 +9,7 @@ import { SampleConfig } from './sample.config.js';
   providers: [{ provide: SampleConfig, useFactory: () => new SampleConfig() }, RedisConnection],
   exports: [SampleConfig, RedisConnection],
 })
-export class SampleCoreModule {}
+class SampleCoreModule {}
 
 @Module({
   imports: [

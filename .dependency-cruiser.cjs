@@ -1,0 +1,60 @@
+/**
+ * The layers of lib/, checked on every `npm run lint` (dependency-cruiser):
+ *   Nest layer   lib/*.module*, lib/lock.service.ts, lib/decorators/, lib/health/, lib/index.ts
+ *   engine       lib/lock.handle.ts, lib/lock.reentry.ts, lib/lock.context.ts, lib/lock.events.ts,
+ *                lib/multi-key-lock.handle.ts
+ *   Redis        lib/redis/
+ *   shared       lib/errors/, lib/interfaces/, lib/utils/, lib/redis-lock.options.ts
+ * Dependencies point down only: no cycle, nothing below imports what is above it, and the
+ * library never imports the tests or the sample.
+ */
+const NEST = '^lib/(index\\.ts|redis-lock\\.module[^/]*|lock\\.service\\.ts|decorators/|health/)';
+const ENGINE = '^lib/(lock\\.(handle|reentry|context|events)|multi-key-lock\\.handle)\\.ts$';
+const SHARED = '^lib/(errors/|interfaces/|utils/|redis-lock\\.options\\.ts$)';
+
+module.exports = {
+  forbidden: [
+    {
+      name: 'no-cycle',
+      severity: 'error',
+      comment: 'An import cycle: split the shared part into a file both can import.',
+      from: { path: '^lib/' },
+      to: { circular: true },
+    },
+    {
+      name: 'lib-not-to-tests-or-sample',
+      severity: 'error',
+      comment: 'The library ships alone: it never imports the tests, the sample or the scripts.',
+      from: { path: '^lib/' },
+      to: { path: '^(test|sample|scripts)/' },
+    },
+    {
+      name: 'engine-not-to-nest-layer',
+      severity: 'error',
+      comment: 'The engine (lease, re-entry, events) is below the Nest layer: it never imports it.',
+      from: { path: ENGINE },
+      to: { path: NEST },
+    },
+    {
+      name: 'redis-not-up',
+      severity: 'error',
+      comment:
+        'lib/redis/ is below the engine and the Nest layer: it imports only itself and the shared files.',
+      from: { path: '^lib/redis/' },
+      to: { path: '^lib/', pathNot: ['^lib/redis/', SHARED] },
+    },
+    {
+      name: 'shared-not-up',
+      severity: 'error',
+      comment:
+        'Errors, interfaces, utilities and option checks are the bottom layer: they import only each other.',
+      from: { path: SHARED },
+      to: { path: '^lib/', pathNot: SHARED },
+    },
+  ],
+  options: {
+    doNotFollow: { path: 'node_modules' },
+    tsPreCompilationDeps: true,
+    tsConfig: { fileName: 'tsconfig.json' },
+  },
+};
