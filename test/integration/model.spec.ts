@@ -487,6 +487,18 @@ class OpenCommand implements fc.AsyncCommand<Model, Real> {
   toString = (): string => `using(app ${this.app}, k${this.key}, ttl ${this.ttl}) {`;
 }
 
+/** The open section `pick` chooses, the model's record of its hold, and that hold's app and key. */
+function openSection(
+  model: Model,
+  real: Real,
+  pick: number,
+): { section: Section; outer: Held; service: LockService; key: string } {
+  const open = model.sections.filter((section) => section.open);
+  const section = open[pick % open.length];
+  const outer = model.held.find((held) => held.lock === section.outer)!;
+  return { section, outer, service: real.apps[outer.app], key: outer.lock.key };
+}
+
 class NestedCommand implements fc.AsyncCommand<Model, Real> {
   constructor(
     readonly pick: number,
@@ -494,11 +506,7 @@ class NestedCommand implements fc.AsyncCommand<Model, Real> {
   ) {}
   check = (model: Readonly<Model>): boolean => model.sections.some((section) => section.open);
   async run(model: Model, real: Real): Promise<void> {
-    const open = model.sections.filter((section) => section.open);
-    const section = open[this.pick % open.length];
-    const outer = model.held.find((held) => held.lock === section.outer)!;
-    const service = real.apps[outer.app];
-    const key = outer.lock.key;
+    const { section, outer, service, key } = openSection(model, real, this.pick);
     // Without waiting: the section's own lock is re-entered at once; once it was released (a
     // release step), the call is a new one, as from anywhere else.
     const options = { acquireTimeout: 0 };
@@ -551,11 +559,7 @@ class ForkCommand implements fc.AsyncCommand<Model, Real> {
   ) {}
   check = (model: Readonly<Model>): boolean => model.sections.some((section) => section.open);
   async run(model: Model, real: Real): Promise<void> {
-    const open = model.sections.filter((section) => section.open);
-    const section = open[this.pick % open.length];
-    const outer = model.held.find((held) => held.lock === section.outer)!;
-    const service = real.apps[outer.app];
-    const key = outer.lock.key;
+    const { section, outer, service, key } = openSection(model, real, this.pick);
     const fork = (): Promise<void> =>
       service
         .using(

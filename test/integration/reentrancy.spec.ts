@@ -1,19 +1,22 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { Injectable } from '@nestjs/common';
-import { Test, type TestingModule } from '@nestjs/testing';
 import { Redis } from 'ioredis';
 import {
   getCurrentLock,
   LockAcquireAbortedError,
   LockAcquireTimeoutError,
   LockArgumentError,
-  LockService,
-  RedisLockModule,
   WithLock,
+  type LockService,
   type Lock,
 } from '../../lib/index.js';
-import { sleep, uniqueKey } from '../support/lock-module.js';
+import {
+  sleep,
+  startLockModule,
+  uniqueKey,
+  type LockModuleFixture,
+} from '../support/lock-module.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
 
 /** An account whose debit is a read-modify-write with a pause in it: a lost update shows. */
@@ -51,25 +54,21 @@ class Accounts {
  */
 describe('re-entrancy', () => {
   let server: RedisServer;
-  let module: TestingModule;
+  let app: LockModuleFixture;
   let locks: LockService;
   let accounts: Accounts;
   let redis: Redis;
 
   before(async () => {
     server = await startRedis();
-    module = await Test.createTestingModule({
-      imports: [RedisLockModule.forRoot({ connection: server.url })],
-      providers: [Accounts],
-    }).compile();
-    await module.init();
-    locks = module.get(LockService);
-    accounts = module.get(Accounts);
+    app = await startLockModule({ connection: server.url }, [Accounts]);
+    locks = app.locks;
+    accounts = app.module.get(Accounts);
     redis = new Redis(server.port, '127.0.0.1');
   });
 
   after(async () => {
-    await module?.close();
+    await app?.close();
     redis?.disconnect();
     await server?.stop();
   });
@@ -115,13 +114,9 @@ describe('re-entrancy', () => {
           await Promise.all([this.inner.debit(id, 10), this.inner.debit(id, 20)]);
         }
       }
-      const local = await Test.createTestingModule({
-        imports: [RedisLockModule.forRoot({ connection: server.url })],
-        providers: [Accounts, Batch],
-      }).compile();
-      await local.init();
+      const local = await startLockModule({ connection: server.url }, [Accounts, Batch]);
       try {
-        await local.get(Batch).run(account);
+        await local.module.get(Batch).run(account);
       } finally {
         await local.close();
       }

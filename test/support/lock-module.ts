@@ -1,5 +1,5 @@
 import assert from 'node:assert/strict';
-import { Logger, type LoggerService } from '@nestjs/common';
+import { Logger, type LoggerService, type Provider } from '@nestjs/common';
 import { Test, type TestingModule } from '@nestjs/testing';
 import { Redis } from 'ioredis';
 import { randomUUID } from 'node:crypto';
@@ -18,10 +18,17 @@ export interface LockModuleFixture {
   close(): Promise<void>;
 }
 
-/** Boots a Nest testing module with RedisLockModule.forRoot(options) and returns its LockService. */
-export async function startLockModule(options: RedisLockModuleOptions): Promise<LockModuleFixture> {
+/**
+ * Boots a Nest testing module with RedisLockModule.forRoot(options) (and `providers`, if given)
+ * and returns its LockService.
+ */
+export async function startLockModule(
+  options: RedisLockModuleOptions,
+  providers: Provider[] = [],
+): Promise<LockModuleFixture> {
   const module = await Test.createTestingModule({
     imports: [RedisLockModule.forRoot(options)],
+    providers,
   }).compile();
   await module.init();
   return { module, locks: module.get(LockService), close: () => module.close() };
