@@ -7,6 +7,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { createConnection, createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { hasRedisServer, redisMissing } from './redis-missing.mjs';
 
 const say = (message) => console.log(`[sample] ${message}`);
 
@@ -76,6 +77,11 @@ if (process.env.REDIS_URL) {
 } else if (await answersPing(6379)) {
   process.env.REDIS_URL = 'redis://127.0.0.1:6379';
   say('using the Redis that answers on 127.0.0.1:6379 (set REDIS_URL to choose another)');
+} else if (!hasRedisServer('redis-server')) {
+  console.error(
+    `[sample] nothing answers on 127.0.0.1:6379, and ${redisMissing('npm run sample')}`,
+  );
+  process.exit(1);
 } else {
   redis = await privateRedis();
   process.env.REDIS_URL = redis.url;

@@ -22,6 +22,7 @@ import { spawn } from 'node:child_process';
 import { mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, relative } from 'node:path';
+import { hasRedisServer, redisMissing } from './redis-missing.mjs';
 import { parseArgs } from 'node:util';
 
 const root = join(import.meta.dirname, '..');
@@ -77,6 +78,10 @@ const { values } = parseArgs({
     'file-timeout': { type: 'string', default: '420' },
   },
 });
+if (!hasRedisServer()) {
+  console.error(redisMissing('npm test'));
+  process.exit(1);
+}
 const concurrency = Number(values.concurrency);
 const fileTimeoutMs = Number(values['file-timeout']) * 1_000;
 

@@ -20,7 +20,12 @@ const LOCK_WAIT_MS = 500;
 
 let redis: RedisServer | undefined;
 if (!process.env.REDIS_URL) {
-  redis = await startRedis();
+  try {
+    redis = await startRedis();
+  } catch (error) {
+    console.error(`demo: no REDIS_URL set, and ${(error as Error).message}`);
+    process.exit(1);
+  }
   console.log(`demo: no REDIS_URL set, started a private redis-server at ${redis.url}`);
 }
 Object.assign(process.env, {

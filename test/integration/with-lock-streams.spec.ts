@@ -43,7 +43,7 @@ class StreamsController {
   }
 
   @Sse('busy/:id')
-  @WithLock({ key: 'busy:{0}', acquireTimeout: 200 })
+  @WithLock({ key: 'busy:{0}', acquireTimeout: 500 })
   busy(@Param('id') id: string): Observable<MessageEvent> {
     return interval(10).pipe(
       take(1),

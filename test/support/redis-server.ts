@@ -415,7 +415,15 @@ function launch(port: number, plan: LaunchPlan): Promise<RedisServer> {
       child.kill('SIGKILL');
       reject(error);
     };
-    child.once('error', (error) => fail(new Error(`cannot start ${binary}: ${error.message}`)));
+    child.once('error', (error: NodeJS.ErrnoException) =>
+      fail(
+        new Error(
+          error.code === 'ENOENT'
+            ? `${binary} is not on the PATH. Install it (Debian/Ubuntu: \`sudo apt-get install redis-server\`; macOS: \`brew install redis\`), point REDIS_SERVER_BIN at one, or (the demo, the sample) set REDIS_URL to a Redis you have.`
+            : `cannot start ${binary}: ${error.message}`,
+        ),
+      ),
+    );
     const onEarlyExit = (code: number | null): void =>
       fail(new Error(`redis-server on ${port} exited (${code}):\n${output}`));
     child.once('exit', onEarlyExit);
