@@ -120,6 +120,7 @@ const MODULE_KEYS = [
 ];
 const WITH_LOCK_KEYS = [
   'key',
+  'onBusy',
   'ttl',
   'acquireTimeout',
   'autoExtend',
@@ -457,6 +458,17 @@ export function validateWithLockOptions(options: WithLockOptions, method: string
     fail(`${path}${error.argument}`, error.value, error.problem);
   }
   checkTimeoutResponse(options, path, fail);
+  const { onBusy } = options;
+  if (onBusy !== undefined && onBusy !== 'fail' && onBusy !== 'skip') {
+    fail(`${path}onBusy`, onBusy, "must be 'fail' or 'skip'");
+  }
+  if (onBusy === 'skip' && (options.timeoutStatus ?? options.timeoutException) !== undefined) {
+    fail(
+      `${path}onBusy + ${path}${options.timeoutStatus === undefined ? 'timeoutException' : 'timeoutStatus'}`,
+      onBusy,
+      "a call that skips never answers a lock timeout: give onBusy: 'skip' or a timeout answer, not both",
+    );
+  }
 }
 
 function checkTimeoutResponse(

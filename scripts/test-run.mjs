@@ -66,6 +66,7 @@ const COMPAT = [
   'integration/sentinel.spec.js',
   'integration/with-lock.spec.js',
   'integration/with-lock-streams.spec.js',
+  'integration/on-busy.spec.js',
 ];
 
 const { values } = parseArgs({

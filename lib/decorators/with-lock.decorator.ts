@@ -1,4 +1,10 @@
-import { createParamDecorator, Inject, Optional, type ExecutionContext } from '@nestjs/common';
+import {
+  createParamDecorator,
+  Inject,
+  Logger,
+  Optional,
+  type ExecutionContext,
+} from '@nestjs/common';
 import { HttpAdapterHost } from '@nestjs/core';
 import { from, isObservable, mergeMap, Observable, of, type Subscription } from 'rxjs';
 import {
@@ -11,6 +17,8 @@ import { LockService } from '../lock.service.js';
 import { validateWithLockOptions } from '../redis-lock.options.js';
 import { answerLockTimeout } from './lock-timeout.answer.js';
 import { compileLockKey, type LockKeyResolver } from './lock-key.resolver.js';
+
+const logger = new Logger('RedisLock');
 
 /** Nest's `@Sse()` marker (the same in NestJS 11 and 12): SSE handlers return an Observable. */
 const NEST_SSE_METADATA = '__sse__';
@@ -95,9 +103,11 @@ export function WithLock(
         'can only decorate a method',
       );
     }
+    const skip = options.onBusy === 'skip';
     const acquireOptions: AcquireOptions = {
       ttl: options.ttl,
-      acquireTimeout: options.acquireTimeout,
+      // A job that skips when busy does not wait for the instance that runs it.
+      acquireTimeout: options.acquireTimeout ?? (skip ? 0 : undefined),
       autoExtend: options.autoExtend,
       limit: options.limit,
       mode: options.mode,
@@ -113,8 +123,8 @@ export function WithLock(
       >,
     ).map(({ index }) => index);
     const answer = timeoutAnswer(options, method);
-    const onCall = lockOnCall(call, method, resolveKey, acquireOptions, answer);
-    const onSubscribe = lockOnSubscribe(call, method, resolveKey, acquireOptions, answer);
+    const onCall = lockOnCall(call, method, resolveKey, acquireOptions, answer, skip);
+    const onSubscribe = lockOnSubscribe(call, method, resolveKey, acquireOptions, answer, skip);
     // Decided at the first call, when every decorator (whatever its order) has left its metadata.
     let observable: boolean | undefined;
     const wrapper = function (this: object, ...args: unknown[]): unknown {
@@ -210,11 +220,17 @@ function lockOnCall(
   resolveKey: LockKeyResolver,
   acquireOptions: AcquireOptions,
   answer: TimeoutAnswer,
+  skip: boolean,
 ): LockedCall {
-  const locked = async function (this: object, args: unknown[]): Promise<unknown> {
+  const locked = async function (
+    this: object,
+    args: unknown[],
+    started: { ran: boolean },
+  ): Promise<unknown> {
     return lockServiceOf(this, method).using(
       resolveKey(args),
       async () => {
+        started.ran = true;
         // Awaited here so that a Promise of an Observable is caught as well.
         const result: unknown = await call.apply(this, args);
         if (isObservable(result)) {
@@ -230,9 +246,22 @@ function lockOnCall(
     );
   };
   return function (args, context) {
-    const pending = locked.call(this, args);
+    const started = { ran: false };
+    let pending = locked.call(this, args, started);
+    if (skip) pending = pending.catch((error: unknown) => skipWhenBusy(error, started.ran, method));
     return context ? pending.catch((error: unknown) => answer(this, error, context)) : pending;
   };
+}
+
+/**
+ * `onBusy: 'skip'`: a call whose own lock was taken by another holder (the method never ran)
+ * resolves `undefined`, said at debug level; any other failure, a Redis that does not answer
+ * included, or a lock timeout from inside the method, passes on.
+ */
+function skipWhenBusy(error: unknown, ran: boolean, method: string): undefined {
+  if (ran || !(error instanceof LockAcquireTimeoutError)) throw error;
+  logger.debug(`${method} skipped: lock "${error.key}" is held by another holder`);
+  return undefined;
 }
 
 /**
@@ -246,6 +275,7 @@ function lockOnSubscribe(
   resolveKey: LockKeyResolver,
   acquireOptions: AcquireOptions,
   answer: TimeoutAnswer,
+  skip: boolean,
 ): LockedCall {
   return function (args, context) {
     return new Observable<unknown>((subscriber) => {
@@ -262,12 +292,14 @@ function lockOnSubscribe(
             complete: resolve,
           });
         });
-      const held = Promise.resolve().then(() =>
+      let held = Promise.resolve().then(() =>
         lockServiceOf(this, method).using(resolveKey(args), hold, {
           ...acquireOptions,
           signal: unsubscribed.signal,
         }),
       );
+      // Skipped: completes empty (`endHold` is set once the method was called).
+      if (skip) held = held.catch((error: unknown) => skipWhenBusy(error, !!endHold, method));
       (context ? held.catch((error: unknown) => answer(this, error, context)) : held).then(
         () => subscriber.complete(),
         (error: unknown) => subscriber.error(error),

@@ -43,4 +43,13 @@ export interface WithLockOptions
    * @example ['acct:{0.from}', 'acct:{0.to}']
    */
   key: LockKeySource | readonly LockKeySource[];
+  /**
+   * What a call does when another holder has the key. `'fail'`: it fails as any lock timeout does
+   * (409, `RpcException`, `WsException`, `LockAcquireTimeoutError`). `'skip'`: the method is not
+   * run and the call resolves `undefined` (an Observable method completes empty), for jobs that
+   * must run once across instances (`@Cron`); `acquireTimeout` then defaults to 0. A Redis that
+   * does not answer is not busy: the call still fails with `LockBackendError`.
+   * @default 'fail'
+   */
+  onBusy?: 'fail' | 'skip';
 }

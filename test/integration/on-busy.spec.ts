@@ -1,0 +1,193 @@
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+import { Controller, Get, Injectable, Param, type INestApplication } from '@nestjs/common';
+import { Test } from '@nestjs/testing';
+import { defer, Observable, of, toArray, firstValueFrom } from 'rxjs';
+import {
+  LockAcquireTimeoutError,
+  LockBackendError,
+  LockService,
+  RedisLockConfigurationError,
+  RedisLockModule,
+  WithLock,
+  type LockEvent,
+} from '../../lib/index.js';
+import { FaultProxy } from '../support/fault-proxy.js';
+import { LogCapture, startLockModule, uniqueKey } from '../support/lock-module.js';
+import { startRedis, type RedisServer } from '../support/redis-server.js';
+
+let runs = 0;
+
+@Injectable()
+class Jobs {
+  @WithLock({ key: 'job:{0}', onBusy: 'skip' })
+  async report(_name: string): Promise<string> {
+    runs++;
+    return 'done';
+  }
+
+  @WithLock({ key: 'feed:{0}', onBusy: 'skip' })
+  feed(_name: string): Observable<number> {
+    return defer(() => {
+      runs++;
+      return of(1, 2, 3);
+    });
+  }
+
+  /** Its own lock is free; a lock it takes inside times out. */
+  @WithLock({ key: 'outer:{0}', onBusy: 'skip' })
+  async inner(name: string, locks: LockService): Promise<void> {
+    await locks.acquire(`inner:${name}`, { acquireTimeout: 20 });
+  }
+}
+
+@Controller('jobs')
+class JobsController {
+  @Get(':name')
+  @WithLock({ key: 'job:{0}', onBusy: 'skip' })
+  async run(@Param('name') name: string): Promise<{ ran: string }> {
+    runs++;
+    return { ran: name };
+  }
+}
+
+/** `@WithLock({ onBusy: 'skip' })`: a job that another instance runs is skipped, not failed. */
+describe("@WithLock onBusy: 'skip'", () => {
+  let server: RedisServer;
+  let app: INestApplication;
+  let locks: LockService;
+  let jobs: Jobs;
+  let base: string;
+  const logs = new LogCapture();
+
+  before(async () => {
+    server = await startRedis();
+    const module = await Test.createTestingModule({
+      // A long default wait: a skipping call must not use it.
+      imports: [
+        RedisLockModule.forRoot({
+          connection: server.url,
+          defaults: { acquireTimeout: 60_000 },
+        }),
+      ],
+      controllers: [JobsController],
+      providers: [Jobs],
+    }).compile();
+    app = module.createNestApplication({ logger: logs });
+    await app.listen(0, '127.0.0.1');
+    base = `${await app.getUrl()}/jobs`.replace('[::1]', '127.0.0.1');
+    locks = app.get(LockService);
+    jobs = app.get(Jobs);
+  });
+
+  after(async () => {
+    await app?.close();
+    await server?.stop();
+  });
+
+  /** Runs `fn` while another holder has `key`, failing if it waits for that holder. */
+  async function whileHeld<T>(key: string, fn: () => Promise<T>): Promise<T> {
+    const held = await locks.acquire(key, { ttl: 30_000 });
+    try {
+      const waited = new Promise<never>((_, reject) => {
+        const timer = setTimeout(() => reject(new Error('the call waited for the holder')), 10_000);
+        timer.unref();
+      });
+      return await Promise.race([fn(), waited]);
+    } finally {
+      await held.release();
+    }
+  }
+
+  it('a busy key: the method is not run, the call resolves undefined at once, a timeout event is emitted, nothing logged above debug', async () => {
+    const name = uniqueKey('r');
+    const events: LockEvent[] = [];
+    const subscription = locks.events.subscribe((event) => events.push(event));
+    try {
+      runs = 0;
+      const before = logs.lines.length;
+      assert.equal(await whileHeld(`job:${name}`, () => jobs.report(name)), undefined);
+      assert.equal(runs, 0);
+      assert.ok(events.some((event) => event.type === 'timeout' && event.key === `job:${name}`));
+      const loud = logs.lines.slice(before).filter((line) => line.level !== 'debug');
+      assert.deepEqual(loud, []);
+      // Free: it runs.
+      assert.equal(await jobs.report(name), 'done');
+      assert.equal(runs, 1);
+    } finally {
+      subscription.unsubscribe();
+    }
+  });
+
+  it('an Observable method completes empty', async () => {
+    const name = uniqueKey('f');
+    runs = 0;
+    const values = await whileHeld(`feed:${name}`, () =>
+      firstValueFrom(jobs.feed(name).pipe(toArray())),
+    );
+    assert.deepEqual(values, []);
+    assert.equal(runs, 0);
+    assert.deepEqual(await firstValueFrom(jobs.feed(name).pipe(toArray())), [1, 2, 3]);
+  });
+
+  it("on a route: Nest's empty 200, the handler not run", async () => {
+    const name = uniqueKey('h');
+    runs = 0;
+    const response = await whileHeld(`job:${name}`, () => fetch(`${base}/${name}`));
+    assert.equal(response.status, 200);
+    assert.equal(await response.text(), '');
+    assert.equal(runs, 0);
+  });
+
+  it('a lock timeout from inside the method is not a skip: it passes on', async () => {
+    const name = uniqueKey('i');
+    await assert.rejects(
+      whileHeld(`inner:${name}`, () => jobs.inner(name, locks)),
+      (error) => error instanceof LockAcquireTimeoutError && error.key === `inner:${name}`,
+    );
+  });
+
+  it('a Redis that does not answer is not busy: LockBackendError, never a silent skip', async () => {
+    const proxy = await FaultProxy.start(() => server.port);
+    const slow = await startLockModule(
+      { connection: `redis://127.0.0.1:${proxy.port}`, commandTimeout: 300 },
+      [Jobs],
+    );
+    try {
+      await slow.locks.isLocked(uniqueKey()); // a connection, before the partition
+      proxy.stall();
+      runs = 0;
+      await assert.rejects(
+        slow.module.get(Jobs).report(uniqueKey()),
+        (error) => error instanceof LockBackendError,
+      );
+      assert.equal(runs, 0);
+    } finally {
+      proxy.heal();
+      await slow.close();
+      await proxy.close();
+    }
+  });
+
+  it("bad values, and 'skip' with a timeout answer, are refused when the decorator is applied", () => {
+    const apply = (options: object): void => {
+      class Target {
+        async method(): Promise<void> {}
+      }
+      const descriptor = Object.getOwnPropertyDescriptor(Target.prototype, 'method')!;
+      WithLock({ key: 'k', ...options })(Target.prototype, 'method', descriptor);
+    };
+    for (const options of [
+      { onBusy: 'maybe' },
+      { onBusy: 'skip', timeoutStatus: 423 },
+      { onBusy: 'skip', timeoutException: () => new Error('x') },
+    ]) {
+      assert.throws(
+        () => apply(options),
+        (error) => error instanceof RedisLockConfigurationError && /onBusy/.test(error.message),
+        JSON.stringify(options),
+      );
+    }
+    apply({ onBusy: 'fail', timeoutStatus: 423 });
+  });
+});
