@@ -54,6 +54,10 @@ export class LockHandle implements Lock, HeldLease, Linked<LockHandle> {
   private expiryTimer: NodeJS.Timeout | undefined;
   private extendTimer: NodeJS.Timeout | undefined;
   private lastExtendError: unknown;
+  /** @internal See `AcquireOptions.holdAtLeast`: what the caller asked for (0: nothing). */
+  holdAtLeast = 0;
+  /** Until when (`performance.now()`) a release only shortens the key's TTL (see `releaseInRedis`). */
+  private holdUntil = 0;
   /** The view of this hold that a call nested in its flow has open, if any (see `enter()`). */
   private inner: LockReentry | undefined;
   /** Calls waiting for their turn to re-enter (see `turnChanged()`). */
@@ -219,9 +223,32 @@ export class LockHandle implements Lock, HeldLease, Linked<LockHandle> {
     return this.releaseInRedis();
   }
 
+  /**
+   * @internal Keeps the key taken until `ms` from now (the grant's reply) even if released
+   * sooner (see `AcquireOptions.holdAtLeast`).
+   */
+  holdFor(ms: number): void {
+    this.holdAtLeast = ms;
+    this.holdUntil = performance.now() + ms;
+  }
+
+  /**
+   * The release in Redis; before `holdAtLeast` is over, the key's TTL shortened to what remains
+   * instead (owner-checked, as an extension is: nothing is deleted, nothing announced, and nothing
+   * passed on to a waiter, which gets the key when it expires).
+   */
   private releaseInRedis(): Promise<boolean> {
     const { backend, reply } = this.owner;
-    return reply(this.key, 'release', backend.release(this.key, this.token, this.shape, this));
+    const left = Math.ceil(this.holdUntil - performance.now());
+    if (left <= 0) {
+      return reply(this.key, 'release', backend.release(this.key, this.token, this.shape, this));
+    }
+    const shorten = async (): Promise<boolean> => {
+      // After this lease's own token write, if still in flight (see the class comment).
+      if (this.swap) await this.swap.catch(() => undefined);
+      return backend.extend(this.key, this.token, left, this.shape);
+    };
+    return reply(this.key, 'release', shorten());
   }
 
   /** One extension, shared by `extend()` and the watchdog. Resolves false when the lock is gone. */

@@ -12,6 +12,7 @@ export interface ReentrantHold extends Lock {
   readonly released: boolean;
   readonly leaseTtl: number;
   readonly extendsItself: boolean;
+  readonly holdAtLeast: number;
   belongsTo(hooks: object): boolean;
   stillHeld(): boolean;
   turnChanged(): Promise<void>;
@@ -95,6 +96,11 @@ export class LockReentry implements Lock {
     return this.hold.extendsItself;
   }
 
+  /** @internal See `LockHandle.holdAtLeast`. */
+  get holdAtLeast(): number {
+    return this.hold.holdAtLeast;
+  }
+
   /**
    * Re-enters the outer lock again, from a call nested in this view's flow; `undefined` while
    * another call nested in it is inside (see the class comment).
@@ -164,10 +170,16 @@ export function assertReentry(
   if (options?.autoExtend !== undefined && options.autoExtend !== held.extendsItself) {
     reject('autoExtend', options.autoExtend, `autoExtend ${held.extendsItself}`);
   }
+  if (options?.holdAtLeast !== undefined && options.holdAtLeast !== held.holdAtLeast) {
+    reject('holdAtLeast', options.holdAtLeast, `holdAtLeast ${held.holdAtLeast}`);
+  }
   if (options?.token !== undefined && options.token !== held.token) {
     reject('token', options.token, 'another token');
   }
 }
 
 /** What `assertReentry` reads of a hold or a view. */
-type KeyHoldLike = Pick<LockReentry, 'shape' | 'leaseTtl' | 'extendsItself' | 'token'>;
+type KeyHoldLike = Pick<
+  LockReentry,
+  'shape' | 'leaseTtl' | 'extendsItself' | 'holdAtLeast' | 'token'
+>;

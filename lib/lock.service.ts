@@ -678,6 +678,7 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
       attempt.fenceLimit,
       swap,
     );
+    if (opts.holdAtLeast > 0) handle.holdFor(opts.holdAtLeast);
     this.held.push(handle);
     return handle;
   }

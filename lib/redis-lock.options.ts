@@ -94,6 +94,8 @@ export interface ResolvedAcquireOptions {
   token: string | undefined;
   /** What is taken: `PLAIN` unless `limit` or `mode` say otherwise. */
   shape: LockShape;
+  /** See `AcquireOptions.holdAtLeast` (0: none). */
+  holdAtLeast: number;
 }
 
 /** The plain, exclusive lock (a writer). */
@@ -121,6 +123,7 @@ const MODULE_KEYS = [
 const WITH_LOCK_KEYS = [
   'key',
   'onBusy',
+  'holdAtLeast',
   'ttl',
   'acquireTimeout',
   'autoExtend',
@@ -132,6 +135,7 @@ const WITH_LOCK_KEYS = [
 const DEFAULTS_KEYS = Object.keys(DEFAULT_LOCK_DEFAULTS);
 const ACQUIRE_KEYS = [
   'ttl',
+  'holdAtLeast',
   'acquireTimeout',
   'autoExtend',
   'signal',
@@ -458,6 +462,11 @@ export function validateWithLockOptions(options: WithLockOptions, method: string
     fail(`${path}${error.argument}`, error.value, error.problem);
   }
   checkTimeoutResponse(options, path, fail);
+  if (options.holdAtLeast !== undefined) {
+    const shape = lockShape(options.limit, options.mode, options.fair);
+    const problem = holdAtLeastProblem(options.holdAtLeast, options.ttl, shape);
+    if (problem) fail(`${path}${problem[0]}`, options.holdAtLeast, problem[1]);
+  }
   const { onBusy } = options;
   if (onBusy !== undefined && onBusy !== 'fail' && onBusy !== 'skip') {
     fail(`${path}onBusy`, onBusy, "must be 'fail' or 'skip'");
@@ -540,7 +549,42 @@ export function resolveAcquireOptions(
     opts.limit === undefined && opts.mode === undefined && opts.fair === undefined
       ? PLAIN
       : lockShape(opts.limit, opts.mode, opts.fair);
-  return { ttl, acquireTimeout, autoExtend, signal: opts.signal, token: opts.token, shape };
+  const holdAtLeast = opts.holdAtLeast ?? 0;
+  const holdProblem = holdAtLeastProblem(holdAtLeast, ttl, shape);
+  if (holdProblem) fail(holdProblem[0], holdAtLeast, holdProblem[1]);
+  return {
+    ttl,
+    acquireTimeout,
+    autoExtend,
+    signal: opts.signal,
+    token: opts.token,
+    shape,
+    holdAtLeast,
+  };
+}
+
+/**
+ * What is wrong with `holdAtLeast` for a lock of `ttl` and `shape` (the option at fault, naming
+ * both where a combination is), or `undefined`.
+ */
+function holdAtLeastProblem(
+  value: unknown,
+  ttl: number | undefined,
+  shape: LockShape,
+): [string, string] | undefined {
+  const problem = durationProblem(value, true);
+  if (problem) return ['holdAtLeast', problem];
+  if (ttl !== undefined && (value as number) > ttl) {
+    return ['holdAtLeast', `must not exceed the ttl (${ttl} ms): the key cannot outlive its TTL`];
+  }
+  if ((value as number) > 0 && (shape.limit !== 1 || shape.mode !== 'write' || shape.fair)) {
+    const other = shape.mode === 'read' ? 'mode' : shape.fair ? 'fair' : 'limit';
+    return [
+      `holdAtLeast + ${other}`,
+      'holdAtLeast keeps an exclusive key taken after its release: plain locks only (not with limit, mode or fair)',
+    ];
+  }
+  return undefined;
 }
 
 /**

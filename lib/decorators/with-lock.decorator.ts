@@ -112,6 +112,7 @@ export function WithLock(
       limit: options.limit,
       mode: options.mode,
       fair: options.fair,
+      holdAtLeast: options.holdAtLeast,
     };
     const call = original as (...args: unknown[]) => unknown;
     const declared = declaredReturnType(target, propertyKey, method);

@@ -106,4 +106,13 @@ export interface AcquireOptions {
    * its own caller. Keep it secret and unique per holder.
    */
   token?: string;
+  /**
+   * Keep the key taken at least this long (ms, at most `ttl`) after the lock was granted, even if
+   * it is released sooner: an earlier release shortens the key's TTL to what remains instead of
+   * deleting it (owner-checked, in Redis; no timer is left in the process), and nobody, in this
+   * process or another, gets the key before then. For jobs that must run once per fire across
+   * instances whose timers fire a little apart. Plain (exclusive, not `fair`) locks only.
+   * @default 0
+   */
+  holdAtLeast?: number;
 }

@@ -30,7 +30,10 @@ export type LockKeySource = string | ((...args: never[]) => string);
 /** Options of `@WithLock`. Unset durations take the module's `defaults`. */
 export interface WithLockOptions
   extends
-    Pick<AcquireOptions, 'ttl' | 'acquireTimeout' | 'autoExtend' | 'limit' | 'mode' | 'fair'>,
+    Pick<
+      AcquireOptions,
+      'ttl' | 'acquireTimeout' | 'autoExtend' | 'limit' | 'mode' | 'fair' | 'holdAtLeast'
+    >,
     LockTimeoutResponse {
   /**
    * The lock key, built from the method's own arguments (after pipes, on controllers):

@@ -29,6 +29,7 @@ describe('per-call options (pure validation)', () => {
       signal: undefined,
       token: undefined,
       shape: { limit: 1, mode: 'write', fair: false },
+      holdAtLeast: 0,
     });
     assert.equal(resolveAcquireOptions('k', {}, defaults, 'using').autoExtend, true);
     assert.equal(resolveAcquireOptions('k', {}, defaults, 'tryAcquire').acquireTimeout, 0);
