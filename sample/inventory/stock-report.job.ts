@@ -5,14 +5,16 @@ import {
   type OnApplicationBootstrap,
   type OnModuleDestroy,
 } from '@nestjs/common';
-import { LockAcquireTimeoutError, LockService } from '../../lib/index.js';
+import { getCurrentLock, WithLock } from '../../lib/index.js';
 import { RedisConnection } from '../redis.provider.js';
 import { SampleConfig } from '../sample.config.js';
 import { InventoryService } from './inventory.service.js';
 
 /**
- * A periodic job that every instance of the app schedules, but only one should run at a time:
- * it takes the lock with LockService.using() and skips its turn when another instance has it.
+ * A periodic job that every instance of the app schedules, but only one should run per turn:
+ * `onBusy: 'skip'` skips the turn where another instance has the lock, and `holdAtLeast` keeps
+ * the key taken for a second after even a quick run, so an instance whose timer fires a moment
+ * later does not run the same turn again.
  */
 @Injectable()
 export class StockReportJob implements OnApplicationBootstrap, OnModuleDestroy {
@@ -20,7 +22,6 @@ export class StockReportJob implements OnApplicationBootstrap, OnModuleDestroy {
   private timer: NodeJS.Timeout | undefined;
 
   constructor(
-    @Inject(LockService) private readonly locks: LockService,
     @Inject(InventoryService) private readonly inventory: InventoryService,
     @Inject(RedisConnection) private readonly redis: RedisConnection,
     @Inject(SampleConfig) private readonly config: SampleConfig,
@@ -28,7 +29,11 @@ export class StockReportJob implements OnApplicationBootstrap, OnModuleDestroy {
 
   onApplicationBootstrap(): void {
     if (this.config.reportInterval > 0) {
-      this.timer = setInterval(() => void this.run(), this.config.reportInterval);
+      this.timer = setInterval(() => {
+        this.run().catch((error: unknown) =>
+          this.logger.warn(`Stock report failed: ${String(error)}`),
+        );
+      }, this.config.reportInterval);
     }
   }
 
@@ -36,27 +41,17 @@ export class StockReportJob implements OnApplicationBootstrap, OnModuleDestroy {
     clearInterval(this.timer);
   }
 
-  /** Writes a stock report unless another instance is writing one; returns whether it ran. */
-  async run(): Promise<boolean> {
-    try {
-      await this.locks.using(
-        'job:stock-report',
-        async (lock) => {
-          const report: Record<string, number> = {};
-          for (const sku of await this.inventory.skus()) {
-            lock.signal.throwIfAborted(); // lost the lock: another instance may be writing now
-            report[sku] = await this.inventory.stock(sku);
-          }
-          const entry = { at: new Date().toISOString(), fence: lock.fence, report };
-          await this.redis.client.set('sample:report:stock', JSON.stringify(entry));
-        },
-        { acquireTimeout: 0 }, // one attempt: if another instance has it, skip this turn
-      );
-      return true;
-    } catch (error) {
-      if (error instanceof LockAcquireTimeoutError) return false;
-      this.logger.warn(`Stock report failed: ${String(error)}`);
-      return false;
+  /** Writes a stock report: `true`, or `undefined` when another instance has this turn. */
+  @WithLock({ key: 'job:stock-report', onBusy: 'skip', holdAtLeast: 1_000 })
+  async run(): Promise<true | undefined> {
+    const lock = getCurrentLock()!;
+    const report: Record<string, number> = {};
+    for (const sku of await this.inventory.skus()) {
+      lock.signal.throwIfAborted(); // lost the lock: another instance may be writing now
+      report[sku] = await this.inventory.stock(sku);
     }
+    const entry = { at: new Date().toISOString(), fence: lock.fence, report };
+    await this.redis.client.set('sample:report:stock', JSON.stringify(entry));
+    return true;
   }
 }

@@ -336,7 +336,7 @@ export function sampleAppSuite(adapterName: keyof typeof ADAPTERS): void {
       );
     });
 
-    it('the stock report job runs on one instance at a time (LockService.using)', async () => {
+    it("the stock report job runs once per turn across instances (@WithLock onBusy: 'skip', holdAtLeast)", async () => {
       const job = app.get(StockReportJob);
       const ran = await Promise.all([job.run(), job.run(), job.run()]);
       assert.deepEqual(
