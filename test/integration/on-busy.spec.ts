@@ -1,19 +1,17 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { Controller, Get, Injectable, Param, type INestApplication } from '@nestjs/common';
-import { Test } from '@nestjs/testing';
 import { defer, Observable, of, toArray, firstValueFrom } from 'rxjs';
 import {
   LockAcquireTimeoutError,
   LockBackendError,
   LockService,
   RedisLockConfigurationError,
-  RedisLockModule,
   WithLock,
   type LockEvent,
 } from '../../lib/index.js';
 import { FaultProxy } from '../support/fault-proxy.js';
-import { LogCapture, startLockModule, uniqueKey } from '../support/lock-module.js';
+import { LogCapture, startHttpApp, startLockModule, uniqueKey } from '../support/lock-module.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
 
 let runs = 0;
@@ -62,21 +60,15 @@ describe("@WithLock onBusy: 'skip'", () => {
 
   before(async () => {
     server = await startRedis();
-    const module = await Test.createTestingModule({
-      // A long default wait: a skipping call must not use it.
-      imports: [
-        RedisLockModule.forRoot({
-          connection: server.url,
-          defaults: { acquireTimeout: 60_000 },
-        }),
-      ],
-      controllers: [JobsController],
-      providers: [Jobs],
-    }).compile();
-    app = module.createNestApplication({ logger: logs });
-    await app.listen(0, '127.0.0.1');
-    base = `${await app.getUrl()}/jobs`.replace('[::1]', '127.0.0.1');
-    locks = app.get(LockService);
+    // A long default wait: a skipping call must not use it.
+    const options = { connection: server.url, defaults: { acquireTimeout: 60_000 } };
+    let url: string;
+    ({ app, locks, url } = await startHttpApp(
+      options,
+      { controllers: [JobsController], providers: [Jobs] },
+      logs,
+    ));
+    base = `${url}/jobs`;
     jobs = app.get(Jobs);
   });
 

@@ -1,11 +1,10 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { Controller, Param, Sse, type INestApplication, type MessageEvent } from '@nestjs/common';
-import { Test } from '@nestjs/testing';
 import { Redis } from 'ioredis';
 import { interval, map, Observable, take } from 'rxjs';
-import { LockService, RedisLockModule, WithLock } from '../../lib/index.js';
-import { eventually, LogCapture, uniqueKey } from '../support/lock-module.js';
+import { WithLock, type LockService } from '../../lib/index.js';
+import { eventually, LogCapture, startHttpApp, uniqueKey } from '../support/lock-module.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
 
 let redis: Redis;
@@ -86,14 +85,13 @@ describe('@WithLock on SSE streams', () => {
   before(async () => {
     server = await startRedis();
     redis = new Redis(server.port, '127.0.0.1');
-    const module = await Test.createTestingModule({
-      imports: [RedisLockModule.forRoot({ connection: server.url })],
-      controllers: [StreamsController],
-    }).compile();
-    app = module.createNestApplication({ logger: logs });
-    await app.listen(0, '127.0.0.1');
-    base = `${await app.getUrl()}/streams`.replace('[::1]', '127.0.0.1');
-    locks = app.get(LockService);
+    let url: string;
+    ({ app, locks, url } = await startHttpApp(
+      { connection: server.url },
+      { controllers: [StreamsController] },
+      logs,
+    ));
+    base = `${url}/streams`;
   });
 
   after(async () => {

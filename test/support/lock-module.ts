@@ -1,5 +1,11 @@
 import assert from 'node:assert/strict';
-import { Logger, type LoggerService, type Provider } from '@nestjs/common';
+import {
+  Logger,
+  type INestApplication,
+  type LoggerService,
+  type Provider,
+  type Type,
+} from '@nestjs/common';
 import { Test, type TestingModule } from '@nestjs/testing';
 import { Redis } from 'ioredis';
 import { randomUUID } from 'node:crypto';
@@ -98,6 +104,34 @@ export async function eventually(
     await sleep(10);
   }
   return condition();
+}
+
+/** An HTTP app on a free loopback port (see `startHttpApp`). */
+export interface HttpAppFixture {
+  readonly app: INestApplication;
+  readonly locks: LockService;
+  /** `http://127.0.0.1:<port>` */
+  readonly url: string;
+}
+
+/**
+ * Boots an HTTP app (Express) with RedisLockModule.forRoot(options), `controllers` and
+ * `providers`, logging to `logger`, listening on a free 127.0.0.1 port. Close it with `app.close()`.
+ */
+export async function startHttpApp(
+  options: RedisLockModuleOptions,
+  { controllers = [], providers = [] }: { controllers?: Type[]; providers?: Provider[] },
+  logger: LoggerService,
+): Promise<HttpAppFixture> {
+  const module = await Test.createTestingModule({
+    imports: [RedisLockModule.forRoot(options)],
+    controllers,
+    providers,
+  }).compile();
+  const app = module.createNestApplication({ logger });
+  await app.listen(0, '127.0.0.1');
+  const url = (await app.getUrl()).replace('[::1]', '127.0.0.1');
+  return { app, locks: app.get(LockService), url };
 }
 
 /** Collects what the library logs through Nest's Logger while a test runs. */
