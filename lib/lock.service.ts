@@ -428,19 +428,7 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
         // place for a higher limit, a read lock behind a writer's wait).
         if (shape !== PLAIN && attempt !== QUEUED) subscription?.passOnWake();
         const remaining = deadline - performance.now();
-        if (remaining <= 0) {
-          if (this.lockEvents.observed) {
-            const waitedMs = performance.now() - started;
-            this.lockEvents.emit({ type: 'timeout', key, waitedMs });
-          }
-          if (mode === 'tryAcquire') return null;
-          throw new LockAcquireTimeoutError(
-            key,
-            performance.now() - started,
-            opts.acquireTimeout,
-            attempt.retryAfter,
-          );
-        }
+        if (remaining <= 0) return this.timedOut(key, started, opts, mode, attempt.retryAfter);
         signals ??= [opts.signal, this.stopping.signal];
         if (!subscription) {
           // Subscribe, then try again at once: a release between the failed attempt and the
@@ -497,11 +485,8 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
       if (view) return view;
       const remaining = deadline - performance.now();
       if (remaining <= 0) {
-        const waitedMs = performance.now() - started;
-        if (this.lockEvents.observed) this.lockEvents.emit({ type: 'timeout', key, waitedMs });
-        if (mode === 'tryAcquire') return null;
         const left = Math.max(0, held.expiresAt - performance.now());
-        throw new LockAcquireTimeoutError(key, waitedMs, opts.acquireTimeout, left);
+        return this.timedOut(key, started, opts, mode, left);
       }
       await within(held.turnChanged(), Math.ceil(remaining), signals).catch((error: unknown) => {
         if (error !== DEADLINE) throw this.waitEnded(key, opts.signal, error);
@@ -703,6 +688,23 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
     } catch (error) {
       this.logger.error(`${name()}: could not release; it expires after its TTL: ${String(error)}`);
     }
+  }
+
+  /**
+   * A wait that ran out of time: the `timeout` event, then `null` for `tryAcquire()`, else a
+   * `LockAcquireTimeoutError` (`retryAfter`: how long the holder's lease still runs, if known).
+   */
+  private timedOut(
+    key: string,
+    started: number,
+    opts: ResolvedAcquireOptions,
+    mode: AcquireMode,
+    retryAfter: number | undefined,
+  ): null {
+    const waitedMs = performance.now() - started;
+    if (this.lockEvents.observed) this.lockEvents.emit({ type: 'timeout', key, waitedMs });
+    if (mode === 'tryAcquire') return null;
+    throw new LockAcquireTimeoutError(key, waitedMs, opts.acquireTimeout, retryAfter);
   }
 
   /** What a wait ended by the caller's signal or by shutdown rejects with (else `error`). */
