@@ -503,6 +503,8 @@ class NestedCommand implements fc.AsyncCommand<Model, Real> {
   constructor(
     readonly pick: number,
     readonly how: 'acquire' | 'using',
+    /** How deep `using()` calls nest in each other (each re-enters the section's hold). */
+    readonly depth = 1,
   ) {}
   check = (model: Readonly<Model>): boolean => model.sections.some((section) => section.open);
   async run(model: Model, real: Real): Promise<void> {
@@ -514,6 +516,11 @@ class NestedCommand implements fc.AsyncCommand<Model, Real> {
       section
         .run(async () => {
           const wasLive = live(outer, performance.now());
+          // A view of the section's hold left open (a forgotten nested acquire(), a forked call
+          // still inside) makes a nested call wait its turn; with none, straight nesting never waits.
+          const taken =
+            model.held.some((held) => held.outer === outer && !internals(held.lock).released) ||
+            [...model.inside].some((lock) => lock.token === outer.lock.token);
           if (this.how === 'acquire') {
             const lock = await service.acquire(key, options);
             const view = lock.token === outer.lock.token;
@@ -524,17 +531,25 @@ class NestedCommand implements fc.AsyncCommand<Model, Real> {
             }
             granted(model, outer.app, lock, 10_000, view, 'plain', view ? outer : undefined);
           } else {
-            await service.using(
-              key,
-              async (inner) => {
-                if (wasLive && inner.token !== outer.lock.token) {
-                  model.violations.push(
-                    `a nested using() of ${key} got a lock of its own, not a re-entry`,
-                  );
-                }
-              },
-              options,
-            );
+            const nest = (level: number): Promise<void> =>
+              service.using(
+                key,
+                async (inner) => {
+                  if (wasLive && inner.token !== outer.lock.token) {
+                    model.violations.push(
+                      `a nested using() of ${key} (depth ${level}) got a lock of its own, not a re-entry`,
+                    );
+                  }
+                  if (level < this.depth) await nest(level + 1);
+                },
+                options,
+              );
+            await nest(1).catch((error: unknown) => {
+              if (error instanceof LockAcquireTimeoutError && wasLive && !taken) {
+                model.violations.push(`straight nesting of ${key} waited: ${String(error)}`);
+              }
+              throw error;
+            });
           }
         })
         .catch((error: unknown) => {
@@ -543,7 +558,8 @@ class NestedCommand implements fc.AsyncCommand<Model, Real> {
     );
     await checkState(model, real);
   }
-  toString = (): string => `  nested ${this.how}(section #${this.pick})`;
+  toString = (): string =>
+    `  nested ${this.how}${this.how === 'using' && this.depth > 1 ? ` x${this.depth}` : ''}(section #${this.pick})`;
 }
 
 /**
@@ -653,8 +669,12 @@ const commandKinds = [
     .tuple(fc.integer({ min: 0, max: 1 }), fc.integer({ min: 0, max: 1 }), fc.constantFrom(...TTLS))
     .map(([app, key, ttl]) => new OpenCommand(app, key, ttl)),
   fc
-    .tuple(fc.nat(), fc.constantFrom('acquire' as const, 'using' as const))
-    .map(([pick, how]) => new NestedCommand(pick, how)),
+    .tuple(
+      fc.nat(),
+      fc.constantFrom('acquire' as const, 'using' as const),
+      fc.integer({ min: 1, max: 3 }),
+    )
+    .map(([pick, how, depth]) => new NestedCommand(pick, how, depth)),
   fc.nat().map((pick) => new CloseCommand(pick)),
   fc
     .tuple(
