@@ -47,6 +47,8 @@ const DEFAULT_TTL = 10_000;
 /** Internals the invariants read (not part of the API). */
 interface Internals {
   readonly released: boolean;
+  /** Of a hold: the view a call nested in its flow has open, if any. */
+  readonly inner?: Internals;
   readonly swap?: unknown;
   handleOf?(key: string): Internals | undefined;
 }
@@ -517,10 +519,10 @@ class NestedCommand implements fc.AsyncCommand<Model, Real> {
         .run(async () => {
           const wasLive = live(outer, performance.now());
           // A view of the section's hold left open (a forgotten nested acquire(), a forked call
-          // still inside) makes a nested call wait its turn; with none, straight nesting never waits.
-          const taken =
-            model.held.some((held) => held.outer === outer && !internals(held.lock).released) ||
-            [...model.inside].some((lock) => lock.token === outer.lock.token);
+          // still inside) makes a nested call wait its turn; with none, straight nesting never
+          // waits. Read from the hold itself, in the same synchronous step as the call's re-entry.
+          const open = internals(outer.lock).inner;
+          const taken = open !== undefined && !open.released;
           if (this.how === 'acquire') {
             const lock = await service.acquire(key, options);
             const view = lock.token === outer.lock.token;
