@@ -123,7 +123,7 @@ describe('@WithLock on SSE streams', () => {
     const { text } = await readEvents(`${base}/teardown/${id}`, (sofar) => sofar.includes('first'));
     assert.match(text, /data: first/);
     assert.ok(
-      await eventually(async () => (await redis.exists(key)) === 0, 3_000),
+      await eventually(async () => (await redis.exists(key)) === 0, 10_000),
       'the key stayed held after the client left',
     );
   });
