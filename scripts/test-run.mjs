@@ -7,10 +7,12 @@
 //    failure: no re-run.
 // 2. isolated: the suites that start more than one server or more than one process (a Cluster,
 //    Sentinels, Redlock's masters, worker processes, the chaos short profile, the bench smoke
-//    run), one file at a time after the shared tier, so that none of them loads the machine
-//    under another suite. A file of this tier that fails is run once more, alone on the idle
-//    machine: if it passes then, the run passes and ends with a `FLAKY: <file> — <failure>` line;
-//    if it fails again, the run fails.
+//    run), after the shared tier, in two lanes: the busy files (ISOLATED) one at a time, and
+//    beside them, one at a time, the files that mostly wait on Redis and timers (BESIDE: under
+//    half a core each, measured with `/usr/bin/time`), so that no two busy suites ever load the
+//    machine together. A file of this tier that fails is run once more when both lanes are done,
+//    alone on the idle machine: if it passes then, the run passes and ends with a
+//    `FLAKY: <file> — <failure>` line; if it fails again, the run fails.
 //
 // A file that runs longer than `--file-timeout` seconds is stopped (its whole process group:
 // the redis-servers and workers it started go with it) and counts as failed.
@@ -33,21 +35,29 @@ const testDir = join(root, 'build', 'test');
  * more than one process (workers, the sample app, npm): the isolated tier. Paths under build/test.
  */
 const ISOLATED = [
-  'bench/bench.spec.js',
-  'chaos/chaos.spec.js',
   'chaos/chaos-failover.spec.js',
-  'demo/demo.spec.js',
-  'e2e/sample-command.e2e.spec.js',
-  'faults/bounded-operations.spec.js',
-  'faults/hostile-input.spec.js',
-  'integration/cluster.spec.js',
-  'integration/cluster-failover.spec.js',
-  'integration/health.spec.js',
+  'chaos/chaos.spec.js',
+  'bench/bench.spec.js',
   'integration/processes.spec.js',
+  'integration/cluster.spec.js',
   'integration/redlock.spec.js',
-  'integration/replica-ack.spec.js',
-  'integration/sentinel.spec.js',
+  'e2e/sample-command.e2e.spec.js',
   'package/pack.spec.js',
+  'demo/demo.spec.js',
+];
+
+/**
+ * Isolated suites that mostly wait (failovers, timeouts, paused servers): each uses under half a
+ * core on its own. They run one at a time beside the busy lane of ISOLATED.
+ */
+const BESIDE = [
+  'faults/bounded-operations.spec.js',
+  'integration/sentinel.spec.js',
+  'integration/cluster-failover.spec.js',
+  'faults/hostile-input.spec.js',
+  'integration/health.spec.js',
+  'integration/replica-ack.spec.js',
+  'integration/jobs.spec.js',
 ];
 
 /**
@@ -90,7 +100,7 @@ const all = findSpecs(testDir)
   .map((path) => relative(testDir, path))
   .filter((file) => !values.compat || COMPAT.includes(file))
   .filter((file) => !values.only || values.only.some((part) => file.includes(part)));
-for (const file of [...ISOLATED, ...COMPAT]) {
+for (const file of [...ISOLATED, ...BESIDE, ...COMPAT]) {
   if (!findSpecs(testDir).some((path) => relative(testDir, path) === file)) {
     throw new Error(`scripts/test-run.mjs names ${file}, which is not in build/test`);
   }
@@ -99,8 +109,12 @@ for (const file of [...ISOLATED, ...COMPAT]) {
 // files (whose suite is in a file of its own), then the biggest files.
 const weight = (file) =>
   statSync(join(testDir, file)).size + (file.endsWith('.e2e.spec.js') ? 1e9 : 0);
-const shared = all.filter((file) => !ISOLATED.includes(file)).sort((a, b) => weight(b) - weight(a));
-const isolated = all.filter((file) => ISOLATED.includes(file));
+const shared = all
+  .filter((file) => !ISOLATED.includes(file) && !BESIDE.includes(file))
+  .sort((a, b) => weight(b) - weight(a));
+// In the lists' order: the longest first in each lane.
+const busy = ISOLATED.filter((file) => all.includes(file));
+const beside = BESIDE.filter((file) => all.includes(file));
 
 const seconds = (ms) => (ms / 1_000).toFixed(1);
 const scratch = mkdtempSync(join(tmpdir(), 'test-run-'));
@@ -119,13 +133,16 @@ const started = performance.now();
 await pool(shared, concurrency, async (file) => {
   results.push({ file, tier: 'shared', attempts: [await runFile(file)] });
 });
-for (const file of isolated) {
-  const attempts = [await runFile(file)];
-  if (!attempts[0].ok && !values['no-retry']) {
-    console.log(`\n↻ ${file} failed; running it once more, alone\n`);
-    attempts.push(await runFile(file));
-  }
-  results.push({ file, tier: 'isolated', attempts });
+await Promise.all(
+  [busy, beside].map(async (lane) => {
+    for (const file of lane)
+      results.push({ file, tier: 'isolated', attempts: [await runFile(file)] });
+  }),
+);
+for (const { file, tier, attempts } of results) {
+  if (tier === 'shared' || attempts[0].ok || values['no-retry']) continue;
+  console.log(`\n↻ ${file} failed; running it once more, alone\n`);
+  attempts.push(await runFile(file));
 }
 rmSync(scratch, { recursive: true, force: true });
 
