@@ -24,6 +24,14 @@ export function runHoldingLock<T>(owner: object, lock: ChainLock, fn: () => T): 
 }
 
 /**
+ * Runs `fn` in a call chain that holds no lock, whatever the caller's holds: for work that outlives
+ * the call that started it (a leadership's campaign), which must never re-enter the caller's lock.
+ */
+export function outsideLocks<T>(fn: () => T): T {
+  return storage.exit(fn);
+}
+
+/**
  * The lock on `key` that `owner` holds in this call chain and has not released, if any (of a lock
  * on several keys, that key's own).
  */

@@ -4,6 +4,7 @@ import {
   Logger,
   type OnApplicationBootstrap,
   type OnApplicationShutdown,
+  type OnModuleDestroy,
 } from '@nestjs/common';
 import type { Observable } from 'rxjs';
 import { setMaxListeners } from 'node:events';
@@ -30,6 +31,13 @@ import type { LockEvent } from './interfaces/lock-event.interface.js';
 import { findChainLock, runHoldingLock, type ChainLock } from './lock.context.js';
 import { LockEvents } from './lock.events.js';
 import { LockHandle, type LockOwnerHooks } from './lock.handle.js';
+import {
+  assertLeadArguments,
+  Campaign,
+  type LeaderTerm,
+  type Leadership,
+  type LeadOptions,
+} from './lock.leadership.js';
 import { assertReentry, LockReentry } from './lock.reentry.js';
 import { MultiKeyLock, type KeyHold } from './multi-key-lock.handle.js';
 import { MODULE_OPTIONS_TOKEN } from './redis-lock.module-definition.js';
@@ -60,7 +68,7 @@ type Keys = string | readonly string[];
  * goes through the same acquire loop (`obtain`) and the same lease (`LockHandle`).
  */
 @Injectable()
-export class LockService implements OnApplicationBootstrap, OnApplicationShutdown {
+export class LockService implements OnApplicationBootstrap, OnModuleDestroy, OnApplicationShutdown {
   protected readonly logger = new Logger('RedisLock');
   private readonly backend: LockBackend;
   private readonly defaults: ResolvedDefaults;
@@ -75,6 +83,8 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
   /** Undos in flight (see `undoing()`). */
   private readonly undos = new Set<Promise<unknown>>();
   private readonly stopping = new AbortController();
+  /** Leaderships campaigning (see `lead()`). */
+  private readonly campaigns = new Set<Campaign>();
   private readonly hooks: LockOwnerHooks;
   private readonly stopWatchingReconnects: () => void;
   /** @internal How `@WithLock` handlers answer a lock timeout, as set on the module. */
@@ -166,6 +176,39 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
     }
   }
 
+  /**
+   * Campaigns for leadership of `key` until `stop()` or shutdown: whenever this instance holds the
+   * key, `work(term)` runs with the term's fence (greater than every earlier leader's) and a
+   * `signal` that aborts the moment leadership is lost or may be; when `work` settles or the
+   * lock is lost, the lock is released and the campaign goes on (after the module's
+   * `retryInterval`, so that others get their turn). A `work` that throws is logged. At most one
+   * instance leads at a time while the lock holds (the fence stops a leader that lost it without
+   * knowing). Waiting costs no polling: a campaign wakes on the lock's release messages.
+   * @throws LockArgumentError (synchronously) for a bad key, `work` or option
+   * @throws RedisLockShutdownError (synchronously) once the module is shutting down
+   * @example
+   * const leadership = locks.lead('leader:ingest', async ({ fence, signal }) => {
+   *   while (!signal.aborted) await ingestBatch({ fence, signal });
+   * });
+   * await leadership.stop();
+   */
+  lead(key: string, work: (term: LeaderTerm) => unknown, options?: LeadOptions): Leadership {
+    assertLeadArguments(work, options);
+    const { ttl } = resolveAcquireOptions(key, options, this.defaults, 'using');
+    this.throwIfStopped(key, undefined);
+    const campaign = new Campaign(
+      key,
+      work,
+      ttl,
+      this.defaults.retryInterval,
+      (name, term, acquire) => this.using(name, term, acquire),
+      this.logger,
+    );
+    this.campaigns.add(campaign);
+    void campaign.done.then(() => this.campaigns.delete(campaign));
+    return campaign;
+  }
+
   /** Releases `lock`. Resolves `false` if it was no longer ours (expired, taken over, already released). */
   async release(lock: Lock): Promise<boolean> {
     return this.ownHandle(lock).release();
@@ -206,6 +249,30 @@ export class LockService implements OnApplicationBootstrap, OnApplicationShutdow
    */
   checkHealth(): Promise<BackendHealth> {
     return this.backend.health();
+  }
+
+  /**
+   * Shutdown, first step: every leadership (`lead()`, `@WhileLeader`) is stopped, its term's
+   * `signal` aborted and its work waited for, up to the longest leader TTL; then released, so the
+   * next leader starts at once. A work that ignores its signal longer is logged, and its lock is
+   * released with the others at `onApplicationShutdown`.
+   */
+  async onModuleDestroy(): Promise<void> {
+    const campaigns = [...this.campaigns];
+    if (campaigns.length === 0) return;
+    const longest = Math.max(...campaigns.map((campaign) => campaign.ttl));
+    await within(
+      Promise.all(campaigns.map((campaign) => campaign.stop('shutdown'))),
+      longest,
+      [],
+    ).catch((error: unknown) => {
+      ignoreDeadline(error);
+      for (const campaign of campaigns.filter(({ ended }) => !ended)) {
+        this.logger.warn(
+          `Leader work for "${campaign.key}" did not return within ${campaign.ttl} ms of its term's signal aborting on shutdown: its lock is released now, and another instance may lead while it still runs (its stale fence is what stops its writes)`,
+        );
+      }
+    });
   }
 
   /**

@@ -1,6 +1,7 @@
-import { Module, type OnModuleInit } from '@nestjs/common';
+import { Module, type OnApplicationBootstrap, type OnModuleInit } from '@nestjs/common';
 import { ModulesContainer } from '@nestjs/core';
-import { lacksLockService, provideLockService } from './decorators/with-lock.decorator.js';
+import { lacksLockService, provideLockService } from './decorators/lock-service.injection.js';
+import { startLeaderMethods } from './decorators/while-leader.decorator.js';
 import { RedisLockConfigurationError } from './errors/redis-lock.errors.js';
 import { LockService } from './lock.service.js';
 import { ConfigurableModuleClass } from './redis-lock.module-definition.js';
@@ -23,7 +24,10 @@ import { ConfigurableModuleClass } from './redis-lock.module-definition.js';
   providers: [LockService],
   exports: [LockService],
 })
-export class RedisLockModule extends ConfigurableModuleClass implements OnModuleInit {
+export class RedisLockModule
+  extends ConfigurableModuleClass
+  implements OnModuleInit, OnApplicationBootstrap
+{
   constructor(
     private readonly modules: ModulesContainer,
     private readonly locks: LockService,
@@ -32,13 +36,13 @@ export class RedisLockModule extends ConfigurableModuleClass implements OnModule
   }
 
   /**
-   * A provider with `@WithLock` methods made by `useFactory` or given as `useValue` gets no
+   * A provider with `@WithLock` or `@WhileLeader` methods made by `useFactory` or given as `useValue` gets no
    * property injection from Nest: it is given this app's LockService here, before any module's
    * `onModuleInit` may call it. With several LockServices in the app, which one it should use is
    * unknown: the app fails to boot, naming the class.
    */
   async onModuleInit(): Promise<void> {
-    const wrappers = [...this.modules.values()].flatMap((module) => [...module.providers.values()]);
+    const wrappers = this.providers();
     const services = new Set(
       wrappers
         .map((wrapper): unknown => wrapper.instance)
@@ -51,12 +55,31 @@ export class RedisLockModule extends ConfigurableModuleClass implements OnModule
         // A failed init is not followed by a shutdown in every Nest version: close what is open.
         await Promise.all([...services].map((service) => service.onApplicationShutdown()));
         throw new RedisLockConfigurationError(
-          `@WithLock(${instance.constructor.name})`,
+          `@WithLock/@WhileLeader(${instance.constructor.name})`,
           wrapper.name,
           'this provider is made by useFactory or given as useValue, so Nest injects nothing into it, and the app has several LockServices to choose from: provide the class itself (`providers: [MyService]` or `useClass`)',
         );
       }
       provideLockService(instance, this.locks);
     }
+  }
+
+  /**
+   * Once every module is initialised (the lock service's own startup done), starts campaigning for
+   * the `@WhileLeader` methods of this LockService's providers, as `@nestjs/schedule` starts its
+   * jobs; `LockService.onModuleDestroy` stops them at shutdown.
+   */
+  onApplicationBootstrap(): void {
+    // One instance can stand behind several tokens (`useExisting`): it campaigns once.
+    const instances = new Set(
+      this.providers()
+        .filter((wrapper) => wrapper.isDependencyTreeStatic())
+        .map((wrapper): unknown => wrapper.instance),
+    );
+    for (const instance of instances) startLeaderMethods(instance, this.locks);
+  }
+
+  private providers() {
+    return [...this.modules.values()].flatMap((module) => [...module.providers.values()]);
   }
 }

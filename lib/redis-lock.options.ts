@@ -588,6 +588,21 @@ function holdAtLeastProblem(
 }
 
 /**
+ * What is wrong with the options of `lead()` or `@WhileLeader` (`[option, value, problem]`), or
+ * `undefined`.
+ */
+export function leadOptionsProblem(options: unknown): [string, unknown, string] | undefined {
+  if (options === undefined) return undefined;
+  if (!isOptionsObject(options)) return ['options', options, 'must be an object'];
+  for (const [name, value] of Object.entries(options)) {
+    if (name !== 'ttl') return [name, value, 'is not an option of a leadership (only ttl is)'];
+  }
+  const { ttl } = options as { ttl?: unknown };
+  const problem = ttl === undefined ? undefined : ttlProblem(ttl);
+  return problem ? ['ttl', ttl, problem] : undefined;
+}
+
+/**
  * Throws `LockArgumentError` unless `key` is a non-empty, well-formed Unicode string. A lone
  * surrogate has no UTF-8 form: Redis would receive U+FFFD for it, so two different keys would
  * share one lock.

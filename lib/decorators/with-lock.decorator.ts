@@ -13,9 +13,9 @@ import {
 } from '../errors/redis-lock.errors.js';
 import type { AcquireOptions } from '../interfaces/lock.interface.js';
 import type { LockKeySource, WithLockOptions } from '../interfaces/with-lock-options.interface.js';
-import { LockService } from '../lock.service.js';
 import { validateWithLockOptions } from '../redis-lock.options.js';
 import { answerLockTimeout } from './lock-timeout.answer.js';
+import { injectLockService, lockServiceOf } from './lock-service.injection.js';
 import { compileLockKey, type LockKeyResolver } from './lock-key.resolver.js';
 
 const logger = new Logger('RedisLock');
@@ -23,10 +23,6 @@ const logger = new Logger('RedisLock');
 /** Nest's `@Sse()` marker (the same in NestJS 11 and 12): SSE handlers return an Observable. */
 const NEST_SSE_METADATA = '__sse__';
 
-/** Where Nest injects the app's own LockService into every instance of a class using @WithLock. */
-const LOCK_SERVICE = Symbol('nestjs-redis-lock:LockService');
-/** On a class with @WithLock methods (see `lacksLockService`). */
-const LOCKED_CLASS = Symbol('nestjs-redis-lock:locked-class');
 /** Where Nest injects the app's HttpAdapterHost (to set `Retry-After`), if the app has one. */
 const ADAPTER_HOST = Symbol('nestjs-redis-lock:HttpAdapterHost');
 
@@ -152,8 +148,7 @@ export function WithLock(
       propertyKey,
       Math.max(call.length, ...parameters.map((index) => index + 1)),
     );
-    Reflect.defineMetadata(LOCKED_CLASS, true, target.constructor);
-    Inject(LockService)(target, LOCK_SERVICE);
+    injectLockService(target);
     Inject(HttpAdapterHost)(target, ADAPTER_HOST);
     Optional()(target, ADAPTER_HOST);
     return descriptor;
@@ -208,7 +203,7 @@ function timeoutAnswer(options: WithLockOptions, method: string): TimeoutAnswer 
   const own = options.timeoutStatus !== undefined || options.timeoutException !== undefined;
   return async (instance, error, context) => {
     if (!(error instanceof LockAcquireTimeoutError)) throw error;
-    const response = own ? options : lockServiceOf(instance, method).timeoutResponse;
+    const response = own ? options : lockServiceOf(instance, '@WithLock', method).timeoutResponse;
     const adapterHost = (instance as { [ADAPTER_HOST]?: HttpAdapterHost })[ADAPTER_HOST];
     throw await answerLockTimeout(error, context, response, adapterHost);
   };
@@ -228,7 +223,7 @@ function lockOnCall(
     args: unknown[],
     started: { ran: boolean },
   ): Promise<unknown> {
-    return lockServiceOf(this, method).using(
+    return lockServiceOf(this, '@WithLock', method).using(
       resolveKey(args),
       async () => {
         started.ran = true;
@@ -294,7 +289,7 @@ function lockOnSubscribe(
           });
         });
       let held = Promise.resolve().then(() =>
-        lockServiceOf(this, method).using(resolveKey(args), hold, {
+        lockServiceOf(this, '@WithLock', method).using(resolveKey(args), hold, {
           ...acquireOptions,
           signal: unsubscribed.signal,
         }),
@@ -330,35 +325,6 @@ function streamOf(result: unknown): Observable<unknown> {
 
 function isPromiseLike(value: unknown): value is PromiseLike<unknown> {
   return typeof (value as PromiseLike<unknown> | undefined)?.then === 'function';
-}
-
-/**
- * @internal Whether `instance` has `@WithLock` methods but no LockService: Nest injects properties
- * only into the instances it creates from a class, not into a `useFactory` or `useValue` one.
- */
-export function lacksLockService(instance: unknown): instance is object {
-  if (typeof instance !== 'object' || instance === null) return false;
-  const locked = Reflect.getMetadata(LOCKED_CLASS, instance.constructor) === true;
-  return (
-    locked && !((instance as { [LOCK_SERVICE]?: unknown })[LOCK_SERVICE] instanceof LockService)
-  );
-}
-
-/** @internal Gives such an instance the app's LockService, as Nest gives a class's instances. */
-export function provideLockService(instance: object, locks: LockService): void {
-  Object.defineProperty(instance, LOCK_SERVICE, { value: locks, configurable: true });
-}
-
-function lockServiceOf(instance: object, method: string): LockService {
-  const locks = (instance as { [LOCK_SERVICE]?: LockService } | undefined)?.[LOCK_SERVICE];
-  if (!(locks instanceof LockService)) {
-    throw new RedisLockConfigurationError(
-      `@WithLock(${method})`,
-      instance,
-      'the instance has no LockService: it must be created by Nest (not with `new`) in a module where RedisLockModule is imported or registered with isGlobal',
-    );
-  }
-  return locks;
 }
 
 /**

@@ -158,6 +158,26 @@ export class RedisLockShutdownError extends RedisLockError {
   }
 }
 
+/**
+ * A leadership was given up: its `stop()` was called, or the module is shutting down. The current
+ * term's `signal` aborts with this error as its `reason`; the term's work should wind up and
+ * return, after which the lock is released at once for the next leader.
+ */
+export class LeadershipStoppedError extends RedisLockError {
+  constructor(
+    /** The leadership's key, without the module's `keyPrefix`. */
+    readonly key: string,
+    /** What ended it. */
+    readonly by: 'stop' | 'shutdown',
+  ) {
+    super(
+      by === 'stop'
+        ? `Leadership of "${key}" was given up by stop(): finish the term's work and return.`
+        : `Leadership of "${key}" ends: the RedisLockModule is shutting down. Finish the term's work and return.`,
+    );
+  }
+}
+
 /** What the library asked Redis to do when it failed. */
 export type LockOperation =
   | 'acquire'

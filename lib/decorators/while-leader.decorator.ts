@@ -1,0 +1,88 @@
+import { RedisLockConfigurationError } from '../errors/redis-lock.errors.js';
+import type { LeadOptions } from '../lock.leadership.js';
+import { LockService } from '../lock.service.js';
+import { assertKey, leadOptionsProblem } from '../redis-lock.options.js';
+import { injectLockService, lockServiceIn } from './lock-service.injection.js';
+
+/** On a class: its `@WhileLeader` methods. */
+const LEADER_METHODS = Symbol('nestjs-redis-lock:leader-methods');
+
+interface LeaderMethod {
+  readonly name: string | symbol;
+  readonly key: string;
+  readonly options: LeadOptions | undefined;
+}
+
+/**
+ * Runs a provider method for as long as this instance leads `key`: from the app's bootstrap to
+ * its shutdown, the module campaigns for `key` with `LockService.lead()` and calls the method with
+ * each term (`(term: LeaderTerm) => Promise<void>`), as `@nestjs/schedule` calls its `@Cron`
+ * methods. The method should run until `term.signal` aborts and pass `term.fence` with its
+ * writes; when it returns or throws (logged), the campaign goes on.
+ *
+ * The class must be a singleton provider Nest instantiates in a module where `LockService` is
+ * available. Options are checked when the class is defined: a bad key or TTL throws
+ * `RedisLockConfigurationError` at once.
+ * @example
+ * \@WhileLeader('leader:ingest', { ttl: 10_000 })
+ * async ingest({ fence, signal }: LeaderTerm): Promise<void> {
+ *   while (!signal.aborted) await this.ingestBatch(fence, signal);
+ * }
+ */
+export function WhileLeader(key: string, options?: LeadOptions): MethodDecorator {
+  return (target, propertyKey, descriptor) => {
+    const method = `${target.constructor.name}.${String(propertyKey)}`;
+    const option = (name: string): string => `@WhileLeader(${method})${name}`;
+    if (typeof descriptor.value !== 'function') {
+      throw new RedisLockConfigurationError(
+        option(''),
+        descriptor.value,
+        'can only decorate a method',
+      );
+    }
+    try {
+      assertKey(key);
+    } catch (error) {
+      throw new RedisLockConfigurationError(
+        option('.key'),
+        key,
+        (error as { problem: string }).problem,
+      );
+    }
+    const problem = leadOptionsProblem(options);
+    if (problem) {
+      const [name, value, what] = problem;
+      throw new RedisLockConfigurationError(
+        option(name === 'options' ? '' : `.${name}`),
+        value,
+        what,
+      );
+    }
+    const methods = (Reflect.getMetadata(LEADER_METHODS, target.constructor) ??
+      []) as LeaderMethod[];
+    Reflect.defineMetadata(
+      LEADER_METHODS,
+      [...methods, { name: propertyKey, key, options }],
+      target.constructor,
+    );
+    injectLockService(target);
+    return descriptor;
+  };
+}
+
+/**
+ * @internal Starts a leadership for every `@WhileLeader` method of `instance` whose LockService
+ * is `locks` (an instance made in another app's or module's scope is that LockService's). Returns
+ * how many were started.
+ */
+export function startLeaderMethods(instance: unknown, locks: LockService): number {
+  if (typeof instance !== 'object' || instance === null) return 0;
+  const methods = Reflect.getMetadata(LEADER_METHODS, instance.constructor) as
+    LeaderMethod[] | undefined;
+  if (methods === undefined || lockServiceIn(instance) !== locks) return 0;
+  for (const { name, key, options } of methods) {
+    const method = (instance as Record<string | symbol, (term: unknown) => unknown>)[name];
+    locks.lead(key, (term) => method.call(instance, term), options);
+  }
+  return methods.length;
+}

@@ -1,0 +1,168 @@
+import type { Logger } from '@nestjs/common';
+import { Subject, type Observable } from 'rxjs';
+import { setTimeout as sleep } from 'node:timers/promises';
+import {
+  LeadershipStoppedError,
+  LockAcquireTimeoutError,
+  LockArgumentError,
+  RedisLockShutdownError,
+} from './errors/redis-lock.errors.js';
+import type { AcquireOptions, Lock } from './interfaces/lock.interface.js';
+import { outsideLocks } from './lock.context.js';
+import { leadOptionsProblem } from './redis-lock.options.js';
+
+/** One term of a leadership: what `work` gets while this instance leads. */
+export interface LeaderTerm {
+  /** The leadership's key, without the module's `keyPrefix`. */
+  readonly key: string;
+  /**
+   * The term number: the lock's fence, greater than every earlier leader's. Send it with every
+   * write the leader makes and have the resource reject one lower than the highest it has seen.
+   */
+  readonly fence: number;
+  /**
+   * Aborts the moment this term ends or may have ended: the lock was lost or could not be
+   * confirmed (`LockLostError`), or `stop()` / shutdown gave it up (`LeadershipStoppedError`).
+   */
+  readonly signal: AbortSignal;
+}
+
+/** A campaign for leadership started by `LockService.lead()`. */
+export interface Leadership {
+  /** Whether this instance leads now: from the term's start until its `signal` aborts or its work settles. */
+  readonly isLeader: boolean;
+  /** `true` when this instance becomes leader, `false` when it ceases to be; completes after `stop()`. */
+  readonly changes: Observable<boolean>;
+  /**
+   * Stops campaigning: aborts the current term's `signal`, waits for its work to settle, releases
+   * the lock at once (the next leader does not wait for the TTL) and resolves. Idempotent.
+   */
+  stop(): Promise<void>;
+}
+
+/** Options of `LockService.lead()` and `@WhileLeader`. */
+export interface LeadOptions {
+  /**
+   * The leader lock's TTL (ms), extended while the leader works: how long after this instance
+   * dies or freezes another can take over.
+   * @default 10_000 (or the module's `defaults.ttl`)
+   */
+  ttl?: number;
+}
+
+/** How a campaign takes the lock and runs a term: `LockService.using()`. */
+export type TermRunner = (
+  key: string,
+  term: (lock: Lock) => Promise<void>,
+  options: AcquireOptions,
+) => Promise<void>;
+
+/**
+ * How long one campaign attempt waits for the lock before it starts over. Releases wake it
+ * earlier; starting over costs one attempt.
+ */
+const CAMPAIGN_WAIT = 60_000;
+
+/** Checks `lead()`'s own arguments. Throws `LockArgumentError`. */
+export function assertLeadArguments(work: unknown, options: unknown): void {
+  if (typeof work !== 'function') throw new LockArgumentError('work', work, 'must be a function');
+  const problem = leadOptionsProblem(options);
+  if (problem) throw new LockArgumentError(...problem);
+}
+
+/**
+ * Campaigns for `key` until stopped: takes the lock (waiting on its release messages, as every
+ * waiter does), runs `work` for the term, releases, and campaigns again. A term that ends by
+ * itself (its work settled or the lock was lost) is followed by a pause of `pause` ms before the
+ * next campaign, so the others get a turn and a work that returns at once does not spin.
+ */
+export class Campaign implements Leadership {
+  private readonly stopper = new AbortController();
+  private readonly subject = new Subject<boolean>();
+  private leading = false;
+  private over = false;
+  /** Settles when the campaign is over (after `stop()`, or when the module shuts down). */
+  readonly done: Promise<void>;
+  readonly changes: Observable<boolean> = this.subject.asObservable();
+
+  constructor(
+    readonly key: string,
+    private readonly work: (term: LeaderTerm) => unknown,
+    readonly ttl: number,
+    private readonly pause: number,
+    private readonly runTerm: TermRunner,
+    private readonly logger: Logger,
+  ) {
+    this.done = outsideLocks(() => this.campaign());
+  }
+
+  get isLeader(): boolean {
+    return this.leading;
+  }
+
+  /** Whether the campaign is over (stopped, and its last term's work settled). */
+  get ended(): boolean {
+    return this.over;
+  }
+
+  stop(by: 'stop' | 'shutdown' = 'stop'): Promise<void> {
+    if (!this.stopper.signal.aborted) this.stopper.abort(new LeadershipStoppedError(this.key, by));
+    return this.done;
+  }
+
+  private async campaign(): Promise<void> {
+    const stopped = this.stopper.signal;
+    const options: AcquireOptions = {
+      ttl: this.ttl,
+      autoExtend: true,
+      acquireTimeout: CAMPAIGN_WAIT,
+      signal: stopped,
+    };
+    while (!stopped.aborted) {
+      try {
+        await this.runTerm(this.key, (lock) => this.term(lock), options);
+      } catch (error) {
+        if (stopped.aborted || error instanceof RedisLockShutdownError) break;
+        if (error instanceof LockAcquireTimeoutError) continue;
+        this.logger.warn(
+          `Campaign for leadership of "${this.key}" failed; trying again in ${this.pause} ms: ${String(error)}`,
+        );
+      }
+      await sleep(this.pause, undefined, { signal: stopped }).catch(() => undefined);
+    }
+    this.over = true;
+    this.subject.complete();
+  }
+
+  /** One term: leads until `work` settles or the term's signal aborts, whichever is first. */
+  private async term(lock: Lock): Promise<void> {
+    const signal = AbortSignal.any([lock.signal, this.stopper.signal]);
+    const cease = (): void => this.change(false);
+    signal.addEventListener('abort', cease, { once: true });
+    this.change(true);
+    try {
+      await this.work({ key: this.key, fence: lock.fence, signal });
+    } catch (error) {
+      if (!signal.aborted) {
+        this.logger.error(
+          `Leader work for "${this.key}" (term ${lock.fence}) failed; campaigning again: ${String(error)}`,
+          error instanceof Error ? error.stack : undefined,
+        );
+      }
+    } finally {
+      signal.removeEventListener('abort', cease);
+      this.change(false);
+      if (lock.signal.aborted && !this.stopper.signal.aborted) {
+        this.logger.warn(
+          `Lost leadership of "${this.key}" (term ${lock.fence}): ${String(lock.signal.reason)}`,
+        );
+      }
+    }
+  }
+
+  private change(leading: boolean): void {
+    if (this.leading === leading) return;
+    this.leading = leading;
+    this.subject.next(leading);
+  }
+}

@@ -1,0 +1,337 @@
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+import { Injectable } from '@nestjs/common';
+import { Redis } from 'ioredis';
+import {
+  LeadershipStoppedError,
+  LockArgumentError,
+  LockLostError,
+  RedisLockConfigurationError,
+  RedisLockShutdownError,
+  WhileLeader,
+  type LeaderTerm,
+  type Leadership,
+} from '../../lib/index.js';
+import { FaultProxy } from '../support/fault-proxy.js';
+import {
+  eventually,
+  LogCapture,
+  startLockModule,
+  uniqueKey,
+  type LockModuleFixture,
+} from '../support/lock-module.js';
+import { startRedis, type RedisServer } from '../support/redis-server.js';
+
+/** What a leader's work writes to: rejects a fence lower than the highest it has seen. */
+class FencedStore {
+  highest = 0;
+  readonly accepted: number[] = [];
+  write(fence: number): boolean {
+    if (fence < this.highest) return false;
+    this.highest = fence;
+    this.accepted.push(fence);
+    return true;
+  }
+}
+
+/** A campaigner's record of its terms, and how many leaders run their work at once. */
+class Terms {
+  readonly fences: number[] = [];
+  inside = 0;
+  mostInside = 0;
+  /** Work that leads until its term's signal aborts; `onTerm` runs first. */
+  leadUntilAborted(onTerm: (term: LeaderTerm) => void = () => {}) {
+    return async (term: LeaderTerm): Promise<void> => {
+      this.fences.push(term.fence);
+      this.inside++;
+      this.mostInside = Math.max(this.mostInside, this.inside);
+      try {
+        onTerm(term);
+        await new Promise((resolve) =>
+          term.signal.addEventListener('abort', resolve, { once: true }),
+        );
+      } finally {
+        this.inside--;
+      }
+    };
+  }
+}
+
+/** `LockService.lead()` and `@WhileLeader`: fenced leader election. */
+describe('leadership (lead, @WhileLeader)', () => {
+  let server: RedisServer;
+  let redis: Redis;
+  const apps: LockModuleFixture[] = [];
+  let logs: ReturnType<typeof LogCapture.install>;
+
+  before(async () => {
+    server = await startRedis();
+    redis = new Redis(server.port, '127.0.0.1');
+    for (let i = 0; i < 3; i++) {
+      // A long TTL: a leader that follows another within the test was handed over, never timed out.
+      apps.push(
+        await startLockModule({
+          connection: server.url,
+          defaults: { ttl: 60_000, retryInterval: 100 },
+        }),
+      );
+    }
+    logs = LogCapture.install(); // after compile(): the testing module installs its own logger
+  });
+  after(async () => {
+    for (const app of apps) await app.close();
+    redis?.disconnect();
+    await server?.stop();
+    logs?.restore();
+  });
+
+  it('one leader at a time; stop() hands over at once; every term has a greater fence', async () => {
+    const key = uniqueKey('leader');
+    const terms = new Terms();
+    const changes: boolean[][] = [[], [], []];
+    const leaderships = apps.map(({ locks }, i) => {
+      const leadership = locks.lead(key, terms.leadUntilAborted());
+      leadership.changes.subscribe((leading) => changes[i].push(leading));
+      return leadership;
+    });
+    const leader = (): Leadership | undefined => leaderships.find(({ isLeader }) => isLeader);
+    const stopped = new Set<Leadership>();
+    for (let round = 0; round < 3; round++) {
+      // Each follower is woken by the previous leader's release: the TTL is 60 s.
+      assert.ok(
+        await eventually(() => leader() !== undefined, 20_000),
+        `a leader in round ${round}`,
+      );
+      assert.equal(leaderships.filter(({ isLeader }) => isLeader).length, 1);
+      const current = leader()!;
+      await current.stop();
+      assert.equal(current.isLeader, false);
+      stopped.add(current);
+    }
+    assert.equal(stopped.size, 3, 'each campaigner led once, one after another');
+    assert.equal(terms.mostInside, 1, 'never two leaders at once');
+    assert.equal(terms.fences.length, 3);
+    for (let i = 1; i < terms.fences.length; i++) {
+      assert.ok(terms.fences[i] > terms.fences[i - 1], `terms ${terms.fences.join(', ')}`);
+    }
+    assert.deepEqual(changes, [
+      [true, false],
+      [true, false],
+      [true, false],
+    ]);
+    assert.equal(await apps[0].locks.isLocked(key), false, 'the last stop() released the lock');
+  });
+
+  it('a term whose work throws is logged and the campaign goes on; a work that returns leads again', async () => {
+    const key = uniqueKey('leader');
+    const fences: number[] = [];
+    const leadership = apps[0].locks.lead(key, async ({ fence, signal }) => {
+      fences.push(fence);
+      if (fences.length === 1) throw new Error('ingest failed');
+      if (fences.length === 2) return;
+      await new Promise((resolve) => signal.addEventListener('abort', resolve, { once: true }));
+    });
+    assert.ok(await eventually(() => fences.length === 3, 10_000), `terms: ${fences.join(', ')}`);
+    assert.ok(fences[1] > fences[0] && fences[2] > fences[1], fences.join(', '));
+    assert.equal(leadership.isLeader, true);
+    await leadership.stop();
+    const failed = logs.capture.lines.filter(
+      ({ level, message }) => level === 'error' && message.includes(key),
+    );
+    assert.equal(failed.length, 1, JSON.stringify(failed));
+    assert.match(failed[0].message, /ingest failed/);
+  });
+
+  it('a lost lock aborts the term (LockLostError), the leader steps down, and the campaign takes a new term', async () => {
+    const key = uniqueKey('leader');
+    const store = new FencedStore();
+    const reasons: unknown[] = [];
+    const terms = new Terms();
+    const leadership = apps[1].locks.lead(
+      key,
+      terms.leadUntilAborted(({ fence, signal }) => {
+        assert.equal(store.write(fence), true);
+        signal.addEventListener('abort', () => reasons.push(signal.reason), { once: true });
+      }),
+      { ttl: 600 },
+    );
+    assert.ok(await eventually(() => leadership.isLeader, 5_000));
+    // Someone deletes the key (a FLUSHALL, an operator): the next extension finds it gone.
+    const names = (await redis.keys(`*${key}*`)).filter((name) => !name.includes('fence'));
+    assert.equal(names.length, 1, `the lock's key among ${names.join(', ')}`);
+    await redis.del(names[0]);
+    assert.ok(await eventually(() => reasons.length === 1, 5_000), 'the term signal aborted');
+    assert.ok(reasons[0] instanceof LockLostError, String(reasons[0]));
+    assert.ok(await eventually(() => terms.fences.length === 2 && leadership.isLeader, 5_000));
+    assert.ok(terms.fences[1] > terms.fences[0]);
+    assert.equal(store.write(terms.fences[0]), false, "the old term's writes are rejected");
+    await leadership.stop();
+    assert.ok(reasons[1] instanceof LeadershipStoppedError, String(reasons[1]));
+    assert.equal(reasons[1].by, 'stop');
+  });
+
+  it('rejects bad arguments with LockArgumentError, synchronously', () => {
+    const locks = apps[0].locks;
+    const work = async (): Promise<void> => {};
+    for (const [key, fn, options, argument] of [
+      ['', work, undefined, 'key'],
+      ['k', 'work', undefined, 'work'],
+      ['k', work, { ttl: 0 }, 'ttl'],
+      ['k', work, { ttl: 1.5 }, 'ttl'],
+      ['k', work, { acquireTimeout: 10 }, 'acquireTimeout'],
+      ['k', work, 'fast', 'options'],
+    ] as const) {
+      assert.throws(
+        () => locks.lead(key, fn as never, options as never),
+        (error) => error instanceof LockArgumentError && error.argument === argument,
+        `${argument}: ${JSON.stringify(options)}`,
+      );
+    }
+  });
+
+  it('with Redis not answering, the campaign keeps trying and stop() settles at once', async () => {
+    const proxy = await FaultProxy.start(() => server.port);
+    const app = await startLockModule({
+      connection: `redis://127.0.0.1:${proxy.port}`,
+      commandTimeout: 200,
+      defaults: { retryInterval: 100 },
+    });
+    const { capture, restore } = LogCapture.install();
+    try {
+      proxy.stall();
+      const work = async (): Promise<void> => assert.fail('never leads without Redis');
+      const leadership = app.locks.lead(uniqueKey('leader'), work);
+      await new Promise((resolve) => setTimeout(resolve, 700));
+      assert.equal(leadership.isLeader, false);
+      const warned = capture.lines.filter(({ message }) => message.includes('Campaign'));
+      assert.ok(warned.length >= 1, 'the failed campaigns are logged');
+      await leadership.stop();
+    } finally {
+      restore();
+      proxy.heal();
+      await app.close();
+      await proxy.close();
+    }
+  });
+
+  it('lead() once the module is shutting down throws RedisLockShutdownError', async () => {
+    const app = await startLockModule({ connection: server.url });
+    await app.close();
+    assert.throws(
+      () => app.locks.lead(uniqueKey('leader'), async () => {}),
+      RedisLockShutdownError,
+    );
+  });
+});
+
+interface Work {
+  readonly by: object;
+  readonly key: string;
+  readonly fence: number;
+  reason?: unknown;
+}
+const worked: Work[] = [];
+
+@Injectable()
+class Ingest {
+  @WhileLeader('leader:ingest', { ttl: 60_000 })
+  async ingest({ key, fence, signal }: LeaderTerm): Promise<void> {
+    const entry: Work = { by: this, key, fence };
+    worked.push(entry);
+    await new Promise((resolve) => signal.addEventListener('abort', resolve, { once: true }));
+    entry.reason = signal.reason;
+  }
+}
+
+class Compactor {
+  @WhileLeader('leader:compact')
+  async compact({ key, fence, signal }: LeaderTerm): Promise<void> {
+    worked.push({ by: this, key, fence });
+    await new Promise((resolve) => signal.addEventListener('abort', resolve, { once: true }));
+  }
+}
+
+describe('@WhileLeader', () => {
+  let server: RedisServer;
+  before(async () => {
+    server = await startRedis();
+  });
+  after(async () => {
+    await server?.stop();
+  });
+
+  it('campaigns from bootstrap (class and useFactory providers) and hands over at shutdown', async () => {
+    const options = { connection: server.url, keyPrefix: `${uniqueKey('app')}:` };
+    const providers = [Ingest, { provide: 'compactor', useFactory: () => new Compactor() }];
+    const first = await startLockModule(options, providers);
+    const second = await startLockModule(options, providers);
+    try {
+      assert.ok(await eventually(() => worked.length === 2, 5_000), JSON.stringify(worked));
+      assert.deepEqual(worked.map(({ key }) => key).sort(), ['leader:compact', 'leader:ingest']);
+      const ingest = worked.find(({ key }) => key === 'leader:ingest')!;
+      // Whichever app leads ingest: closing it stops the term and the other leads at once
+      // (the TTL is 60 s).
+      const leader = first.module.get(Ingest) === ingest.by ? first : second;
+      await leader.close();
+      assert.ok(ingest.reason instanceof LeadershipStoppedError, String(ingest.reason));
+      assert.equal(ingest.reason.by, 'shutdown');
+      assert.ok(
+        await eventually(() => worked.filter(({ key }) => key === 'leader:ingest').length === 2),
+        'the other app leads ingest after the first closed',
+      );
+      const [before, after] = worked.filter(({ key }) => key === 'leader:ingest');
+      assert.ok(after.fence > before.fence);
+    } finally {
+      await first.close();
+      await second.close();
+    }
+  });
+
+  it('checks its key and options when the class is defined', () => {
+    const define = (key: unknown, options?: unknown): unknown => {
+      class Job {
+        @WhileLeader(key as string, options as never)
+        async run(): Promise<void> {}
+      }
+      return Job;
+    };
+    for (const [key, options, option] of [
+      ['', undefined, '@WhileLeader(Job.run).key'],
+      [undefined, undefined, '@WhileLeader(Job.run).key'],
+      ['k', { ttl: -1 }, '@WhileLeader(Job.run).ttl'],
+      ['k', { acquireTimeout: 1 }, '@WhileLeader(Job.run).acquireTimeout'],
+      ['k', 5, '@WhileLeader(Job.run)'],
+    ] as const) {
+      assert.throws(
+        () => define(key, options),
+        (error) => error instanceof RedisLockConfigurationError && error.option === option,
+        option,
+      );
+    }
+  });
+
+  it('a work that ignores its signal does not hold shutdown past its TTL, and is logged', async () => {
+    const key = uniqueKey('leader');
+    const app = await startLockModule({ connection: server.url });
+    const redis = new Redis(server.port, '127.0.0.1');
+    const { capture, restore } = LogCapture.install();
+    try {
+      let release!: () => void;
+      const stuck = new Promise<void>((resolve) => (release = resolve));
+      const leadership = app.locks.lead(key, () => stuck, { ttl: 500 });
+      assert.ok(await eventually(() => leadership.isLeader, 5_000));
+      await app.close();
+      const held = (await redis.keys(`*${key}*`)).filter((name) => !name.includes('fence'));
+      assert.deepEqual(held, [], 'the lock was released at shutdown all the same');
+      const warned = capture.lines.filter(
+        ({ level, message }) => level === 'warn' && message.includes('did not return'),
+      );
+      assert.equal(warned.length, 1, JSON.stringify(capture.lines));
+      release();
+      await leadership.stop();
+    } finally {
+      restore();
+      redis.disconnect();
+    }
+  });
+});
