@@ -1,6 +1,7 @@
 import { Global, Module } from '@nestjs/common';
 import { RedisLockModule } from '../lib/index.js';
 import { InventoryModule } from './inventory/inventory.module.js';
+import { JobsModule } from './jobs/jobs.module.js';
 import { RedisConnection } from './redis.provider.js';
 import { SampleConfig } from './sample.config.js';
 
@@ -27,6 +28,7 @@ class SampleCoreModule {}
       }),
     }),
     InventoryModule,
+    JobsModule,
   ],
 })
 export class AppModule {}

@@ -1,48 +1,37 @@
-import {
-  Inject,
-  Injectable,
-  Logger,
-  type OnApplicationBootstrap,
-  type OnModuleDestroy,
-} from '@nestjs/common';
+import { Inject, Injectable, Logger, type OnApplicationBootstrap } from '@nestjs/common';
+import { Cron, SchedulerRegistry } from '@nestjs/schedule';
 import { getCurrentLock, WithLock } from '../../lib/index.js';
+import { InventoryService } from '../inventory/inventory.service.js';
 import { RedisConnection } from '../redis.provider.js';
 import { SampleConfig } from '../sample.config.js';
-import { InventoryService } from './inventory.service.js';
+
+const STOCK_REPORT = 'stock-report';
 
 /**
- * A periodic job that every instance of the app schedules, but only one should run per turn:
- * `onBusy: 'skip'` skips the turn where another instance has the lock, and `holdAtLeast` keeps
- * the key taken for a second after even a quick run, so an instance whose timer fires a moment
- * later does not run the same turn again.
+ * A scheduled job that every instance of the app runs on the same `@Cron`, but only one should
+ * run per fire: `onBusy: 'skip'` skips the fire where another instance has the lock (no error, a
+ * debug line), and `holdAtLeast` keeps the key taken for 5 s after even a quick run, so an
+ * instance whose clock or timer is a few seconds behind does not run the same fire again.
  */
 @Injectable()
-export class StockReportJob implements OnApplicationBootstrap, OnModuleDestroy {
+export class StockReportJob implements OnApplicationBootstrap {
   private readonly logger = new Logger(StockReportJob.name);
-  private timer: NodeJS.Timeout | undefined;
 
   constructor(
     @Inject(InventoryService) private readonly inventory: InventoryService,
     @Inject(RedisConnection) private readonly redis: RedisConnection,
     @Inject(SampleConfig) private readonly config: SampleConfig,
+    @Inject(SchedulerRegistry) private readonly scheduler: SchedulerRegistry,
   ) {}
 
+  /** Registered stopped (`disabled`), started here unless the app runs with `REPORTS=off`. */
   onApplicationBootstrap(): void {
-    if (this.config.reportInterval > 0) {
-      this.timer = setInterval(() => {
-        this.run().catch((error: unknown) =>
-          this.logger.warn(`Stock report failed: ${String(error)}`),
-        );
-      }, this.config.reportInterval);
-    }
+    if (this.config.reports) this.scheduler.getCronJob(STOCK_REPORT).start();
   }
 
-  onModuleDestroy(): void {
-    clearInterval(this.timer);
-  }
-
-  /** Writes a stock report: `true`, or `undefined` when another instance has this turn. */
-  @WithLock({ key: 'job:stock-report', onBusy: 'skip', holdAtLeast: 1_000 })
+  /** Writes a stock report: `true`, or `undefined` when another instance has this fire. */
+  @Cron('*/30 * * * * *', { name: STOCK_REPORT, disabled: true })
+  @WithLock({ key: 'job:stock-report', onBusy: 'skip', holdAtLeast: 5_000 })
   async run(): Promise<true | undefined> {
     const lock = getCurrentLock()!;
     const report: Record<string, number> = {};
@@ -52,6 +41,9 @@ export class StockReportJob implements OnApplicationBootstrap, OnModuleDestroy {
     }
     const entry = { at: new Date().toISOString(), fence: lock.fence, report };
     await this.redis.client.set('sample:report:stock', JSON.stringify(entry));
+    this.logger.log(
+      `Stock report written (fence ${lock.fence}, ${Object.keys(report).length} SKUs)`,
+    );
     return true;
   }
 }

@@ -19,7 +19,7 @@ const redisPort = Number(process.argv[2]);
 Object.assign(process.env, {
   REDIS_URL: `redis://127.0.0.1:${redisPort}`,
   PAYMENT_DELAY: '0',
-  REPORT_INTERVAL: '0',
+  REPORTS: 'off',
   LOCK_WAIT: '30000',
 });
 // After the environment is set: SampleConfig reads it when the app is created.

@@ -32,7 +32,7 @@ Object.assign(process.env, {
   REDIS_URL: process.env.REDIS_URL ?? redis!.url,
   PAYMENT_DELAY: String(PAYMENT_MS),
   LOCK_WAIT: String(LOCK_WAIT_MS),
-  REPORT_INTERVAL: '0',
+  REPORTS: 'off',
 });
 // After the environment is set: the sample's config reads it when the app is created.
 const { AppModule } = await import('../../sample/app.module.js');

@@ -32,7 +32,7 @@ describe('npm run sample', () => {
         REDIS_URL: server.url,
         PORT: String(port),
         MICROSERVICE_PORT: String(await freePort()),
-        REPORT_INTERVAL: '0',
+        REPORTS: 'off',
       },
       stdio: ['ignore', 'pipe', 'pipe'],
     });

@@ -10,7 +10,7 @@ import { LockAcquireTimeoutError, LockService } from '../../lib/index.js';
 import { ACQUIRE_SCRIPT } from '../../lib/redis/lock.scripts.js';
 import { AppModule } from '../../sample/app.module.js';
 import { InventoryService } from '../../sample/inventory/inventory.service.js';
-import { StockReportJob } from '../../sample/inventory/stock-report.job.js';
+import { StockReportJob } from '../../sample/jobs/stock-report.job.js';
 import { SampleConfig } from '../../sample/sample.config.js';
 import { eventually, sleep, uniqueKey } from '../support/lock-module.js';
 import { monitorRedis, scriptCalls } from '../support/redis-monitor.js';
@@ -47,7 +47,8 @@ export function sampleAppSuite(adapterName: keyof typeof ADAPTERS): void {
         .useValue(
           new SampleConfig({
             redisUrl: server.url,
-            reportInterval: 0,
+            reports: false,
+            monitorInterval: 100,
             paymentDelay: PAYMENT_DELAY,
             microservicePort,
           }),
@@ -350,6 +351,24 @@ export function sampleAppSuite(adapterName: keyof typeof ADAPTERS): void {
       };
       assert.ok(report.fence > 0);
       assert.ok(Object.keys(report.report).length > 0);
+    });
+
+    it('the low-stock monitor leads (@WhileLeader) and writes its alert with its term', async () => {
+      const sku = uniqueKey('low');
+      await inventory.setStock(sku, 1);
+      const alert = async (): Promise<{ term: number; low: string[] } | undefined> => {
+        const { term, alert: json } = await redis.hgetall('sample:alerts:low-stock');
+        return json
+          ? { term: Number(term), ...(JSON.parse(json) as { low: string[] }) }
+          : undefined;
+      };
+      assert.ok(
+        await eventually(async () => (await alert())?.low.includes(sku) === true, 5_000),
+        'the leader reports the low SKU',
+      );
+      const { term } = (await alert())!;
+      assert.ok(term > 0);
+      assert.equal(await locks.isLocked('leader:low-stock'), true, 'the leader holds its key');
     });
 
     it('the TCP microservice handler locks too, and answers a timeout with an RpcException', async () => {

@@ -1,0 +1,177 @@
+/**
+ * Jobs and leaders across processes: three app instances on one Redis, each a real Nest app with
+ * `@nestjs/schedule` (test/fixtures/jobs-app). Assertions are on counts, order and fences; the
+ * two bounds the feature promises (a new leader within TTL + one retry interval after the old one
+ * dies; at once after it stops) carry the machine's slack (`SLACK_MS`).
+ */
+import assert from 'node:assert/strict';
+import { spawn, type ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
+import { fileURLToPath } from 'node:url';
+import { after, before, describe, it } from 'node:test';
+import { Redis } from 'ioredis';
+import { eventually, uniqueKey } from '../support/lock-module.js';
+import { startRedis, type RedisServer } from '../support/redis-server.js';
+import { SLACK_MS } from '../support/timing.js';
+
+const app = fileURLToPath(new URL('../fixtures/jobs-app.js', import.meta.url));
+
+interface Instance {
+  readonly child: ChildProcess;
+  readonly exited: Promise<[number | null, NodeJS.Signals | null]>;
+  output: string;
+}
+
+function start(args: string[]): Instance {
+  const child = spawn(process.execPath, [app, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const instance: Instance = {
+    child,
+    exited: once(child, 'exit') as Promise<[number | null, NodeJS.Signals | null]>,
+    output: '',
+  };
+  child.stdout.on('data', (chunk: Buffer) => (instance.output += chunk.toString()));
+  child.stderr.on('data', (chunk: Buffer) => (instance.output += chunk.toString()));
+  return instance;
+}
+
+interface LeaderEvent {
+  pid: number;
+  at: number;
+  event: 'ready' | 'lead' | 'ended';
+  fence?: number;
+  reason?: string;
+  lateWriteAccepted?: boolean;
+}
+
+describe('jobs and leaders across three processes', () => {
+  let server: RedisServer;
+  let redis: Redis;
+  const started: Instance[] = [];
+
+  before(async () => {
+    server = await startRedis();
+    redis = new Redis(server.port, '127.0.0.1');
+  });
+  after(async () => {
+    for (const { child } of started) if (child.exitCode === null) child.kill('SIGKILL');
+    await Promise.all(started.map(({ exited }) => exited));
+    redis?.disconnect();
+    await server?.stop();
+  });
+
+  it("an @Interval job with onBusy: 'skip' and holdAtLeast runs once per fire across the fleet", async () => {
+    const prefix = `${uniqueKey('jobs')}:`;
+    const FIRES = 10;
+    // Timers 150 ms apart: each instance's n-th tick is the same fire.
+    const instances = [0, 150, 300].map((phase) =>
+      start(['jobs', String(server.port), prefix, String(phase), String(FIRES)]),
+    );
+    started.push(...instances);
+    for (const instance of instances) {
+      const [code] = await instance.exited;
+      assert.equal(code, 0, instance.output);
+      const { errors } = JSON.parse(instance.output.trim().split('\n').at(-1)!) as {
+        errors: string[];
+      };
+      assert.deepEqual(errors, [], 'no instance logs an error for a skipped fire');
+    }
+    const runs = async (job: string): Promise<number[]> => {
+      const counts = await redis.hgetall(`${prefix}${job}`);
+      return Array.from({ length: FIRES }, (_, i) => Number(counts[i + 1] ?? 0));
+    };
+    const guarded = await runs('guarded');
+    assert.deepEqual(guarded, Array(FIRES).fill(1), `runs per fire: ${guarded.join(' ')}`);
+    // The control, the same job without holdAtLeast: a 5 ms run is over before the next
+    // instance's timer fires, which runs the same fire again.
+    const control = await runs('control');
+    assert.ok(
+      control.filter((count) => count > 1).length >= FIRES / 2,
+      `without holdAtLeast, fires run more than once: ${control.join(' ')}`,
+    );
+  });
+
+  it('one leader at a time: takes over after SIGKILL, fences out a frozen one, hands over on shutdown', async () => {
+    const prefix = `${uniqueKey('leader')}:`;
+    const TTL = 3_000;
+    const RETRY_INTERVAL = 1_000; // the module's default
+    const events = async (): Promise<LeaderEvent[]> =>
+      (await redis.lrange(`${prefix}events`, 0, -1)).map((line) => JSON.parse(line) as LeaderEvent);
+    const leads = async (): Promise<LeaderEvent[]> =>
+      (await events()).filter(({ event }) => event === 'lead');
+    const ended = async (pid: number): Promise<LeaderEvent | undefined> =>
+      (await events()).find((e) => e.event === 'ended' && e.pid === pid);
+    const instances = [0, 1, 2].map(() =>
+      start(['leader', String(server.port), prefix, String(TTL)]),
+    );
+    started.push(...instances);
+    const byPid = (pid: number): Instance => instances.find(({ child }) => child.pid === pid)!;
+
+    // All healthy: exactly one leads, and stays the only one.
+    assert.ok(
+      await eventually(
+        async () => (await events()).filter((e) => e.event === 'ready').length === 3,
+        20_000,
+      ),
+      'three instances ready',
+    );
+    assert.ok(await eventually(async () => (await leads()).length === 1, 10_000), 'a leader');
+    await new Promise((resolve) => setTimeout(resolve, 1_000));
+    const [first] = await leads();
+    assert.equal((await leads()).length, 1, 'still one leader while all are healthy');
+    const writers = new Set(
+      (await redis.lrange(`${prefix}accepted`, 0, -1)).map((w) => w.split(':')[0]),
+    );
+    assert.deepEqual([...writers], [String(first.pid)], 'only the leader wrote');
+
+    // SIGKILL the leader: another leads within TTL + one retry interval.
+    const killedAt = Date.now();
+    byPid(first.pid).child.kill('SIGKILL');
+    assert.ok(await eventually(async () => (await leads()).length === 2, 2 * TTL + 5_000));
+    const second = (await leads())[1];
+    assert.notEqual(second.pid, first.pid);
+    assert.ok(second.fence! > first.fence!, `term ${second.fence} after ${first.fence}`);
+    const takeover = second.at - killedAt;
+    assert.ok(takeover <= TTL + RETRY_INTERVAL + SLACK_MS, `took over after ${takeover} ms`);
+
+    // SIGSTOP the new leader past its TTL: the third leads; the frozen one, thawed, finds its
+    // term's signal aborted and its stale fence rejected.
+    const frozen = byPid(second.pid).child;
+    frozen.kill('SIGSTOP');
+    assert.ok(await eventually(async () => (await leads()).length === 3, 2 * TTL + 5_000));
+    const third = (await leads())[2];
+    assert.ok(third.fence! > second.fence!);
+    frozen.kill('SIGCONT');
+    assert.ok(await eventually(async () => (await ended(second.pid)) !== undefined, 5_000));
+    const thawed = (await ended(second.pid))!;
+    assert.equal(thawed.reason, 'LockLostError');
+    assert.equal(
+      thawed.lateWriteAccepted,
+      false,
+      "the old leader's write is rejected by its fence",
+    );
+    assert.ok(Number(await redis.get(`${prefix}rejected`)) >= 1);
+
+    // Shutdown hands over at once: the next leader does not wait for the TTL.
+    const stoppedAt = Date.now();
+    byPid(third.pid).child.kill('SIGTERM');
+    assert.ok(await eventually(async () => (await leads()).length === 4, TTL));
+    const fourth = (await leads())[3];
+    assert.equal(fourth.pid, second.pid, 'the one instance left leads');
+    assert.ok(fourth.fence! > third.fence!);
+    assert.ok(
+      fourth.at - stoppedAt < TTL / 2 + SLACK_MS,
+      `handed over after ${fourth.at - stoppedAt} ms`,
+    );
+    const stopped = (await ended(third.pid))!;
+    assert.equal(stopped.reason, 'LeadershipStoppedError');
+    await byPid(third.pid).exited;
+
+    const fences = (await leads()).map(({ fence }) => fence!);
+    assert.deepEqual(
+      fences,
+      [...fences].sort((a, b) => a - b),
+      'terms strictly increase',
+    );
+    assert.equal(new Set(fences).size, fences.length);
+  });
+});
