@@ -284,6 +284,8 @@ export class LockService implements OnApplicationBootstrap, OnModuleDestroy, OnA
   async onApplicationShutdown(): Promise<void> {
     if (this.stopping.signal.aborted) return;
     this.stopping.abort(new RedisLockShutdownError('*'));
+    // Leaderships started after onModuleDestroy: no new term, no pause left behind.
+    for (const campaign of this.campaigns) void campaign.stop('shutdown');
     this.deadlines.interrupt(this.stopping.signal.reason as Error);
     this.stopWatchingReconnects();
     const locks = this.held.toArray();
