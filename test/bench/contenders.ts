@@ -202,9 +202,33 @@ function universal(retry: 'defaults' | '10 ms'): Contender {
   };
 }
 
+/**
+ * With `BENCH_BASELINE=<path to another build's lib/index.js>`: that build of this library beside
+ * this one, in the same run (for a change that must not cost speed: a refactor, a dependency).
+ */
+const baseline: Contender | undefined =
+  process.env.BENCH_BASELINE === undefined
+    ? undefined
+    : {
+        name: 'nestjs-redis-lock (baseline build)',
+        async create(client) {
+          const [{ Logger }, { LockService: Baseline }] = await Promise.all([
+            import('@nestjs/common'),
+            import(process.env.BENCH_BASELINE!) as Promise<typeof import('../../lib/index.js')>,
+          ]);
+          Logger.overrideLogger(false);
+          const locks = new Baseline({ client, keyPrefix: 'nrl-base:' });
+          return {
+            acquire: (key, ttl, waitMs) => locks.acquire(key, { ttl, acquireTimeout: waitMs }),
+            close: () => locks.onApplicationShutdown(),
+          };
+        },
+      };
+
 export const CONTENDERS: Contender[] = [
   minimum,
   ours,
+  ...(baseline ? [baseline] : []),
   oursObserved,
   oursFair,
   redisSemaphore,

@@ -7,7 +7,8 @@
  * Options: --rounds N (3), --only a,b (contenders whose name contains one of these), --workloads a,b (all),
  * --report <path> (test/bench/REPORT.md, and chart.svg beside it; `-` for none), --smoke (every
  * workload at a tiny size, runs of 0.3 s and HTTP loads of 1 s: checks that the benchmark works,
- * measures nothing; `test/bench/bench.spec.ts` runs it).
+ * measures nothing; `test/bench/bench.spec.ts` runs it). `BENCH_BASELINE=<another build's
+ * lib/index.js>` adds that build of this library as a contender (see `contenders.ts`).
  */
 import autocannon from 'autocannon';
 import { spawn } from 'node:child_process';
