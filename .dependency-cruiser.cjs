@@ -1,16 +1,17 @@
 /**
  * The layers of lib/, checked on every `npm run lint` (dependency-cruiser):
- *   Nest layer   lib/*.module*, lib/lock.service.ts, lib/decorators/, lib/health/, lib/index.ts
- *   engine       lib/lock.handle.ts, lib/lock.reentry.ts, lib/lock.context.ts, lib/lock.events.ts,
- *                lib/multi-key-lock.handle.ts
- *   Redis        lib/redis/
- *   shared       lib/errors/, lib/interfaces/, lib/utils/, lib/redis-lock.options.ts
- * Dependencies point down only: no cycle, nothing below imports what is above it, and the
- * library never imports the tests or the sample.
+ *   Nest layer   lib/*.module*, lib/lock.service.ts, lib/lock.leadership.ts, lib/decorators/,
+ *                lib/health/, lib/index.ts: the API, its lifecycle and Nest's discovery
+ *   engine       lib/engine/: the acquire loop, leases, re-entry, several keys, events
+ *   Redis        lib/redis/: connections, key layout, scripts, handoff, fair queue, pub/sub
+ *   shared       lib/errors/, lib/interfaces/, lib/utils/, lib/options/
+ * Dependencies point down only: no cycle, nothing below imports what is above it, the Nest layer
+ * reaches Redis only through the engine, and the library never imports the tests or the sample.
  */
-const NEST = '^lib/(index\\.ts|redis-lock\\.module[^/]*|lock\\.service\\.ts|decorators/|health/)';
-const ENGINE = '^lib/(lock\\.(handle|reentry|context|events)|multi-key-lock\\.handle)\\.ts$';
-const SHARED = '^lib/(errors/|interfaces/|utils/|redis-lock\\.options\\.ts$)';
+const NEST =
+  '^lib/(index\\.ts|redis-lock\\.module[^/]*|lock\\.(service|leadership)\\.ts|decorators/|health/)';
+const ENGINE = '^lib/engine/';
+const SHARED = '^lib/(errors|interfaces|utils|options)/';
 
 module.exports = {
   forbidden: [
@@ -31,9 +32,18 @@ module.exports = {
     {
       name: 'engine-not-to-nest-layer',
       severity: 'error',
-      comment: 'The engine (lease, re-entry, events) is below the Nest layer: it never imports it.',
+      comment:
+        'The engine (acquire loop, lease, re-entry, events) is below the Nest layer: it never imports it or the decorators.',
       from: { path: ENGINE },
       to: { path: NEST },
+    },
+    {
+      name: 'nest-layer-not-to-redis',
+      severity: 'error',
+      comment:
+        'The Nest layer reaches Redis through the engine (LockEngine), never lib/redis/ itself.',
+      from: { path: NEST },
+      to: { path: '^lib/redis/' },
     },
     {
       name: 'redis-not-up',

@@ -29,7 +29,7 @@ export type {
   LockTimeoutResponse,
   WithLockOptions,
 } from './interfaces/with-lock-options.interface.js';
-export { getCurrentLock } from './lock.context.js';
+export { getCurrentLock } from './engine/lock.context.js';
 export type { LeaderTerm, Leadership, LeadOptions } from './lock.leadership.js';
 export { LockService } from './lock.service.js';
 export { RedisLockModule } from './redis-lock.module.js';

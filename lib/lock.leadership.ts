@@ -8,8 +8,9 @@ import {
   RedisLockShutdownError,
 } from './errors/redis-lock.errors.js';
 import type { AcquireOptions, Lock } from './interfaces/lock.interface.js';
-import { outsideLocks } from './lock.context.js';
-import { leadOptionsProblem } from './redis-lock.options.js';
+import { outsideLocks } from './engine/lock.context.js';
+import { ignoreDeadline, within } from './utils/within.js';
+import { leadOptionsProblem } from './options/acquire-options.js';
 
 /** One term of a leadership: what `work` gets while this instance leads. */
 export interface LeaderTerm {
@@ -164,5 +165,51 @@ export class Campaign implements Leadership {
     if (this.leading === leading) return;
     this.leading = leading;
     this.subject.next(leading);
+  }
+}
+
+/** The leaderships of one `LockService`: started by `lead()`, stopped at shutdown. */
+export class Leaderships {
+  private readonly campaigns = new Set<Campaign>();
+
+  constructor(
+    private readonly runTerm: TermRunner,
+    private readonly logger: Logger,
+  ) {}
+
+  /** Starts campaigning (see `LockService.lead`); its arguments are checked. */
+  start(key: string, work: (term: LeaderTerm) => unknown, ttl: number, pause: number): Leadership {
+    const campaign = new Campaign(key, work, ttl, pause, this.runTerm, this.logger);
+    this.campaigns.add(campaign);
+    void campaign.done.then(() => this.campaigns.delete(campaign));
+    return campaign;
+  }
+
+  /**
+   * Shutdown, first step: stops every leadership, its term's `signal` aborted and its work waited
+   * for, up to the longest leader TTL; a work that ignores its signal longer is logged (its lock
+   * is released with the others when the engine shuts down).
+   */
+  async stopAll(): Promise<void> {
+    const campaigns = [...this.campaigns];
+    if (campaigns.length === 0) return;
+    const longest = Math.max(...campaigns.map((campaign) => campaign.ttl));
+    await within(
+      Promise.all(campaigns.map((campaign) => campaign.stop('shutdown'))),
+      longest,
+      [],
+    ).catch((error: unknown) => {
+      ignoreDeadline(error);
+      for (const campaign of campaigns.filter(({ ended }) => !ended)) {
+        this.logger.warn(
+          `Leader work for "${campaign.key}" did not return within ${campaign.ttl} ms of its term's signal aborting on shutdown: its lock is released now, and another instance may lead while it still runs (its stale fence is what stops its writes)`,
+        );
+      }
+    });
+  }
+
+  /** Shutdown, last step: stops what is left (started late) without waiting for it. */
+  abortAll(): void {
+    for (const campaign of this.campaigns) void campaign.stop('shutdown');
   }
 }

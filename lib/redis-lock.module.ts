@@ -1,7 +1,7 @@
-import { Module, type OnApplicationBootstrap, type OnModuleInit } from '@nestjs/common';
+import { Logger, Module, type OnApplicationBootstrap, type OnModuleInit } from '@nestjs/common';
 import { ModulesContainer } from '@nestjs/core';
 import { lacksLockService, provideLockService } from './decorators/lock-service.injection.js';
-import { startLeaderMethods } from './decorators/while-leader.decorator.js';
+import { hasLeaderMethods, startLeaderMethods } from './decorators/while-leader.decorator.js';
 import { RedisLockConfigurationError } from './errors/redis-lock.errors.js';
 import { LockService } from './lock.service.js';
 import { ConfigurableModuleClass } from './redis-lock.module-definition.js';
@@ -70,9 +70,19 @@ export class RedisLockModule
    * jobs; `LockService.onModuleDestroy` stops them at shutdown.
    */
   onApplicationBootstrap(): void {
+    const wrappers = this.providers();
+    // A request-scoped or transient provider has no instance to lead with (as @nestjs/schedule
+    // says of its jobs).
+    for (const wrapper of wrappers) {
+      if (!wrapper.isDependencyTreeStatic() && hasLeaderMethods(wrapper.metatype)) {
+        new Logger('RedisLock').warn(
+          `@WhileLeader on ${wrapper.metatype.name}, a request-scoped or transient provider, is ignored: make it a singleton to campaign from bootstrap.`,
+        );
+      }
+    }
     // One instance can stand behind several tokens (`useExisting`): it campaigns once.
     const instances = new Set(
-      this.providers()
+      wrappers
         .filter((wrapper) => wrapper.isDependencyTreeStatic())
         .map((wrapper): unknown => wrapper.instance),
     );

@@ -1,7 +1,8 @@
 import { RedisLockConfigurationError } from '../errors/redis-lock.errors.js';
 import type { LeadOptions } from '../lock.leadership.js';
 import { LockService } from '../lock.service.js';
-import { assertKey, leadOptionsProblem } from '../redis-lock.options.js';
+import { assertKey } from '../options/checks.js';
+import { leadOptionsProblem } from '../options/acquire-options.js';
 import { injectLockService, lockServiceIn } from './lock-service.injection.js';
 
 /** On a class: its `@WhileLeader` methods. */
@@ -85,4 +86,11 @@ export function startLeaderMethods(instance: unknown, locks: LockService): numbe
     locks.lead(key, (term) => method.call(instance, term), options);
   }
   return methods.length;
+}
+
+/** @internal Whether `metatype` (a provider's class) has `@WhileLeader` methods. */
+export function hasLeaderMethods(metatype: unknown): metatype is { name: string } {
+  return (
+    typeof metatype === 'function' && Reflect.getMetadata(LEADER_METHODS, metatype) !== undefined
+  );
 }

@@ -13,7 +13,7 @@ import {
 } from '../errors/redis-lock.errors.js';
 import type { AcquireOptions } from '../interfaces/lock.interface.js';
 import type { LockKeySource, WithLockOptions } from '../interfaces/with-lock-options.interface.js';
-import { validateWithLockOptions } from '../redis-lock.options.js';
+import { validateWithLockOptions } from '../options/decorator-options.js';
 import { answerLockTimeout } from './lock-timeout.answer.js';
 import { injectLockService, lockServiceOf } from './lock-service.injection.js';
 import { compileLockKey, type LockKeyResolver } from './lock-key.resolver.js';

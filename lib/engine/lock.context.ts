@@ -1,5 +1,5 @@
 import { AsyncLocalStorage } from 'node:async_hooks';
-import type { Lock } from './interfaces/lock.interface.js';
+import type { Lock } from '../interfaces/lock.interface.js';
 import { MultiKeyLock, type KeyHold } from './multi-key-lock.handle.js';
 /** What a call chain holds: a key, or several. */
 export type ChainLock = KeyHold | MultiKeyLock;

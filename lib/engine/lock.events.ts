@@ -1,6 +1,6 @@
 import type { Logger } from '@nestjs/common';
 import { Observable, Subject } from 'rxjs';
-import type { LockEvent } from './interfaces/lock-event.interface.js';
+import type { LockEvent } from '../interfaces/lock-event.interface.js';
 
 /**
  * The lock events of one `LockService`. Free while nobody listens: emitters check `observed`

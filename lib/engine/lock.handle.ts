@@ -1,59 +1,26 @@
-import type { Logger } from '@nestjs/common';
-import {
-  LockArgumentError,
-  LockLostError,
-  type LockLostReason,
-  type LockOperation,
-} from './errors/redis-lock.errors.js';
-import type {
-  HeldLease,
-  LockBackend,
-  LockShape,
-  PendingSwap,
-} from './interfaces/lock-backend.interface.js';
-import type { Lock } from './interfaces/lock.interface.js';
-import type { Linked } from './utils/linked-list.js';
+import { LockArgumentError, LockLostError } from '../errors/redis-lock.errors.js';
+import type { LockShape, PendingSwap } from '../interfaces/lock-backend.interface.js';
+import type { Lock } from '../interfaces/lock.interface.js';
+import { PLAIN, ttlProblem } from '../options/checks.js';
+import type { Linked } from '../utils/linked-list.js';
+import { Lease, type LeaseOwner } from './lock.lease.js';
 import { LockReentry } from './lock.reentry.js';
-import type { LockEvents } from './lock.events.js';
-import { PLAIN, ttlProblem } from './redis-lock.options.js';
 
 /** What a handle needs from the service that created it. */
-export interface LockOwnerHooks {
-  readonly backend: LockBackend;
-  readonly logger: Logger;
-  readonly events: LockEvents;
-  /** Waits for a backend reply for at most `commandTimeout`; failures become `LockBackendError`. */
-  readonly reply: <T>(key: string, operation: LockOperation, pending: Promise<T>) => Promise<T>;
+export interface LockOwnerHooks extends LeaseOwner {
   /** Called once when the handle stops being held (released or lost). */
   settled(lock: LockHandle): void;
 }
 
 /**
- * A held lock and its lease: the expiry timer that aborts `signal` when the TTL runs out
- * unconfirmed, and, with auto-extension, the watchdog that extends it every `ttl / 3`.
- * Extension goes through the owner-checked script, so a lost lock is never re-created.
- *
- * What nobody observes costs nothing: the `AbortController` and the expiry timer are created when
- * `signal` is first read. Until then an overrun lease is noticed by the next thing that asks
- * (`release()`, `extend()`, re-entry, the watchdog, a reconnect check) through `checkExpiry()`.
- *
- * A lock passed on by a release in this process (see `RedisLockBackend.passOn`) starts on its
- * predecessor's lease (no longer than its own TTL's), with the write of its own token and TTL in flight (`swap`): that write is
- * its first extension. Until it is answered, extensions and the release wait for it.
+ * A held lock: the `Lock` API over its lease (see `Lease`), its place among the locks its service
+ * holds, `holdAtLeast`, and the turns of the calls nested in its holder's flow (see `enter()`).
  */
-export class LockHandle implements Lock, HeldLease, Linked<LockHandle> {
+export class LockHandle extends Lease implements Lock, Linked<LockHandle> {
   /** @internal Neighbours among the locks its service holds (see `LinkedList`). */
   prev: LockHandle | undefined = undefined;
   /** @internal */
   next: LockHandle | undefined = undefined;
-  private controller: AbortController | undefined;
-  /** Why the lease ended early (lost, or abandoned on shutdown): `signal`'s abort reason. */
-  private endReason: LockLostError | undefined;
-  private state: 'held' | 'released' | 'lost' = 'held';
-  private expiry: number;
-  private expiryTimer: NodeJS.Timeout | undefined;
-  private extendTimer: NodeJS.Timeout | undefined;
-  private lastExtendError: unknown;
   /** @internal See `AcquireOptions.holdAtLeast`: what the caller asked for (0: nothing). */
   holdAtLeast = 0;
   /** Until when (`performance.now()`) a release only shortens the key's TTL (see `releaseInRedis`). */
@@ -64,39 +31,32 @@ export class LockHandle implements Lock, HeldLease, Linked<LockHandle> {
   private turn: { promise: Promise<void>; resolve: () => void } | undefined;
 
   constructor(
-    readonly key: string,
-    readonly token: string,
-    readonly fence: number,
-    private ttl: number,
+    key: string,
+    token: string,
+    fence: number,
+    ttl: number,
     /** When the acquisition that granted it was sent (`performance.now()`). */
-    private readonly acquiredAt: number,
+    acquiredAt: number,
     expiresAt: number,
-    private readonly autoExtend: boolean,
-    private readonly owner: LockOwnerHooks,
-    /** What it holds: the plain lock, a place in a semaphore, or a read lock. */
-    readonly shape: LockShape = PLAIN,
-    /** @internal See `HeldLease.fenceLimit`. */
-    readonly fenceLimit: number = fence,
-    /** @internal Its own token write, when it was passed on before Redis knew. */
-    public swap?: PendingSwap,
+    autoExtend: boolean,
+    protected override readonly owner: LockOwnerHooks,
+    shape: LockShape = PLAIN,
+    fenceLimit: number = fence,
+    swap?: PendingSwap,
   ) {
-    this.expiry = expiresAt;
-    if (swap) this.awaitSwap(swap);
-    else if (autoExtend) this.extendWhenDue();
-  }
-
-  get signal(): AbortSignal {
-    if (!this.controller) {
-      this.controller = new AbortController();
-      this.checkExpiry();
-      if (this.endReason) this.controller.abort(this.endReason);
-      else if (this.state === 'held') this.armExpiry();
-    }
-    return this.controller.signal;
-  }
-
-  get expiresAt(): number {
-    return this.expiry;
+    super(
+      key,
+      token,
+      fence,
+      ttl,
+      acquiredAt,
+      expiresAt,
+      autoExtend,
+      owner,
+      shape,
+      fenceLimit,
+      swap,
+    );
   }
 
   get keys(): readonly string[] {
@@ -107,29 +67,9 @@ export class LockHandle implements Lock, HeldLease, Linked<LockHandle> {
     return { [this.key]: this.fence };
   }
 
-  /** @internal Why the lease ended early (`signal`'s abort reason), without creating the signal. */
-  get lossReason(): LockLostError | undefined {
-    return this.endReason;
-  }
-
-  /** True once `release()` has taken the lock's last holder away. */
-  get released(): boolean {
-    return this.state === 'released';
-  }
-
   /** Whether this handle was created by the service that `hooks` belong to. */
   belongsTo(hooks: LockOwnerHooks): boolean {
     return this.owner === hooks;
-  }
-
-  /** @internal The TTL the lease is kept with (the last extension's). */
-  get leaseTtl(): number {
-    return this.ttl;
-  }
-
-  /** @internal Whether a watchdog keeps the lease. */
-  get extendsItself(): boolean {
-    return this.autoExtend;
   }
 
   /**
@@ -167,12 +107,6 @@ export class LockHandle implements Lock, HeldLease, Linked<LockHandle> {
     this.turn = undefined;
     if (later) setImmediate(turn.resolve);
     else turn.resolve();
-  }
-
-  /** Whether the lock is held still, its lease not run out (which is declared lost if it has). */
-  stillHeld(): boolean {
-    this.checkExpiry();
-    return this.state === 'held';
   }
 
   /** Not `async`: the release's own reply is returned as it is, without a promise around it. */
@@ -251,162 +185,15 @@ export class LockHandle implements Lock, HeldLease, Linked<LockHandle> {
     return reply(this.key, 'release', shorten());
   }
 
-  /** One extension, shared by `extend()` and the watchdog. Resolves false when the lock is gone. */
-  private async renew(ttl: number): Promise<boolean> {
-    const { backend, reply } = this.owner;
-    // After the token write, if still in flight (it fails like an extension if unanswered).
-    if (this.swap) await reply(this.key, 'extend', this.swap);
-    if (this.state !== 'held') return this.state === 'released';
-    const sentAt = performance.now();
-    const extended = await reply(
-      this.key,
-      'extend',
-      backend.extend(this.key, this.token, ttl, this.shape),
-    );
-    // The lease ran out before Redis confirmed: lost, as if the expiry timer had fired first.
-    this.checkExpiry();
-    if (this.state !== 'held') return extended && this.state !== 'lost';
-    if (!extended) {
-      this.lose('not-held');
-      return false;
-    }
-    this.confirm(sentAt, ttl);
-    const { events } = this.owner;
-    if (events.observed) events.emit({ type: 'extended', key: this.key, fence: this.fence, ttl });
-    return true;
-  }
-
-  /** Redis confirmed the lease for `ttl` from `sentAt`. */
-  private confirm(sentAt: number, ttl: number): void {
-    this.ttl = ttl;
-    this.expiry = sentAt + this.owner.backend.validity(ttl);
-    this.lastExtendError = undefined;
-    if (this.controller) this.armExpiry();
-  }
-
-  /**
-   * Follows this lock's token write (see the class comment): answered, the lease runs from when it
-   * was sent; the lock found no longer its predecessor's, it is lost; no answer, the lease stays
-   * its predecessor's and the watchdog, if on, goes on trying to extend it.
-   */
-  private awaitSwap(swap: PendingSwap): void {
-    const done = (): void => {
-      if (this.swap === swap) this.swap = undefined;
-    };
-    swap.then(done, done);
-    this.owner.reply(this.key, 'extend', swap).then(
-      (sentAt) => {
-        this.checkExpiry();
-        if (this.state !== 'held') return;
-        if (sentAt === undefined) return this.lose('not-held');
-        this.confirm(sentAt, this.ttl);
-        if (this.autoExtend) this.extendWhenDue();
-      },
-      (error: unknown) => {
-        if (this.state !== 'held') return;
-        this.lastExtendError = error;
-        if (this.autoExtend) this.scheduleExtension(0);
-      },
-    );
-  }
-
-  /**
-   * Next extension when a third of the lease has passed, counted (as the lease is) from when the
-   * last acquisition or extension was sent: on a link whose round trip exceeds ttl / 3,
-   * extensions go back to back instead of letting the lease run out between them.
-   */
-  private extendWhenDue(): void {
-    this.scheduleExtension(Math.max(0, this.expiry - (2 * this.ttl) / 3 - performance.now()));
-  }
-
-  private scheduleExtension(delay: number): void {
-    this.extendTimer = setTimeout(() => void this.autoExtendOnce(), delay);
-    this.extendTimer.unref();
-  }
-
-  private async autoExtendOnce(): Promise<void> {
-    this.extendTimer = undefined;
-    this.checkExpiry();
-    if (this.state !== 'held') return;
-    try {
-      if (await this.renew(this.ttl)) this.extendWhenDue();
-    } catch (error) {
-      if (this.state !== 'held') return;
-      // Keep trying until the expiry timer declares the lock unconfirmed; warn once per outage.
-      if (this.lastExtendError === undefined) {
-        this.owner.logger.warn(
-          `Could not extend lock "${this.key}" (fence ${this.fence}), retrying: ${String(error)}`,
-        );
-      }
-      this.lastExtendError = error;
-      this.scheduleExtension(Math.max(this.ttl / 10, 10));
-    }
-  }
-
-  private armExpiry(): void {
-    clearTimeout(this.expiryTimer);
-    this.expiryTimer = setTimeout(
-      () => this.expiryDue(),
-      Math.max(0, this.expiry - performance.now()),
-    );
-    this.expiryTimer.unref();
-  }
-
-  /**
-   * The expiry timer fired. Node keeps timers in whole milliseconds of libuv's loop clock, which
-   * can lag `performance.now()`, so a timer may fire a millisecond or two early (0.4 ms seen in
-   * CI): the lease is not over before `expiry`, so then it waits the rest.
-   */
-  private expiryDue(): void {
-    if (this.state !== 'held') return;
-    if (performance.now() < this.expiry) this.armExpiry();
-    else this.expire();
-  }
-
-  /** Declares the lease lost if it ran out unconfirmed and no timer has said so yet. */
-  private checkExpiry(): void {
-    if (this.state === 'held' && performance.now() >= this.expiry) this.expire();
-  }
-
-  /** The lease ran out unconfirmed. */
-  private expire(): void {
-    this.lose(this.autoExtend ? 'unconfirmed' : 'expired', this.lastExtendError);
-  }
-
-  private lose(reason: Exclude<LockLostReason, 'shutdown'>, cause?: unknown): void {
-    if (this.state !== 'held') return;
-    this.settle('lost');
-    const { events } = this.owner;
-    if (events.observed) {
-      const heldMs = performance.now() - this.acquiredAt;
-      events.emit({ type: 'lost', key: this.key, fence: this.fence, heldMs, reason });
-    }
-    this.end(
-      new LockLostError(this.key, this.token, reason, cause === undefined ? undefined : { cause }),
-    );
-  }
-
-  private end(reason: LockLostError): void {
-    this.endReason = reason;
-    this.controller?.abort(reason);
-  }
-
-  /** Ends the lease; returns whether it was held until now. */
-  private settle(state: 'released' | 'lost'): boolean {
-    const wasHeld = this.state === 'held';
-    this.state = state;
-    clearTimeout(this.expiryTimer);
-    clearTimeout(this.extendTimer);
-    this.expiryTimer = this.extendTimer = undefined;
-    if (wasHeld) this.owner.settled(this);
-    this.turnOver();
-    return wasHeld;
-  }
-
   private reportRelease(shutdown: boolean): void {
     const { events } = this.owner;
     if (!events.observed) return;
     const heldMs = performance.now() - this.acquiredAt;
     events.emit({ type: 'released', key: this.key, fence: this.fence, heldMs, shutdown });
+  }
+
+  protected settled(wasHeld: boolean): void {
+    if (wasHeld) this.owner.settled(this);
+    this.turnOver();
   }
 }

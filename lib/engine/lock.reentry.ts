@@ -1,6 +1,6 @@
-import { LockArgumentError, LockLostError } from './errors/redis-lock.errors.js';
-import type { LockShape } from './interfaces/lock-backend.interface.js';
-import type { AcquireOptions, Lock } from './interfaces/lock.interface.js';
+import { LockArgumentError, LockLostError } from '../errors/redis-lock.errors.js';
+import type { LockShape } from '../interfaces/lock-backend.interface.js';
+import type { AcquireOptions, Lock } from '../interfaces/lock.interface.js';
 
 /**
  * What a view reads of the hold it re-enters: a `LockHandle` (which creates views, so this file

@@ -1,4 +1,4 @@
-import type { Lock } from './interfaces/lock.interface.js';
+import type { Lock } from '../interfaces/lock.interface.js';
 import type { LockHandle, LockOwnerHooks } from './lock.handle.js';
 import type { LockReentry } from './lock.reentry.js';
 

@@ -1,7 +1,8 @@
 import type { Logger } from '@nestjs/common';
 import type { LockBackend } from '../interfaces/lock-backend.interface.js';
-import type { ResolvedModuleOptions } from '../redis-lock.options.js';
-import { createClient, RedisLockBackend } from './redis-lock.backend.js';
+import type { ResolvedModuleOptions } from '../options/module-options.js';
+import { createClient } from './connections.js';
+import { RedisLockBackend } from './redis-lock.backend.js';
 import { RedlockBackend } from './redlock.backend.js';
 
 /**

@@ -33,7 +33,7 @@ export const FENCE_STRIDE = 16;
  * script: an addition in Lua turns two arguments into numbers and the sum back into a string for
  * the command, which measured ~2 µs of Redis time per acquire (a quarter of the acquire script's).
  */
-const FENCE_OF = (counter: string, counterTtl: string, stride = 1): string =>
+export const FENCE_OF = (counter: string, counterTtl: string, stride = 1): string =>
   stride === 1
     ? `
 local fence = redis.call('INCR', ${counter})
@@ -54,7 +54,7 @@ else
   redis.call('PEXPIRE', ${counter}, ${counterTtl})
   fence = fence - ${stride - 1}
 end`;
-const NEXT_FENCE = (counterTtl: string, stride = 1): string => `
+export const NEXT_FENCE = (counterTtl: string, stride = 1): string => `
 ${FENCE_OF('KEYS[2]', counterTtl, stride)}
 return fence
 `;
@@ -91,7 +91,7 @@ return fences
  * `readers` (live ones), `last` (latest expiry of any field), `writer` (the mark's expiry, or
  * nil) and `mine` (ARGV[1] is a live reader).
  */
-const SCAN_READERS = `
+export const SCAN_READERS = `
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local readers, last, writer, mine = 0, 0, nil, false
@@ -119,7 +119,7 @@ end
  * most `retryInterval` + jitter, and the reply's trip), so readers cannot starve it however long
  * its own TTL or theirs; a writer that died holds new readers off for at most `stay`.
  */
-const MARK_WRITER = (stay: string): string => `
+export const MARK_WRITER = (stay: string): string => `
 if ${stay} then
   local mark = now + tonumber(${stay})
   if (writer or 0) < mark then redis.call('HSET', KEYS[1], '', mark) end
@@ -153,7 +153,7 @@ redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])`;
  * the counter is gone, the script goes on to a new one). KEYS[1] lock key, KEYS[2] fence key;
  * ARGV[2] ttl ms, ARGV[3] fence counter TTL ms.
  */
-const RENEW_OWN = `
+export const RENEW_OWN = `
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 local held = redis.call('GET', KEYS[2])
 if held then
@@ -306,292 +306,3 @@ export const RELEASE_FORGETTING_SCRIPT = release('KEYS[1], KEYS[2]', 'PUBLISH');
  */
 export const RELEASE_SHARDED_SCRIPT = release('KEYS[1]', 'SPUBLISH');
 export const RELEASE_FORGETTING_SHARDED_SCRIPT = release('KEYS[1], KEYS[2]', 'SPUBLISH');
-
-/**
- * The Redis server's clock in ms (a semaphore holder's expiry is scored on it: no client clock is
- * ever compared), then the holders whose lease ran out are dropped (KEYS[1], a sorted set).
- */
-const NOW_AND_PURGE = `
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-`;
-
-/** The set's own TTL follows its longest-living holder, so it vanishes with the last lease. */
-const KEEP_SET_TTL = `
-local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
-if last[2] then redis.call('PEXPIRE', KEYS[1], tonumber(last[2]) - now) end
-`;
-
-/** Lengthens KEYS[3] (the own tokens' fences) to at least ARGV[3] ms (the fence counter's TTL). */
-const KEEP_OWN_FENCES = `
-if redis.call('PTTL', KEYS[3]) < tonumber(ARGV[3]) then redis.call('PEXPIRE', KEYS[3], ARGV[3]) end`;
-
-/**
- * The fence of a semaphore place or read lock, as the scripts' last step. KEYS[3] keeps, for the
- * callers' own tokens (`own`, a Lua expression, true), the fence each holds (hash: token → fence),
- * so that re-acquiring with an own token that holds a place returns the same fence (`had`: it held
- * one before this call), as it does for a plain lock. Generated tokens never come back, and pay
- * nothing. The hash lives as long as the fence counter (ARGV[3]); a stale entry is overwritten by
- * the token's next new place.
- */
-const SHARED_FENCE = (had: string, own: string): string => `
-if ${own} then
-  if ${had} then
-    local kept = redis.call('HGET', KEYS[3], ARGV[1])
-    if kept then
-      redis.call('PEXPIRE', KEYS[2], ARGV[3])
-      ${KEEP_OWN_FENCES}
-      return tonumber(kept)
-    end
-  end
-  ${FENCE_OF('KEYS[2]', 'ARGV[3]')}
-  redis.call('HSET', KEYS[3], ARGV[1], string.format('%.0f', fence))
-  ${KEEP_OWN_FENCES}
-  return fence
-end
-${NEXT_FENCE('ARGV[3]')}`;
-
-/**
- * Counting semaphore. KEYS[1] holders (sorted set: token → expiry, server ms), KEYS[2] fence key,
- * KEYS[3] own tokens' fences (see SHARED_FENCE); ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fence
- * counter TTL ms, ARGV[4] limit, ARGV[5] '1' for the caller's own token.
- * Takes a place if fewer than `limit` live holders have one (or the token has one already: its
- * lease is renewed), with a new fence (an own token that has a place keeps its fence); else
- * returns -2 - the ms until the first lease runs out. A plain lock on the key (a string) excludes
- * every semaphore caller, as it excludes everyone.
- */
-export const ACQUIRE_SEMAPHORE_SCRIPT = `
-local kind = redis.call('TYPE', KEYS[1]).ok
-if kind == 'hash' then
-  ${SCAN_READERS}
-  if readers > 0 then return -2 - (last - now) end
-  redis.call('DEL', KEYS[1])
-elseif kind ~= 'none' and kind ~= 'zset' then
-  local pttl = redis.call('PTTL', KEYS[1])
-  if pttl < 0 then return -1 end
-  return -2 - pttl
-end
-${NOW_AND_PURGE}
-local had = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if not had and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[4]) then
-  local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-  return -2 - (tonumber(first[2]) - now)
-end
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
-${KEEP_SET_TTL}
-${SHARED_FENCE('had', "ARGV[5] == '1'")}`;
-
-/**
- * KEYS[1] holders, KEYS[2] fence key, KEYS[3] own tokens' fences; ARGV[1] token, ARGV[2] ttl ms,
- * ARGV[3] fence counter TTL ms. Renews the token's lease if it is still live; returns 1, or 0
- * (nothing changed: a lapsed place is never taken again by an extension).
- */
-export const EXTEND_SEMAPHORE_SCRIPT = `
-if redis.call('TYPE', KEYS[1]).ok ~= 'zset' then return 0 end
-${NOW_AND_PURGE}
-if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 0 end
-redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[2]), ARGV[1])
-${KEEP_SET_TTL}
-redis.call('PEXPIRE', KEYS[2], ARGV[3])
-if redis.call('EXISTS', KEYS[3]) == 1 then ${KEEP_OWN_FENCES} end
-return 1
-`;
-
-/**
- * KEYS[1] holders, KEYS[2] fence key, KEYS[3] own tokens' fences; ARGV[1] token, ARGV[2] channel,
- * ARGV[3] message. Gives the token's place back and announces it (see `release`); 0 if it held
- * none (any more).
- */
-const releaseSemaphore = (forget: boolean, publish: 'PUBLISH' | 'SPUBLISH'): string => `
-if redis.call('TYPE', KEYS[1]).ok ~= 'zset' then return 0 end
-${NOW_AND_PURGE}
-local held = redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('HDEL', KEYS[3], ARGV[1])
-if redis.call('ZCARD', KEYS[1]) > 0 then
-${KEEP_SET_TTL}
-else
-  redis.call('DEL', KEYS[3]${forget ? ', KEYS[2]' : ''})
-end
-if held == 0 then return 0 end
-return 1 + redis.call('${publish}', ARGV[2], ARGV[3])
-`;
-export const RELEASE_SEMAPHORE_SCRIPT = releaseSemaphore(false, 'PUBLISH');
-export const RELEASE_SEMAPHORE_FORGETTING_SCRIPT = releaseSemaphore(true, 'PUBLISH');
-export const RELEASE_SEMAPHORE_SHARDED_SCRIPT = releaseSemaphore(false, 'SPUBLISH');
-export const RELEASE_SEMAPHORE_FORGETTING_SHARDED_SCRIPT = releaseSemaphore(true, 'SPUBLISH');
-
-/**
- * KEYS[1] lock key; ARGV[1] token. 1 if the token holds the key: as a plain lock's owner, with a
- * live place in a semaphore, or as a live reader. Changes nothing.
- */
-export const IS_HELD_SCRIPT = `
-local kind = redis.call('TYPE', KEYS[1]).ok
-if kind == 'string' then
-  if redis.call('GET', KEYS[1]) == ARGV[1] then return 1 end
-  return 0
-end
-if kind == 'hash' then
-  local clock = redis.call('TIME')
-  local expiry = redis.call('HGET', KEYS[1], ARGV[1])
-  if ARGV[1] ~= '' and expiry and tonumber(expiry) > tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000) then return 1 end
-  return 0
-end
-if kind ~= 'zset' then return 0 end
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-local expiry = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if expiry and tonumber(expiry) > now then return 1 end
-return 0
-`;
-
-/**
- * Read lock. KEYS[1] readers (hash, see SCAN_READERS), KEYS[2] fence key, KEYS[3] own tokens'
- * fences (see SHARED_FENCE); ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fence counter TTL ms, ARGV[4]
- * '1' for the caller's own token. Joins the readers (or renews the token's lease) with a new fence
- * (an own token already reading keeps its fence), unless a writer holds the key (or anything but
- * a read lock does: busy until its PTTL) or waits for it (busy until its mark lapses; a reader
- * already in may renew).
- */
-export const ACQUIRE_READ_SCRIPT = `
-local kind = redis.call('TYPE', KEYS[1]).ok
-if kind ~= 'none' and kind ~= 'hash' then
-  local pttl = redis.call('PTTL', KEYS[1])
-  if pttl < 0 then return -1 end
-  return -2 - pttl
-end
-${SCAN_READERS}
-if writer and not mine then return -2 - (writer - now) end
-local expiry = now + tonumber(ARGV[2])
-redis.call('HSET', KEYS[1], ARGV[1], expiry)
-if expiry > last then last = expiry end
-redis.call('PEXPIRE', KEYS[1], last - now)
-${SHARED_FENCE('mine', "ARGV[4] == '1'")}`;
-
-/**
- * KEYS[1] readers, KEYS[2] fence key, KEYS[3] own tokens' fences; ARGV[1] token, ARGV[2] ttl,
- * ARGV[3] counter TTL. 1 or 0.
- */
-export const EXTEND_READ_SCRIPT = `
-if redis.call('TYPE', KEYS[1]).ok ~= 'hash' then return 0 end
-${SCAN_READERS}
-if not mine then return 0 end
-local expiry = now + tonumber(ARGV[2])
-redis.call('HSET', KEYS[1], ARGV[1], expiry)
-if expiry > last then last = expiry end
-redis.call('PEXPIRE', KEYS[1], last - now)
-redis.call('PEXPIRE', KEYS[2], ARGV[3])
-if redis.call('EXISTS', KEYS[3]) == 1 then ${KEEP_OWN_FENCES} end
-return 1
-`;
-
-/**
- * KEYS[1] readers, KEYS[2] fence key, KEYS[3] own tokens' fences; ARGV[1] token, ARGV[2] channel,
- * ARGV[3] message.
- */
-const releaseRead = (forget: boolean, publish: 'PUBLISH' | 'SPUBLISH'): string => `
-if redis.call('TYPE', KEYS[1]).ok ~= 'hash' then return 0 end
-${SCAN_READERS}
-redis.call('HDEL', KEYS[1], ARGV[1])
-redis.call('HDEL', KEYS[3], ARGV[1])
-if readers - (mine and 1 or 0) == 0 then
-  redis.call('DEL', KEYS[3])
-  if writer then
-    redis.call('PEXPIRE', KEYS[1], writer - now)
-  else
-    redis.call('DEL', KEYS[1]${forget ? ', KEYS[2]' : ''})
-  end
-end
-if not mine then return 0 end
-return 1 + redis.call('${publish}', ARGV[2], ARGV[3])
-`;
-export const RELEASE_READ_SCRIPT = releaseRead(false, 'PUBLISH');
-export const RELEASE_READ_FORGETTING_SCRIPT = releaseRead(true, 'PUBLISH');
-export const RELEASE_READ_SHARDED_SCRIPT = releaseRead(false, 'SPUBLISH');
-export const RELEASE_READ_FORGETTING_SHARDED_SCRIPT = releaseRead(true, 'SPUBLISH');
-
-/**
- * Fair locks queue their waiters under the lock's key: KEYS[3] the queue (sorted set: token →
- * arrival, the server's clock in µs), KEYS[4] when each waiter stops counting (sorted set: token →
- * server ms). A waiter renews its place with every attempt; one that stopped asking (gave up
- * without leaving, or died) is dropped once that time passes, so it never blocks the queue for
- * longer. This snippet drops them and leaves `now` (ms) and `clock`.
- */
-const DROP_GONE_WAITERS = `
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-local gone = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
-for _, waiter in ipairs(gone) do redis.call('ZREM', KEYS[3], waiter) end
-if #gone > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now) end
-`;
-
-/**
- * Fair (FIFO) lock. KEYS[1] lock key, KEYS[2] fence key, KEYS[3] queue, KEYS[4] waiters' stay;
- * ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fence counter TTL ms, ARGV[4] how long a waiter's place
- * lasts without another attempt (ms). The lock goes only to the head of the queue (or to anyone
- * when nobody queues): a newcomer joins the tail and never takes a free key ahead of those who
- * came first. Returns the fence, or -2 - the holder's remaining TTL, or -1 (free, but not this
- * waiter's turn: it retries when woken or after its pause).
- */
-export const ACQUIRE_FAIR_SCRIPT = `
-${DROP_GONE_WAITERS}
-local holder = redis.pcall('GET', KEYS[1])
-if holder == ARGV[1] then
-  ${RENEW_OWN}
-else
-  local busy
-  if redis.call('TYPE', KEYS[1]).ok == 'hash' then
-    -- Read locks: a fair writer marks them as any waiting writer does (see MARK_WRITER).
-    ${SCAN_READERS}
-    busy = readers > 0
-    if busy and tonumber(ARGV[4]) > 0 then ${MARK_WRITER('ARGV[4]')} end
-  else
-    busy = redis.call('EXISTS', KEYS[1]) == 1
-  end
-  local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-  if busy or (head and head ~= ARGV[1]) then
-    redis.call('ZADD', KEYS[3], 'NX', tonumber(clock[1]) * 1000000 + tonumber(clock[2]), ARGV[1])
-    redis.call('ZADD', KEYS[4], now + tonumber(ARGV[4]), ARGV[1])
-    for i = 3, 4 do
-      if redis.call('PTTL', KEYS[i]) < tonumber(ARGV[4]) then redis.call('PEXPIRE', KEYS[i], ARGV[4]) end
-    end
-    if not busy then return -1 end
-    local pttl = redis.call('PTTL', KEYS[1])
-    if pttl < 0 then return -1 end
-    return -2 - pttl
-  end
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  redis.call('ZREM', KEYS[3], ARGV[1])
-  redis.call('ZREM', KEYS[4], ARGV[1])
-end
-${NEXT_FENCE('ARGV[3]')}`;
-
-/**
- * KEYS[1] lock key, KEYS[2] fence key, KEYS[3] queue, KEYS[4] stay; ARGV[1] token, ARGV[2] message,
- * ARGV[3] 1 to release the lock, 0 for a waiter leaving the queue, ARGV[4] the turn channels'
- * prefix, `<lock key>:fair:` as the client names it (not from KEYS[1], which a client's own ioredis
- * `keyPrefix` prefixes, while channels it subscribes to are not). Tells the head of the queue (on
- * its own channel, ARGV[4] .. token) that it is its turn: after a release, or when a waiter leaves
- * while the key is free. Returns 0 if ARGV[1] did not hold the lock (release), else 1 + the
- * subscribers reached.
- */
-const fairRelease = (forget: boolean, publish: 'PUBLISH' | 'SPUBLISH'): string => `
-if ARGV[3] == '1' then
-  if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-  redis.call('DEL', KEYS[1]${forget ? ', KEYS[2]' : ''})
-else
-  redis.call('ZREM', KEYS[3], ARGV[1])
-  redis.call('ZREM', KEYS[4], ARGV[1])
-  -- A fair writer waiting on read locks takes back its mark (see MARK_WRITER).
-  if redis.call('TYPE', KEYS[1]).ok == 'hash' then redis.call('HDEL', KEYS[1], '') end
-  if redis.call('EXISTS', KEYS[1]) == 1 then return 1 end
-end
-${DROP_GONE_WAITERS}
-local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-if not head then return 1 end
-return 1 + redis.call('${publish}', ARGV[4] .. head, ARGV[2])
-`;
-export const RELEASE_FAIR_SCRIPT = fairRelease(false, 'PUBLISH');
-export const RELEASE_FAIR_FORGETTING_SCRIPT = fairRelease(true, 'PUBLISH');
-export const RELEASE_FAIR_SHARDED_SCRIPT = fairRelease(false, 'SPUBLISH');
-export const RELEASE_FAIR_FORGETTING_SHARDED_SCRIPT = fairRelease(true, 'SPUBLISH');

@@ -1,4 +1,4 @@
-import { PLAIN } from '../redis-lock.options.js';
+import { PLAIN } from '../options/checks.js';
 import type { Logger } from '@nestjs/common';
 import type { Redis } from 'ioredis';
 import { LockQuorumError, RedisLockConfigurationError } from '../errors/redis-lock.errors.js';
@@ -8,14 +8,12 @@ import type {
   LockBackend,
   ReleaseSubscription,
 } from '../interfaces/lock-backend.interface.js';
-import {
-  isRedisClient,
-  type RedisSource,
-  type ResolvedModuleOptions,
-} from '../redis-lock.options.js';
+import { isRedisClient } from '../options/checks.js';
+import { type RedisSource, type ResolvedModuleOptions } from '../options/module-options.js';
 import { freshToken } from '../utils/token.js';
 import { ReplyDeadlines } from '../utils/reply-deadlines.js';
-import { createClient, describeFailure, RedisLockBackend } from './redis-lock.backend.js';
+import { createClient, describeFailure } from './connections.js';
+import { RedisLockBackend } from './redis-lock.backend.js';
 import { ReleaseNotifier } from './release.notifier.js';
 
 /** What the nodes answered in one round. */

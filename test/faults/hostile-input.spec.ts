@@ -19,7 +19,8 @@ import {
   type LockService,
 } from '../../lib/index.js';
 import { compileLockKey } from '../../lib/decorators/lock-key.resolver.js';
-import { MAX_DURATION, resolveModuleOptions } from '../../lib/redis-lock.options.js';
+import { MAX_DURATION } from '../../lib/options/defaults.js';
+import { resolveModuleOptions } from '../../lib/options/module-options.js';
 import {
   LogCapture,
   startLockModule,

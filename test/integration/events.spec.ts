@@ -3,7 +3,7 @@ import { once } from 'node:events';
 import { after, before, describe, it } from 'node:test';
 import { config, filter, firstValueFrom, toArray, type Subscription } from 'rxjs';
 import { LockAcquireTimeoutError, type LockEvent } from '../../lib/index.js';
-import { LockEvents } from '../../lib/lock.events.js';
+import { LockEvents } from '../../lib/engine/lock.events.js';
 import {
   eventually,
   sleep,

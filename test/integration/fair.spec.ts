@@ -8,7 +8,7 @@ import {
   WithLock,
   type LockService,
 } from '../../lib/index.js';
-import { ACQUIRE_FAIR_SCRIPT } from '../../lib/redis/lock.scripts.js';
+import { ACQUIRE_FAIR_SCRIPT } from '../../lib/redis/fair.scripts.js';
 import {
   eventually,
   sleep,

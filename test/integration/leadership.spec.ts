@@ -1,11 +1,14 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
-import { Injectable } from '@nestjs/common';
+import { Injectable, Scope } from '@nestjs/common';
+import { Test } from '@nestjs/testing';
 import { Redis } from 'ioredis';
 import {
   LeadershipStoppedError,
   LockArgumentError,
   LockLostError,
+  LockService,
+  RedisLockModule,
   RedisLockConfigurationError,
   RedisLockShutdownError,
   WhileLeader,
@@ -284,6 +287,30 @@ describe('@WhileLeader', () => {
     } finally {
       await first.close();
       await second.close();
+    }
+  });
+
+  it('warns about a request-scoped provider, which has no instance to lead with, and leads nothing', async () => {
+    @Injectable({ scope: Scope.REQUEST })
+    class PerRequest {
+      @WhileLeader('leader:per-request')
+      async run(): Promise<void> {}
+    }
+    const module = await Test.createTestingModule({
+      imports: [RedisLockModule.forRoot({ connection: server.url })],
+      providers: [PerRequest],
+    }).compile();
+    const { capture, restore } = LogCapture.install(); // after compile(): it installs its own logger
+    try {
+      await module.init();
+      const warned = capture.lines.filter(
+        ({ level, message }) => level === 'warn' && message.includes('PerRequest'),
+      );
+      assert.equal(warned.length, 1, JSON.stringify(capture.lines));
+      assert.equal(await module.get(LockService).isLocked('leader:per-request'), false);
+    } finally {
+      restore();
+      await module.close();
     }
   });
 

@@ -12,7 +12,7 @@ import {
   type RedisLockModuleOptions,
 } from '../../lib/index.js';
 import { createLockBackend } from '../../lib/redis/lock-backend.factory.js';
-import { resolveModuleOptions } from '../../lib/redis-lock.options.js';
+import { resolveModuleOptions } from '../../lib/options/module-options.js';
 import { eventually, sleep, startLockModule, uniqueKey } from '../support/lock-module.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
 

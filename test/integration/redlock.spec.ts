@@ -54,9 +54,9 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
 
   /** The module's own connections to the nodes. */
   const nodeClients = (fixture: LockModuleFixture): Redis[] =>
-    (fixture.locks as unknown as { backend: { nodes: { client: Redis }[] } }).backend.nodes.map(
-      (node) => node.client,
-    );
+    (
+      fixture.locks as unknown as { engine: { backend: { nodes: { client: Redis }[] } } }
+    ).engine.backend.nodes.map((node) => node.client);
 
   /** The nodes on which `key` is held by `token` right now. */
   const holders = async (key: string, token: string, among = servers.keys()): Promise<number> => {

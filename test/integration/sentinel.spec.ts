@@ -77,7 +77,7 @@ describe('through Sentinel', () => {
     const direct = new Redis(master.port, master.host);
     const subscribed = async (): Promise<boolean> =>
       ((await direct.pubsub('NUMSUB', channel)) as [string, number])[1] === 1;
-    const { backend } = app.locks as unknown as { backend: Internals };
+    const { backend } = (app.locks as unknown as { engine: { backend: Internals } }).engine;
     const { capture, restore } = LogCapture.install();
     try {
       assert.ok(await eventually(subscribed));

@@ -34,7 +34,7 @@ import {
   PASS_ON_SCRIPT,
   RELEASE_SCRIPT,
 } from '../../lib/redis/lock.scripts.js';
-import { DEFAULT_HANDOFF_TURN } from '../../lib/redis-lock.options.js';
+import { DEFAULT_HANDOFF_TURN } from '../../lib/options/defaults.js';
 import { FaultProxy } from '../support/fault-proxy.js';
 
 describe('waiting for a held lock', () => {
@@ -694,9 +694,11 @@ describe('waiting for a held lock', () => {
       const queued = app.locks.acquire(key, { acquireTimeout: 20_000 });
       queued.catch(() => {}); // awaited below; a failed assertion before must not leave it unhandled
       assert.ok(await eventually(subscribed), 'the waiter subscribed');
-      const { backend } = app.locks as unknown as {
-        backend: { notifier: { subscribers: Redis[] } };
-      };
+      const { backend } = (
+        app.locks as unknown as {
+          engine: { backend: { notifier: { subscribers: Redis[] } } };
+        }
+      ).engine;
       const [subscriber] = backend.notifier.subscribers;
       // Only the subscriber's connection is reset: the waiter's attempts on the command connection
       // must not fail (an attempt that loses its connection fails the acquisition, as documented).

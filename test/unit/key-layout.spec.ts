@@ -9,8 +9,9 @@ import { describe, it } from 'node:test';
 import { Logger } from '@nestjs/common';
 import fc from 'fast-check';
 import type { Redis } from 'ioredis';
-import { pubSubChoice, RedisLockBackend } from '../../lib/redis/redis-lock.backend.js';
-import { PLAIN } from '../../lib/redis-lock.options.js';
+import { pubSubChoice } from '../../lib/redis/pub-sub.choice.js';
+import { RedisLockBackend } from '../../lib/redis/redis-lock.backend.js';
+import { PLAIN } from '../../lib/options/checks.js';
 
 /**
  * What Redis hashes to find a key's slot: the part between the first `{` and the first `}` after

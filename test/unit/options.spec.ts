@@ -4,9 +4,9 @@ import { LockArgumentError } from '../../lib/index.js';
 import {
   DEFAULT_LOCK_DEFAULTS,
   MAX_DURATION,
-  resolveAcquireOptions,
   type ResolvedDefaults,
-} from '../../lib/redis-lock.options.js';
+} from '../../lib/options/defaults.js';
+import { resolveAcquireOptions } from '../../lib/options/acquire-options.js';
 
 describe('per-call options (pure validation)', () => {
   const defaults: ResolvedDefaults = { ...DEFAULT_LOCK_DEFAULTS };

@@ -1,0 +1,263 @@
+import {
+  LockAcquireAbortedError,
+  LockAcquireTimeoutError,
+  LockArgumentError,
+  RedisLockShutdownError,
+} from '../errors/redis-lock.errors.js';
+import type {
+  AcquireAttempt,
+  Handoff,
+  ReleaseSubscription,
+} from '../interfaces/lock-backend.interface.js';
+import type { AcquireOptions } from '../interfaces/lock.interface.js';
+import { PLAIN } from '../options/checks.js';
+import {
+  resolveAcquireOptions,
+  type AcquireMode,
+  type ResolvedAcquireOptions,
+} from '../options/acquire-options.js';
+import { freshToken } from '../utils/token.js';
+import { DEADLINE, ignoreDeadline, within } from '../utils/within.js';
+import type { EngineParts } from './engine.parts.js';
+import { findChainLock } from './lock.context.js';
+import { holdGranted, reportAcquired } from './lock.grant.js';
+import type { LockHandle } from './lock.handle.js';
+import { assertReentry } from './lock.reentry.js';
+import type { KeyHold } from './multi-key-lock.handle.js';
+
+/** What a caller that queues behind this process's waiters starts from: no attempt made yet. */
+const QUEUED: AcquireAttempt = { acquired: false, retryAfter: undefined };
+
+/**
+ * The one acquire loop behind acquire(), tryAcquire(), using(), @WithLock and lead(): attempts,
+ * waits for a release (pub/sub, in-process handoff, timers), re-entry within a call chain, and
+ * the end of a wait (timeout, abort, shutdown). Keys and options come in checked.
+ */
+export class AcquireLoop {
+  constructor(private readonly parts: EngineParts) {}
+
+  /**
+   * Takes `key`. `given`: the options as the caller wrote them, checked here (the one check of a
+   * call's key and options) unless they come `resolved` already, from a call that checked them (a
+   * nested call may only repeat the hold's options, so they travel along); `ownToken`: the token
+   * of a multi-key acquisition (generated there, so not the caller's own).
+   */
+  async obtain(
+    key: string,
+    given: AcquireOptions | undefined,
+    mode: AcquireMode,
+    resolved?: ResolvedAcquireOptions,
+    ownToken?: string,
+  ): Promise<KeyHold | null> {
+    const { backend, replies, defaults, commandTimeout } = this.parts;
+    const opts = resolved ?? resolveAcquireOptions(key, given, defaults, mode);
+    const { shape } = opts;
+    if (shape !== PLAIN && !backend.shapes) {
+      const [option, value] =
+        shape.mode === 'read'
+          ? ['mode', 'read']
+          : shape.fair
+            ? ['fair', true]
+            : ['limit', shape.limit];
+      throw new LockArgumentError(
+        `${option} + nodes`,
+        value,
+        'counting semaphores, read locks and fair locks need one Redis deployment: Redlock mode (the module option `nodes`) does not offer them',
+      );
+    }
+    const chained = findChainLock(this.parts.hooks, key);
+    if (chained) return this.reenter(key, chained, opts, given, mode, ownToken);
+
+    const token = opts.token ?? ownToken ?? freshToken();
+    const started = performance.now();
+    const deadline = started + opts.acquireTimeout;
+    let subscription: ReleaseSubscription | undefined;
+    let handle: LockHandle | undefined;
+    let signals: (AbortSignal | undefined)[] | undefined;
+    // Callers in this process already wait for the key: queue behind them instead of trying at
+    // once, so that a holder that releases and asks again cannot barge in ahead of the waiter its
+    // release wakes (see Waiting in the README).
+    // (Not a fair waiter: it queues in Redis, where its turn is decided.)
+    // Nor a semaphore's: callers with different limits queue on one key, and a place free for
+    // this one's limit goes to whoever asks first.
+    let queueFirst =
+      opts.acquireTimeout > 0 && !shape.fair && shape.limit === 1 && backend.hasWaiters(key);
+    /** A fair waiter hears on its own channel that it is its turn. */
+    const turnOf = shape.fair ? token : undefined;
+    // A waiter may be handed the lock by a release in this process (not with the caller's own
+    // token, which may hold the lock already).
+    // Nor for a semaphore: a place freed by a release goes to whoever asks first.
+    const claim =
+      opts.token === undefined && shape === PLAIN ? { token, ttl: opts.ttl } : undefined;
+    if (queueFirst) subscription = backend.watchReleases(key, claim, turnOf);
+    let handoff: Handoff | undefined;
+    try {
+      for (;;) {
+        const seen = subscription?.seen ?? 0;
+        let sentAt = performance.now();
+        let attempt: AcquireAttempt;
+        if (handoff) {
+          const { fence, fenceLimit, validity } = handoff;
+          attempt = { acquired: true, fence, fenceLimit, validity };
+          sentAt = handoff.sentAt;
+        } else {
+          this.throwIfStopped(key, opts.signal);
+          attempt = queueFirst ? QUEUED : await this.attempt(key, token, opts);
+          queueFirst = false;
+        }
+        if (attempt.acquired && sentAt + attempt.validity <= performance.now()) {
+          // Granted, but the answer came after the lease it grants had run out (a slow link, a
+          // stalled process): no use to the caller, and Redis lets the key go any moment. Undone
+          // (not with the caller's own token, which may hold the lock already), and counted as a
+          // failed attempt: the caller never gets a lock whose lease is over.
+          if (opts.token === undefined) replies.undoing(backend.release(key, token, shape));
+          attempt = { acquired: false, retryAfter: undefined };
+        }
+        if (attempt.acquired) {
+          handle = holdGranted(this.parts, key, token, attempt, sentAt, opts, handoff?.swap);
+          reportAcquired(this.parts, handle, started);
+          if (this.parts.stopping.aborted) {
+            // Granted while shutdown began: shutdown has already swept the held locks.
+            await handle.abandon().catch(() => false);
+            throw new RedisLockShutdownError(key);
+          }
+          return handle;
+        }
+        // Woken for nothing: the next waiter may take what this one could not (a semaphore's
+        // place for a higher limit, a read lock behind a writer's wait).
+        if (shape !== PLAIN && attempt !== QUEUED) subscription?.passOnWake();
+        const remaining = deadline - performance.now();
+        if (remaining <= 0) return this.timedOut(key, started, opts, mode, attempt.retryAfter);
+        signals ??= [opts.signal, this.parts.stopping];
+        if (!subscription) {
+          // Subscribe, then try again at once: a release between the failed attempt and the
+          // subscription would otherwise go unnoticed until the timer. A subscription that is
+          // not confirmed in time leaves the waiter on timers; the next attempt tells the rest.
+          subscription = backend.watchReleases(key, claim, turnOf);
+          await within(subscription.ready, Math.min(remaining, commandTimeout), signals).catch(
+            ignoreDeadline,
+          );
+          continue;
+        }
+        const pause =
+          Math.min(attempt.retryAfter ?? Infinity, defaults.retryInterval) +
+          Math.random() * defaults.retryJitter;
+        // A wait cut short by the deadline ends just past it (timers have millisecond grain and
+        // may fire a fraction early): the attempt after it is the last, not one of several.
+        handoff = await subscription.wait(seen, pause, Math.ceil(remaining) + 1, signals);
+      }
+    } catch (error) {
+      throw this.waitEnded(key, opts.signal, error);
+    } finally {
+      subscription?.dispose(handle !== undefined, shape.mode === 'read');
+      if (!handle && opts.acquireTimeout > 0 && (shape.fair || shape === PLAIN)) {
+        // A waiter that gives up leaves nothing: a fair one leaves the queue at once (the next in
+        // line is told), a writer takes back its mark on read locks.
+        backend.giveUp(key, token, shape).catch(() => {
+          // Its place, or its mark, lapses by itself within the queue's stay.
+        });
+      }
+    }
+  }
+
+  throwIfStopped(key: string, signal: AbortSignal | undefined): void {
+    if (signal?.aborted) throw new LockAcquireAbortedError(key, signal.reason);
+    if (this.parts.stopping.aborted) throw new RedisLockShutdownError(key);
+  }
+
+  /**
+   * A call nested in the flow of a hold on `key` (`chained`): a view of it (see `LockReentry`), or,
+   * while another call nested in the same flow is inside (a fork: promises run side by side, a
+   * timer), a wait for its turn, bounded by the deadline and the signal as any wait. If the hold
+   * ends meanwhile, the call acquires the key as any other would.
+   */
+  private async reenter(
+    key: string,
+    chained: KeyHold,
+    opts: ResolvedAcquireOptions,
+    given: AcquireOptions | undefined,
+    mode: AcquireMode,
+    ownToken: string | undefined,
+  ): Promise<KeyHold | null> {
+    const started = performance.now();
+    const deadline = started + opts.acquireTimeout;
+    const signals = [opts.signal, this.parts.stopping];
+    for (
+      let held: KeyHold | undefined = chained;
+      held;
+      held = findChainLock(this.parts.hooks, key)
+    ) {
+      assertReentry(key, held, given, opts.shape);
+      this.throwIfStopped(key, opts.signal);
+      const view = held.enter();
+      if (view) return view;
+      const remaining = deadline - performance.now();
+      if (remaining <= 0) {
+        const left = Math.max(0, held.expiresAt - performance.now());
+        return this.timedOut(key, started, opts, mode, left);
+      }
+      await within(held.turnChanged(), Math.ceil(remaining), signals).catch((error: unknown) => {
+        if (error !== DEADLINE) throw this.waitEnded(key, opts.signal, error);
+      });
+    }
+    // The hold ended while this call waited: it takes the key as any caller, in the time left.
+    const acquireTimeout = Math.max(0, Math.ceil(deadline - performance.now()));
+    return this.obtain(key, given, mode, { ...opts, acquireTimeout }, ownToken);
+  }
+
+  /**
+   * One acquisition attempt, bounded by `commandTimeout` and the caller's signal (not by the
+   * deadline: an answer that comes after it still counts). A reply that comes after the attempt
+   * was given up and says we got the lock is answered with a release, so an abandoned attempt
+   * never leaves a lock behind (unless the token is the caller's, which may hold it already).
+   */
+  private attempt(
+    key: string,
+    token: string,
+    opts: ResolvedAcquireOptions,
+  ): Promise<AcquireAttempt> {
+    const { backend, replies } = this.parts;
+    const pending = backend.tryAcquire(
+      key,
+      token,
+      opts.ttl,
+      opts.shape,
+      opts.acquireTimeout > 0,
+      opts.token === undefined,
+    );
+    return replies.acquisition(pending, opts.signal, (error) => {
+      const failure = replies.failure(key, 'acquire', opts.signal, error);
+      if (opts.token === undefined) {
+        replies.undoLateGrant(failure, pending, (late) =>
+          late.acquired ? backend.release(key, token, opts.shape) : undefined,
+        );
+      }
+      return failure;
+    });
+  }
+
+  /**
+   * A wait that ran out of time: the `timeout` event, then `null` for `tryAcquire()`, else a
+   * `LockAcquireTimeoutError` (`retryAfter`: how long the holder's lease still runs, if known).
+   */
+  private timedOut(
+    key: string,
+    started: number,
+    opts: ResolvedAcquireOptions,
+    mode: AcquireMode,
+    retryAfter: number | undefined,
+  ): null {
+    const { events } = this.parts;
+    const waitedMs = performance.now() - started;
+    if (events.observed) events.emit({ type: 'timeout', key, waitedMs });
+    if (mode === 'tryAcquire') return null;
+    throw new LockAcquireTimeoutError(key, waitedMs, opts.acquireTimeout, retryAfter);
+  }
+
+  /** What a wait ended by the caller's signal or by shutdown rejects with (else `error`). */
+  private waitEnded(key: string, signal: AbortSignal | undefined, error: unknown): unknown {
+    if (signal?.aborted && error === signal.reason) return new LockAcquireAbortedError(key, error);
+    if (error === this.parts.stopping.reason) return new RedisLockShutdownError(key);
+    return error;
+  }
+}

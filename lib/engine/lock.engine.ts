@@ -1,0 +1,206 @@
+import type { Logger } from '@nestjs/common';
+import { LockArgumentError, RedisLockShutdownError } from '../errors/redis-lock.errors.js';
+import type { BackendHealth, LockBackend } from '../interfaces/lock-backend.interface.js';
+import type { AcquireOptions, Lock } from '../interfaces/lock.interface.js';
+import { lockOrder } from '../options/checks.js';
+import { resolveCallOptions, type AcquireMode } from '../options/acquire-options.js';
+import { type ResolvedModuleOptions } from '../options/module-options.js';
+import { createLockBackend } from '../redis/lock-backend.factory.js';
+import { LinkedList } from '../utils/linked-list.js';
+import { AcquireLoop } from './acquire-loop.js';
+import type { EngineParts } from './engine.parts.js';
+import { runHoldingLock, type ChainLock } from './lock.context.js';
+import { LockEvents } from './lock.events.js';
+import { LockHandle } from './lock.handle.js';
+import { LockReentry } from './lock.reentry.js';
+import { MultiKeyLock } from './multi-key-lock.handle.js';
+import { MultiKeyAcquisition } from './multi-key.acquisition.js';
+import { Replies } from './replies.js';
+
+/** One key, or several to lock together (all or none). */
+export type Keys = string | readonly string[];
+
+/**
+ * The lock engine behind one `LockService`: takes locks through one acquire loop
+ * (`AcquireLoop`, and `MultiKeyAcquisition` for several keys), keeps them (`LockHandle`: lease,
+ * watchdog, release), and shuts down within bounds. Knows nothing of Nest but its `Logger`.
+ */
+export class LockEngine {
+  readonly events: LockEvents;
+  private readonly parts: EngineParts;
+  private readonly backend: LockBackend;
+  private readonly loop: AcquireLoop;
+  private readonly multi: MultiKeyAcquisition;
+  private readonly stopping = new AbortController();
+  private readonly stopWatchingReconnects: () => void;
+
+  constructor(options: ResolvedModuleOptions, logger: Logger) {
+    const backend = (this.backend = createLockBackend(options, logger));
+    const replies = new Replies(backend, options.commandTimeout, this.stopping.signal);
+    const held = new LinkedList<LockHandle>();
+    this.events = new LockEvents(logger);
+    this.parts = {
+      backend,
+      defaults: options.defaults,
+      commandTimeout: options.commandTimeout,
+      logger,
+      events: this.events,
+      replies,
+      held,
+      stopping: this.stopping.signal,
+      hooks: {
+        backend,
+        logger,
+        events: this.events,
+        reply: (key, operation, pending) => replies.reply(key, operation, pending),
+        settled: (lock) => held.remove(lock),
+      },
+    };
+    this.loop = new AcquireLoop(this.parts);
+    this.multi = new MultiKeyAcquisition(this.parts, this.loop, (lock) =>
+      this.releaseQuietly(lock, true),
+    );
+    // Redis may have restarted empty or failed over while the connection was down: check every
+    // held lock at once instead of waiting for its next extension (or none, without autoExtend).
+    this.stopWatchingReconnects = backend.onReconnect(() => {
+      for (const lock of held.toArray()) void lock.verify();
+    });
+  }
+
+  /**
+   * One key (straight to the acquire loop: no extra promise on the hot path), or several, checked
+   * and put in the one order every caller uses (`lockOrder`). Bad input rejects, never throws.
+   */
+  acquire(
+    key: Keys,
+    options: AcquireOptions | undefined,
+    mode: AcquireMode,
+  ): Promise<ChainLock | null> {
+    return Array.isArray(key)
+      ? this.acquireList(key as readonly string[], options, mode)
+      : this.loop.obtain(key as string, options, mode);
+  }
+
+  /** Runs `fn` holding the lock (see `LockService.using`); a failed release is logged. */
+  async using<T>(
+    key: Keys,
+    fn: (lock: Lock) => T | Promise<T>,
+    options?: AcquireOptions,
+  ): Promise<T> {
+    if (typeof fn !== 'function') throw new LockArgumentError('fn', fn, 'must be a function');
+    const lock = (await this.acquire(key, options, 'using'))!;
+    try {
+      return await runHoldingLock(this.parts.hooks, lock, () => fn(lock));
+    } finally {
+      await this.releaseQuietly(lock);
+    }
+  }
+
+  release(lock: Lock): Promise<boolean> {
+    return this.ownHandle(lock).release();
+  }
+
+  extend(lock: Lock, ttl?: number): Promise<void> {
+    return this.ownHandle(lock).extend(ttl);
+  }
+
+  isLocked(key: string): Promise<boolean> {
+    return this.parts.replies.reply(key, 'isLocked', this.backend.isLocked(key));
+  }
+
+  /** Startup (see `LockService.onApplicationBootstrap`); a failure shuts the engine down first. */
+  async prepare(): Promise<void> {
+    try {
+      await this.backend.prepare();
+    } catch (error) {
+      await this.shutdown();
+      throw error;
+    }
+  }
+
+  health(): Promise<BackendHealth> {
+    return this.backend.health();
+  }
+
+  /** Throws `RedisLockShutdownError` once shutdown has begun. */
+  assertRunning(key: string): void {
+    if (this.stopping.signal.aborted) throw new RedisLockShutdownError(key);
+  }
+
+  /**
+   * Rejects pending acquisitions, stops watchdogs, releases every held lock (their signals abort
+   * with reason `shutdown`) and closes the connections the engine created, within twice
+   * `commandTimeout`: releases that get no reply are logged and their locks expire after their TTL.
+   */
+  async shutdown(): Promise<void> {
+    if (this.stopping.signal.aborted) return;
+    this.stopping.abort(new RedisLockShutdownError('*'));
+    // The grants of attempts shutdown interrupted, undone before the connections close.
+    const undone = this.parts.replies.interrupt(this.stopping.signal.reason as Error);
+    this.stopWatchingReconnects();
+    const locks = this.parts.held.toArray();
+    const [results] = await Promise.all([
+      Promise.allSettled(locks.map((lock) => lock.abandon())),
+      undone,
+    ]);
+    results.forEach((result, i) => {
+      if (result.status === 'rejected') {
+        this.parts.logger.warn(
+          `Could not release lock "${locks[i].key}" (fence ${locks[i].fence}) on shutdown; it expires after its TTL: ${String(result.reason)}`,
+        );
+      }
+    });
+    await this.backend.close();
+    this.events.complete();
+  }
+
+  /** A key list: one key goes on as one; bad input rejects. */
+  private async acquireList(
+    list: readonly string[],
+    options: AcquireOptions | undefined,
+    mode: AcquireMode,
+  ): Promise<ChainLock | null> {
+    const keys = lockOrder(list);
+    const opts = resolveCallOptions(options, this.parts.defaults, mode);
+    return keys.length === 1
+      ? this.loop.obtain(keys[0], options, mode, opts)
+      : this.multi.obtainAll(keys, opts, options, mode);
+  }
+
+  /** Releases `lock` after its work (`undo`: after none), logging instead of throwing. */
+  private async releaseQuietly(lock: ChainLock, undo = false): Promise<void> {
+    const { logger } = this.parts;
+    // Named only when there is something to say (a release that went well builds no string).
+    const name = (): string =>
+      lock instanceof MultiKeyLock
+        ? `Locks ${lock.keys.map((key) => `"${key}" (fence ${lock.fences[key]})`).join(', ')}`
+        : `Lock "${lock.key}" (fence ${lock.fence})`;
+    try {
+      const released = await lock.release();
+      if (undo) return;
+      // Read without creating the signal, which nobody may have asked for.
+      const lost = lock.lossReason;
+      if (lost) {
+        logger.warn(`${name()}: lost before the work finished: ${String(lost)}`);
+      } else if (!released) {
+        logger.warn(`${name()}: no longer held when the work finished.`);
+      }
+    } catch (error) {
+      logger.error(`${name()}: could not release; it expires after its TTL: ${String(error)}`);
+    }
+  }
+
+  private ownHandle(lock: Lock): ChainLock {
+    if (
+      !(
+        lock instanceof LockHandle ||
+        lock instanceof LockReentry ||
+        lock instanceof MultiKeyLock
+      ) ||
+      !lock.belongsTo(this.parts.hooks)
+    ) {
+      throw new LockArgumentError('lock', lock, 'must be a lock returned by this LockService');
+    }
+    return lock;
+  }
+}

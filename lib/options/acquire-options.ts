@@ -1,0 +1,122 @@
+/** A lock call's options (`acquire`, `tryAcquire`, `using`, `lead`): checked once per call. */
+
+import { LockArgumentError } from '../errors/redis-lock.errors.js';
+import type { AcquireOptions } from '../interfaces/lock.interface.js';
+import type { LockShape } from '../interfaces/lock-backend.interface.js';
+import {
+  PLAIN,
+  assertKey,
+  durationProblem,
+  holdAtLeastProblem,
+  isOptionsObject,
+  lockShape,
+  rejectUnknownKeys,
+  ttlProblem,
+} from './checks.js';
+import { ResolvedDefaults } from './defaults.js';
+
+/** What a lock call runs with, once defaults are applied and everything is checked. */
+export interface ResolvedAcquireOptions {
+  ttl: number;
+  acquireTimeout: number;
+  autoExtend: boolean;
+  signal: AbortSignal | undefined;
+  token: string | undefined;
+  /** What is taken: `PLAIN` unless `limit` or `mode` say otherwise. */
+  shape: LockShape;
+  /** See `AcquireOptions.holdAtLeast` (0: none). */
+  holdAtLeast: number;
+}
+
+/** Which public method is asking: decides the `autoExtend` default and whether waiting is allowed. */
+export type AcquireMode = 'acquire' | 'tryAcquire' | 'using';
+
+const ACQUIRE_KEYS = [
+  'ttl',
+  'holdAtLeast',
+  'acquireTimeout',
+  'autoExtend',
+  'signal',
+  'token',
+  'limit',
+  'mode',
+  'fair',
+];
+
+/** Validates one call's key and options and fills in the defaults. Throws `LockArgumentError`. */
+export function resolveAcquireOptions(
+  key: unknown,
+  options: AcquireOptions | undefined,
+  defaults: ResolvedDefaults,
+  mode: AcquireMode,
+): ResolvedAcquireOptions {
+  assertKey(key);
+  return resolveCallOptions(options, defaults, mode);
+}
+
+/**
+ * Validates one call's options (its keys checked already, see `lockOrder`) and fills in the
+ * defaults. Throws `LockArgumentError`.
+ */
+export function resolveCallOptions(
+  options: AcquireOptions | undefined,
+  defaults: ResolvedDefaults,
+  mode: AcquireMode,
+): ResolvedAcquireOptions {
+  const fail = (argument: string, value: unknown, problem: string): never => {
+    throw new LockArgumentError(argument, value, problem);
+  };
+  const opts = options === undefined ? {} : options;
+  if (!isOptionsObject(opts)) fail('options', opts, 'must be an object');
+  rejectUnknownKeys(opts, ACQUIRE_KEYS, '', fail);
+
+  const ttl = opts.ttl === undefined ? defaults.ttl : opts.ttl;
+  const problem = ttlProblem(ttl);
+  if (problem) fail('ttl', ttl, problem);
+  const givenTimeout =
+    opts.acquireTimeout === undefined ? defaults.acquireTimeout : opts.acquireTimeout;
+  const timeoutProblem = durationProblem(givenTimeout, true);
+  if (timeoutProblem) fail('acquireTimeout', givenTimeout, timeoutProblem);
+  // Checked above all the same: a bad value is an error even where it is not used.
+  const acquireTimeout = mode === 'tryAcquire' ? 0 : givenTimeout;
+  const autoExtend =
+    opts.autoExtend === undefined ? (defaults.autoExtend ?? mode === 'using') : opts.autoExtend;
+  if (typeof autoExtend !== 'boolean') fail('autoExtend', autoExtend, 'must be true or false');
+  if (opts.signal !== undefined && !(opts.signal instanceof AbortSignal)) {
+    fail('signal', opts.signal, 'must be an AbortSignal');
+  }
+  if (opts.token !== undefined && (typeof opts.token !== 'string' || opts.token.length === 0)) {
+    fail('token', opts.token, 'must be a non-empty string');
+  }
+  const shape =
+    opts.limit === undefined && opts.mode === undefined && opts.fair === undefined
+      ? PLAIN
+      : lockShape(opts.limit, opts.mode, opts.fair);
+  const holdAtLeast = opts.holdAtLeast ?? 0;
+  const holdProblem = holdAtLeastProblem(holdAtLeast, ttl, shape);
+  if (holdProblem) fail(holdProblem[0], holdAtLeast, holdProblem[1]);
+  return {
+    ttl,
+    acquireTimeout,
+    autoExtend,
+    signal: opts.signal,
+    token: opts.token,
+    shape,
+    holdAtLeast,
+  };
+}
+
+/**
+ * What is wrong with the options of `lead()` or `@WhileLeader` (`[option, value, problem]`), or
+ * `undefined`.
+ */
+export function leadOptionsProblem(options: unknown): [string, unknown, string] | undefined {
+  if (options === undefined) return undefined;
+  if (!isOptionsObject(options)) return ['options', options, 'must be an object'];
+  for (const [name, value] of Object.entries(options)) {
+    if (name !== 'ttl') return [name, value, 'is not an option of a leadership (only ttl is)'];
+  }
+  const { ttl } = options as { ttl?: unknown };
+  const problem = ttl === undefined ? undefined : ttlProblem(ttl);
+  return problem ? ['ttl', ttl, problem] : undefined;
+}
