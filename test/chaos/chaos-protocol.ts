@@ -21,6 +21,12 @@ export type WorkerLock =
   /** A `connection` the module creates: the Sentinels (reached directly) name the master. */
   | { mode: 'sentinel'; sentinels: Address[]; name: string; natMap: Record<string, Address> };
 
+/**
+ * The key every worker campaigns for with `LockService.lead()`: the leader runs sections on it
+ * back to back for as long as it leads, so faults meet a leader as they meet any holder.
+ */
+export const LEADER_KEY = 'leader:chaos';
+
 export interface WorkerConfig {
   slot: number;
   lock: WorkerLock;
@@ -37,6 +43,8 @@ export interface WorkerConfig {
   /** Share of calls that go through the sample's @WithLock route instead of LockService.using(). */
   routeRatio: number;
   thinkMs: number;
+  /** Whether the worker campaigns for `LEADER_KEY` (see `ChaosProfile.leader`). */
+  leader: boolean;
   /** A call still pending after this long did not settle within its bound. */
   callBoundMs: number;
 }

@@ -1,6 +1,11 @@
 import type { ScenarioFigures } from './chaos-checker.js';
 import type { ChaosProfile } from './chaos-runner.js';
 
+/** What the report says of the leader's sections, in a profile with `leader`. */
+const LEADER_NOTE =
+  'Every worker also campaigns for the key `leader:chaos` with `LockService.lead()`: the leader runs sections on it\n' +
+  'back to back for as long as its term lasts, so every fault meets a leader, checked as any holder is.';
+
 const ms = (value: number): string =>
   value === 0 ? '0' : value < 10 ? value.toFixed(1) : value.toFixed(0);
 
@@ -102,6 +107,7 @@ loops on ${profile.keys} hot keys, TTL ${profile.ttl} ms, acquireTimeout ${profi
 Half the calls go through \`LockService.using()\`, half through the sample app's \`@WithLock\` purchase route. A \`using()\` call
 runs its section in the hold itself, in a re-entry (a nested \`using()\`), in two nested calls forked side by side
 (they take turns on the hold's fence), or on two keys held together; its TTL is the profile's or half of it.
+${profile.leader ? LEADER_NOTE : ''}
 Rows named "Redlock (3 nodes)" run the same scenario with \`nodes\` on three servers: network faults hit a worker's
 links to every node, Redis faults (pause, restart) hit one node, a minority. Rows named "Cluster (3 masters +
 replicas)" run it on a Redis Cluster of three masters with a replica each (the worker's own ioredis \`Cluster\` as

@@ -25,6 +25,7 @@ import { LowStockMonitor } from '../../sample/jobs/low-stock.monitor.js';
 import { SampleConfig } from '../../sample/sample.config.js';
 import {
   GUARD_SCRIPT,
+  LEADER_KEY,
   stallRecorder,
   type ChaosEvent,
   type WorkerConfig,
@@ -58,6 +59,12 @@ async function section(
   path: 'using' | 'route',
   calledAt?: number,
   short = false,
+  /**
+   * Given, at the exit, what stops reporting a signal that comes after the section (at its hold's
+   * release): a leader's sections run one after another on one lock, and a signal after the next
+   * one began is that one's.
+   */
+  exited?: (stopListening: () => void) => void,
 ): Promise<void> {
   const id = `${config.slot}.${process.pid}.${sequence++}`;
   const enter = now();
@@ -72,16 +79,13 @@ async function section(
     hold: lock.token.slice(0, 16),
   });
   let abortAt: number | undefined = lock.signal.aborted ? enter : undefined;
-  let exited = false;
+  let done = false;
   // Kept after the section: a signal that comes later (at the release) is reported on its own.
-  lock.signal.addEventListener(
-    'abort',
-    () => {
-      if (exited) emit({ t: 'signal', id, at: now() });
-      else abortAt ??= now();
-    },
-    { once: true },
-  );
+  const onAbort = (): void => {
+    if (done) emit({ t: 'signal', id, at: now() });
+    else abortAt ??= now();
+  };
+  lock.signal.addEventListener('abort', onAbort, { once: true });
   let wrote: 'accepted' | 'rejected' | 'skipped' = 'skipped';
   try {
     const long = !short && Math.random() < config.longWorkRatio;
@@ -91,7 +95,8 @@ async function section(
     lock.signal.throwIfAborted();
     wrote = (await guardedWrite(lock.key, lock.fence)) === 1 ? 'accepted' : 'rejected';
   } finally {
-    exited = true;
+    done = true;
+    exited?.(() => lock.signal.removeEventListener('abort', onAbort));
     const reason =
       abortAt === undefined ? undefined : (lock.signal.reason as { reason?: string }).reason;
     emit({ t: 'exit', id, at: now(), abortAt, reason, wrote });
@@ -265,6 +270,25 @@ async function loop(): Promise<void> {
     });
     await sleep(Math.random() * config.thinkMs);
   }
+}
+
+// With `leader`, every worker campaigns for one leader key: its terms run sections back to back
+// (the term's lock is the call chain's), until the term ends or the worker stops.
+if (config.leader) {
+  locks.lead(
+    LEADER_KEY,
+    async (term) => {
+      const lock = getCurrentLock(LEADER_KEY)!;
+      let previous: (() => void) | undefined;
+      while (!term.signal.aborted && !stopping) {
+        previous?.();
+        await section(lock, 'using', undefined, false, (stop) => (previous = stop)).catch(() => {
+          // The lock was lost: the term's signal has aborted with it.
+        });
+      }
+    },
+    { ttl: config.ttl },
+  );
 }
 
 emit({ t: 'ready', pid: process.pid, slot: config.slot });
