@@ -4,20 +4,15 @@ import type { ReplicaAck } from '../interfaces/redis-lock-options.interface.js';
 import type { ResolvedModuleOptions } from '../options/module-options.js';
 import type {
   AcquireAttempt,
-  BackendHealth,
-  HandoffClaim,
   HeldLease,
   LockBackend,
   LockShape,
-  ReleaseSubscription,
 } from '../interfaces/lock-backend.interface.js';
 import { DEFAULT_DRIFT_FACTOR } from '../options/defaults.js';
 import { PLAIN } from '../options/checks.js';
 import { FENCE_STRIDE, RELEASE_SCRIPT } from './lock.scripts.js';
-import { closeQuietly, describeFailure, onReconnect, pingHealth, serverId } from './connections.js';
 import { FairQueue } from './fair-queue.js';
 import { InProcessHandoff, passable } from './handoff.js';
-import { KeyLayout } from './key-layout.js';
 import {
   acquireArgs,
   acquireCommand,
@@ -28,29 +23,23 @@ import {
   type LockCommands,
   type LockScriptArgs,
 } from './lock-commands.js';
-import { ShardedPubSubChoice } from './pub-sub.choice.js';
-import { ReleaseNotifier } from './release.notifier.js';
+import { RedisDeployment } from './redis-deployment.js';
 import { replicated, unreplicated } from './replica-ack.js';
 import { WriteBatcher } from './write-batcher.js';
 
 /**
  * Locks on one Redis deployment reached through one ioredis client: a standalone server, a
  * Sentinel-managed master, or a Cluster. The operations (acquire, extend, release, fence) are
- * here; where the keys live is `KeyLayout`, the scripts `lock-commands`, releases to a waiter of
- * this process `InProcessHandoff`, fair locks' queue `FairQueue`, and the connection defaults
- * `connections`.
+ * here; the deployment itself (key layout, release notifications, startup, health, close) is
+ * `RedisDeployment`, the scripts `lock-commands`, releases to a waiter of this process
+ * `InProcessHandoff`, fair locks' queue `FairQueue`, and the connection defaults `connections`.
  */
-export class RedisLockBackend implements LockBackend {
+export class RedisLockBackend extends RedisDeployment implements LockBackend {
   private readonly commands: LockCommands;
-  private readonly notifier: ReleaseNotifier;
   private readonly batcher: WriteBatcher | undefined;
-  readonly replyTimeout: number;
 
-  private readonly layout: KeyLayout;
   private readonly handoff: InProcessHandoff;
   private readonly fair: FairQueue;
-  /** Longest wait for QUIT when closing a connection. */
-  private readonly commandTimeout: number;
   private readonly fenceRetention: number;
   private readonly replicaAck: ReplicaAck | undefined;
   /**
@@ -66,36 +55,25 @@ export class RedisLockBackend implements LockBackend {
    * within commandTimeout), so twice that never drops a live one.
    */
   private readonly queueStay: number;
-  private readonly isCluster: boolean;
-  /** Cluster: whether releases use sharded pub/sub (see `ShardedPubSubChoice`). */
-  private readonly shardedPubSub: (() => Promise<boolean>) | undefined;
 
   constructor(
-    private readonly client: Redis | Cluster,
+    client: Redis | Cluster,
     options: Pick<
       ResolvedModuleOptions,
       'keyPrefix' | 'commandTimeout' | 'fenceRetention' | 'replicaAck'
     > &
       Partial<Pick<ResolvedModuleOptions, 'defaults' | 'handoffTurn'>>,
     /** Whether this backend created the client, and so must close it. */
-    private readonly ownsClient: boolean,
-    private readonly logger: Logger,
+    ownsClient: boolean,
+    logger: Logger,
   ) {
-    this.layout = new KeyLayout(options.keyPrefix);
-    ({
-      commandTimeout: this.commandTimeout,
-      fenceRetention: this.fenceRetention,
-      replicaAck: this.replicaAck,
-    } = options);
+    super(client, options, ownsClient, logger);
+    ({ fenceRetention: this.fenceRetention, replicaAck: this.replicaAck } = options);
     this.stride = this.replicaAck || this.fenceRetention === 0 ? 1 : FENCE_STRIDE;
     const { retryInterval = 1_000, retryJitter = 50 } = options.defaults ?? {};
     this.queueStay = 2 * (retryInterval + retryJitter + this.commandTimeout);
     this.commands = defineLockCommands(client);
     this.batcher = WriteBatcher.for(client);
-    this.isCluster = (client as { isCluster?: boolean }).isCluster === true;
-    this.shardedPubSub = this.isCluster
-      ? new ShardedPubSubChoice(client as Cluster, this.commandTimeout, logger).sharded
-      : undefined;
     this.handoff = new InProcessHandoff(this.commands, this.batcher, this.stride, this);
     this.fair = new FairQueue(
       this.commands,
@@ -104,14 +82,6 @@ export class RedisLockBackend implements LockBackend {
       this.fenceRetention,
       this.shardedPubSub,
     );
-    this.notifier = new ReleaseNotifier(
-      [client],
-      this.commandTimeout,
-      logger,
-      this.shardedPubSub,
-      options.handoffTurn,
-    );
-    this.replyTimeout = this.commandTimeout;
   }
 
   /**
@@ -268,32 +238,6 @@ export class RedisLockBackend implements LockBackend {
     return ttl + this.fenceRetention;
   }
 
-  async prepare(): Promise<void> {
-    if (!this.shardedPubSub) return;
-    await this.shardedPubSub().catch((error: unknown) => {
-      this.logger.warn(
-        `Cluster: could not ask the servers how to announce releases at startup (${describeFailure(error, this.commandTimeout)}); deciding at the first lock release or wait.`,
-      );
-    });
-  }
-
-  /**
-   * The server's `run_id` (new at every start of redis-server), asked within `commandTimeout`:
-   * what tells one server apart from another whatever name it was reached by. `undefined` if it
-   * does not answer in time.
-   */
-  serverId(): Promise<string | undefined> {
-    return serverId(this.client, this.commandTimeout);
-  }
-
-  health(): Promise<BackendHealth> {
-    return pingHealth(this.client, this.commandTimeout);
-  }
-
-  async isLocked(key: string): Promise<boolean> {
-    return (await this.client.exists(this.layout.lockKey(key))) === 1;
-  }
-
   tryAcquireAll(
     keys: readonly string[],
     token: string,
@@ -323,31 +267,5 @@ export class RedisLockBackend implements LockBackend {
 
   async isHeld(key: string, token: string): Promise<boolean> {
     return (await this.commands.redisLockIsHeld(this.layout.lockKey(key), token)) === 1;
-  }
-
-  onReconnect(listener: () => void): () => void {
-    return onReconnect(this.client, listener);
-  }
-
-  hasWaiters(key: string): boolean {
-    return this.notifier.watching && this.notifier.isWatched(this.releaseChannel(key));
-  }
-
-  watchReleases(key: string, claim?: HandoffClaim, turnOf?: string): ReleaseSubscription {
-    const channel =
-      turnOf === undefined ? this.releaseChannel(key) : this.layout.turnChannel(key, turnOf);
-    return this.notifier.watch(channel, claim);
-  }
-
-  /** The channel on which releases of `key` are announced. */
-  releaseChannel(key: string): string {
-    return this.layout.releaseChannel(key);
-  }
-
-  async close(): Promise<void> {
-    await Promise.all([
-      this.notifier.close(),
-      this.ownsClient ? closeQuietly(this.client, this.commandTimeout) : undefined,
-    ]);
   }
 }

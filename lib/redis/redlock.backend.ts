@@ -1,7 +1,7 @@
 import { PLAIN } from '../options/checks.js';
 import type { Logger } from '@nestjs/common';
 import type { Redis } from 'ioredis';
-import { LockQuorumError, RedisLockConfigurationError } from '../errors/redis-lock.errors.js';
+import { RedisLockConfigurationError } from '../errors/redis-lock.errors.js';
 import type {
   AcquireAttempt,
   BackendHealth,
@@ -11,23 +11,10 @@ import type {
 import { isRedisClient } from '../options/checks.js';
 import { type RedisSource, type ResolvedModuleOptions } from '../options/module-options.js';
 import { freshToken } from '../utils/token.js';
-import { ReplyDeadlines } from '../utils/reply-deadlines.js';
-import { createClient, describeFailure } from './connections.js';
+import { createClient } from './connections.js';
+import { Quorum } from './quorum.js';
 import { RedisLockBackend } from './redis-lock.backend.js';
 import { ReleaseNotifier } from './release.notifier.js';
-
-/** What the nodes answered in one round. */
-interface Tally<T> {
-  yes: { node: number; value: T }[];
-  no: { node: number; value: T }[];
-  failed: { node: number; error: unknown }[];
-}
-
-/** One command sent to every node: the raw replies, and the tally once the round is decided. */
-interface Round<T> {
-  replies: Promise<T>[];
-  decided: Promise<Tally<T>>;
-}
 
 /**
  * Redlock: one lock across N independent Redis masters, granted when a majority grants it.
@@ -59,7 +46,8 @@ export class RedlockBackend implements LockBackend {
     return Promise.resolve();
   }
   private readonly quorum: number;
-  private readonly deadlines: ReplyDeadlines;
+  /** Every node's vote on one operation (see `Quorum`). */
+  private readonly votes: Quorum<RedisLockBackend>;
   private readonly notifier: ReleaseNotifier;
   /** Release messages are `<id>:<n>`: one release, announced on every node, wakes waiters once. */
   private readonly id = freshToken().slice(0, 12);
@@ -75,11 +63,11 @@ export class RedlockBackend implements LockBackend {
     private readonly nodes: readonly RedisLockBackend[],
     clients: readonly Redis[],
     private readonly driftFactor: number,
-    private readonly commandTimeout: number,
+    commandTimeout: number,
     logger: Logger,
   ) {
-    this.quorum = Math.floor(nodes.length / 2) + 1;
-    this.deadlines = new ReplyDeadlines(commandTimeout);
+    this.votes = new Quorum(nodes, commandTimeout);
+    this.quorum = this.votes.size;
     // An acquisition takes two rounds when the nodes' fences differ (see the class comment).
     this.replyTimeout = 2 * commandTimeout + 100;
     this.notifier = new ReleaseNotifier(clients, commandTimeout, logger);
@@ -123,7 +111,7 @@ export class RedlockBackend implements LockBackend {
     const id = `${key}\0${token}`;
     const attempt = ++this.attemptCount;
     this.attempts.set(id, attempt);
-    const round = this.ask(
+    const round = this.votes.ask(
       (node) => node.tryAcquire(key, token, ttl),
       (reply) => reply.acquired,
     );
@@ -142,7 +130,7 @@ export class RedlockBackend implements LockBackend {
       }
     }
     this.undo(key, token, id, attempt, round.replies);
-    if (tally.failed.length > this.nodes.length - this.quorum) throw this.noQuorum(tally);
+    if (tally.failed.length > this.nodes.length - this.quorum) throw this.votes.failure(tally);
     const waits = tally.no.flatMap(({ value }) =>
       !value.acquired && value.retryAfter !== undefined ? [value.retryAfter] : [],
     );
@@ -179,7 +167,7 @@ export class RedlockBackend implements LockBackend {
 
   /** The second round of an acquisition: resolves whether a majority now counts at least `fence`. */
   private async raiseFences(key: string, token: string, fence: number, ttl: number) {
-    const round = this.ask(
+    const round = this.votes.ask(
       (node) => node.raiseFence(key, token, fence, ttl),
       (raised) => raised,
     );
@@ -187,7 +175,7 @@ export class RedlockBackend implements LockBackend {
   }
 
   extend(key: string, token: string, ttl: number): Promise<boolean> {
-    return this.majority((node) => node.extend(key, token, ttl));
+    return this.votes.majority((node) => node.extend(key, token, ttl));
   }
 
   /**
@@ -196,21 +184,21 @@ export class RedlockBackend implements LockBackend {
    */
   async release(key: string, token: string): Promise<boolean> {
     const message = `${this.id}:${++this.releases}`;
-    const tally = await this.ask(
+    const tally = await this.votes.ask(
       (node) => node.release(key, token, PLAIN, undefined, message),
       (released) => released,
     ).decided;
     if (tally.yes.length >= this.quorum) return true;
     if (tally.failed.length === 0) return false;
-    throw this.noQuorum(tally);
+    throw this.votes.failure(tally);
   }
 
   isLocked(key: string): Promise<boolean> {
-    return this.majority((node) => node.isLocked(key));
+    return this.votes.majority((node) => node.isLocked(key));
   }
 
   isHeld(key: string, token: string): Promise<boolean> {
-    return this.majority((node) => node.isHeld(key, token));
+    return this.votes.majority((node) => node.isHeld(key, token));
   }
 
   /**
@@ -266,64 +254,5 @@ export class RedlockBackend implements LockBackend {
 
   async close(): Promise<void> {
     await Promise.all([this.notifier.close(), ...this.nodes.map((node) => node.close())]);
-  }
-
-  /**
-   * A yes/no question to every node: true when a majority says yes, false when a majority says no
-   * (or more than a minority, so that yes can no longer win), and `LockQuorumError` when too few
-   * answered to tell.
-   */
-  private async majority(call: (node: RedisLockBackend) => Promise<boolean>): Promise<boolean> {
-    const tally = await this.ask(call, (yes) => yes).decided;
-    if (tally.yes.length >= this.quorum) return true;
-    if (tally.no.length > this.nodes.length - this.quorum) return false;
-    throw this.noQuorum(tally);
-  }
-
-  /**
-   * Sends `call` to every node at once, each reply bounded by `commandTimeout`. The round is
-   * decided when a majority says yes, when so many said no or failed that a majority can no longer
-   * say yes, or when every node has answered.
-   */
-  private ask<T>(call: (node: RedisLockBackend) => Promise<T>, isYes: (value: T) => boolean) {
-    const replies = this.nodes.map((node) => call(node));
-    const decided = new Promise<Tally<T>>((resolve) => {
-      const tally: Tally<T> = { yes: [], no: [], failed: [] };
-      let open = replies.length;
-      const counted = (): void => {
-        open--;
-        if (
-          open === 0 ||
-          tally.yes.length >= this.quorum ||
-          tally.no.length + tally.failed.length > this.nodes.length - this.quorum
-        ) {
-          resolve({ yes: [...tally.yes], no: [...tally.no], failed: [...tally.failed] });
-        }
-      };
-      replies.forEach((reply, node) => {
-        this.deadlines.bound(reply).then(
-          (value) => {
-            (isYes(value) ? tally.yes : tally.no).push({ node, value });
-            counted();
-          },
-          (error: unknown) => {
-            tally.failed.push({ node, error });
-            counted();
-          },
-        );
-      });
-    });
-    return { replies, decided } satisfies Round<T>;
-  }
-
-  private noQuorum(tally: Tally<unknown>): LockQuorumError {
-    return new LockQuorumError(
-      this.nodes.length,
-      this.quorum,
-      tally.yes.length + tally.no.length,
-      tally.failed.map(
-        ({ node, error }) => `node ${node}: ${describeFailure(error, this.commandTimeout)}`,
-      ),
-    );
   }
 }

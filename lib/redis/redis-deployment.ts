@@ -1,0 +1,104 @@
+import type { Logger } from '@nestjs/common';
+import type { Cluster, Redis } from 'ioredis';
+import type {
+  BackendHealth,
+  HandoffClaim,
+  ReleaseSubscription,
+} from '../interfaces/lock-backend.interface.js';
+import type { ResolvedModuleOptions } from '../options/module-options.js';
+import { closeQuietly, describeFailure, onReconnect, pingHealth, serverId } from './connections.js';
+import { KeyLayout } from './key-layout.js';
+import { ShardedPubSubChoice } from './pub-sub.choice.js';
+import { ReleaseNotifier } from './release.notifier.js';
+
+/**
+ * One Redis deployment reached through one ioredis client, as the lock operations stand on it:
+ * where a lock's keys live (`KeyLayout`), how its releases are heard (`ReleaseNotifier`, sharded
+ * on a Cluster where it can be), and the connection's life: startup, health, reconnections,
+ * close. `RedisLockBackend` adds the lock operations.
+ */
+export abstract class RedisDeployment {
+  protected readonly layout: KeyLayout;
+  protected readonly notifier: ReleaseNotifier;
+  protected readonly isCluster: boolean;
+  /** Cluster: whether releases use sharded pub/sub (see `ShardedPubSubChoice`). */
+  protected readonly shardedPubSub: (() => Promise<boolean>) | undefined;
+  /** Longest wait for a reply (and for QUIT when closing a connection). */
+  protected readonly commandTimeout: number;
+  readonly replyTimeout: number;
+
+  constructor(
+    protected readonly client: Redis | Cluster,
+    options: Pick<ResolvedModuleOptions, 'keyPrefix' | 'commandTimeout'> &
+      Partial<Pick<ResolvedModuleOptions, 'handoffTurn'>>,
+    /** Whether the backend created the client, and so must close it. */
+    private readonly ownsClient: boolean,
+    protected readonly logger: Logger,
+  ) {
+    this.layout = new KeyLayout(options.keyPrefix);
+    this.commandTimeout = this.replyTimeout = options.commandTimeout;
+    this.isCluster = (client as { isCluster?: boolean }).isCluster === true;
+    this.shardedPubSub = this.isCluster
+      ? new ShardedPubSubChoice(client as Cluster, this.commandTimeout, logger).sharded
+      : undefined;
+    this.notifier = new ReleaseNotifier(
+      [client],
+      this.commandTimeout,
+      logger,
+      this.shardedPubSub,
+      options.handoffTurn,
+    );
+  }
+
+  async prepare(): Promise<void> {
+    if (!this.shardedPubSub) return;
+    await this.shardedPubSub().catch((error: unknown) => {
+      this.logger.warn(
+        `Cluster: could not ask the servers how to announce releases at startup (${describeFailure(error, this.commandTimeout)}); deciding at the first lock release or wait.`,
+      );
+    });
+  }
+
+  /**
+   * The server's `run_id` (new at every start of redis-server), asked within `commandTimeout`:
+   * what tells one server apart from another whatever name it was reached by. `undefined` if it
+   * does not answer in time.
+   */
+  serverId(): Promise<string | undefined> {
+    return serverId(this.client, this.commandTimeout);
+  }
+
+  health(): Promise<BackendHealth> {
+    return pingHealth(this.client, this.commandTimeout);
+  }
+
+  async isLocked(key: string): Promise<boolean> {
+    return (await this.client.exists(this.layout.lockKey(key))) === 1;
+  }
+
+  onReconnect(listener: () => void): () => void {
+    return onReconnect(this.client, listener);
+  }
+
+  hasWaiters(key: string): boolean {
+    return this.notifier.watching && this.notifier.isWatched(this.releaseChannel(key));
+  }
+
+  watchReleases(key: string, claim?: HandoffClaim, turnOf?: string): ReleaseSubscription {
+    const channel =
+      turnOf === undefined ? this.releaseChannel(key) : this.layout.turnChannel(key, turnOf);
+    return this.notifier.watch(channel, claim);
+  }
+
+  /** The channel on which releases of `key` are announced. */
+  releaseChannel(key: string): string {
+    return this.layout.releaseChannel(key);
+  }
+
+  async close(): Promise<void> {
+    await Promise.all([
+      this.notifier.close(),
+      this.ownsClient ? closeQuietly(this.client, this.commandTimeout) : undefined,
+    ]);
+  }
+}
