@@ -204,10 +204,10 @@ describe('leadership (lead, @WhileLeader)', () => {
       proxy.stall();
       const work = async (): Promise<void> => assert.fail('never leads without Redis');
       const leadership = app.locks.lead(uniqueKey('leader'), work);
-      await new Promise((resolve) => setTimeout(resolve, 700));
+      const warned = (): number =>
+        capture.lines.filter(({ message }) => message.includes('Campaign')).length;
+      assert.ok(await eventually(() => warned() >= 1, 10_000), 'the failed campaigns are logged');
       assert.equal(leadership.isLeader, false);
-      const warned = capture.lines.filter(({ message }) => message.includes('Campaign'));
-      assert.ok(warned.length >= 1, 'the failed campaigns are logged');
       await leadership.stop();
     } finally {
       restore();
