@@ -130,7 +130,7 @@ export class LockService implements OnApplicationBootstrap, OnModuleDestroy, OnA
    * lock is lost, the lock is released and the campaign goes on (after the module's
    * `retryInterval`, so that others get their turn). A `work` that throws is logged. At most one
    * instance leads at a time while the lock holds (the fence stops a leader that lost it without
-   * knowing). Waiting costs no polling: a campaign wakes on the lock's release messages.
+   * knowing). A campaign waits as any waiter of the lock does: woken by the release message.
    * @throws LockArgumentError (synchronously) for a bad key, `work` or option
    * @throws RedisLockShutdownError (synchronously) once the module is shutting down
    * @example
