@@ -14,15 +14,34 @@ import {
   until,
   type RedisServer,
 } from '../support/redis-server.js';
+import { skewedClock, type ClockSkew } from '../support/skewed-clock.js';
 import type { Address, WorkerLock } from './chaos-protocol.js';
 
-export type ChaosMode = 'standalone' | 'redlock' | 'cluster' | 'sentinel';
-export const CHAOS_MODES: readonly ChaosMode[] = ['standalone', 'redlock', 'cluster', 'sentinel'];
+export type ChaosMode = 'standalone' | 'redlock' | 'redlock-clocks' | 'cluster' | 'sentinel';
+export const CHAOS_MODES: readonly ChaosMode[] = [
+  'standalone',
+  'redlock',
+  'redlock-clocks',
+  'cluster',
+  'sentinel',
+];
+
+/**
+ * The clocks of Redlock's nodes in the `redlock-clocks` mode: one 400 ms behind and running 0.5 %
+ * slow, one 400 ms ahead and running 0.5 % fast (its keys expire 0.5 % early), one true. Rates
+ * within the module's `driftFactor` (1 %): a lock's validity allows for them.
+ */
+export const SKEWED_CLOCKS: readonly (ClockSkew | undefined)[] = [
+  { offsetMs: -400, rate: 0.995 },
+  { offsetMs: 400, rate: 1.005 },
+  undefined,
+];
 
 /** How each mode's rows are named in the report (standalone rows carry no prefix). */
 export const MODE_LABELS: Record<ChaosMode, string> = {
   standalone: '',
   redlock: 'Redlock (3 nodes)',
+  'redlock-clocks': 'Redlock (3 nodes, clocks ±400 ms, ±0.5 %)',
   cluster: 'Cluster (3 masters + replicas)',
   sentinel: 'Sentinel (master + replica)',
 };
@@ -123,8 +142,17 @@ async function closeAll(proxies: FaultProxy[][]): Promise<void> {
  * random. A lock is left behind when a majority still holds it (a copy on one node whose release
  * failed while it restarted is no lock, and expires after its TTL).
  */
-async function independentMasters(count: number, workers: number): Promise<LockTopology> {
-  const servers = await Promise.all(Array.from({ length: count }, () => startRedis()));
+async function independentMasters(
+  count: number,
+  workers: number,
+  clocks: readonly (ClockSkew | undefined)[] = [],
+): Promise<LockTopology> {
+  const servers = await Promise.all(
+    Array.from({ length: count }, async (_, i) => {
+      const clock = clocks[i];
+      return startRedis([], clock && (await skewedClock(clock)));
+    }),
+  );
   const proxies = await proxiesFor(
     workers,
     servers.map((server) => server.port),
@@ -295,6 +323,8 @@ export function startTopology(
       return independentMasters(1, workers);
     case 'redlock':
       return independentMasters(3, workers);
+    case 'redlock-clocks':
+      return independentMasters(3, workers, SKEWED_CLOCKS);
     case 'cluster':
       return cluster(workers, lockKeys);
     case 'sentinel':

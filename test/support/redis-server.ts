@@ -28,11 +28,18 @@ process.on('exit', () => {
 });
 
 /** Starts a private redis-server with no persistence on a free 127.0.0.1 port. */
-export function startRedis(extraArgs: readonly string[] = []): Promise<RedisServer> {
-  return onFreePort(redisPlan(extraArgs));
+/**
+ * A redis-server on a free loopback port; `env` adds to its environment (a skewed clock, see
+ * skewed-clock.ts), kept when it restarts.
+ */
+export function startRedis(
+  extraArgs: readonly string[] = [],
+  env?: Record<string, string>,
+): Promise<RedisServer> {
+  return onFreePort(redisPlan(extraArgs, env));
 }
 
-function redisPlan(extraArgs: readonly string[]): LaunchPlan {
+function redisPlan(extraArgs: readonly string[], env?: Record<string, string>): LaunchPlan {
   return (port, dir) => [
     [
       '--port',
@@ -57,6 +64,7 @@ function redisPlan(extraArgs: readonly string[]): LaunchPlan {
       ...extraArgs,
     ],
     'Ready to accept connections',
+    env,
   ];
 }
 
@@ -350,7 +358,10 @@ function run(command: string, args: string[]): Promise<string> {
   });
 }
 
-type LaunchPlan = (port: number, dir: string) => [args: string[], readyLine: string];
+type LaunchPlan = (
+  port: number,
+  dir: string,
+) => [args: string[], readyLine: string, env?: Record<string, string>];
 
 async function onFreePort(plan: LaunchPlan): Promise<RedisServer> {
   let lastError: unknown;
@@ -395,8 +406,11 @@ async function relaunch(port: number, plan: LaunchPlan): Promise<RedisServer> {
 
 function launch(port: number, plan: LaunchPlan): Promise<RedisServer> {
   const dir = mkdtempSync(join(tmpdir(), 'nestjs-redis-lock-'));
-  const [args, readyLine] = plan(port, dir);
-  const child = spawn(binary, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+  const [args, readyLine, env] = plan(port, dir);
+  const child = spawn(binary, args, {
+    stdio: ['ignore', 'pipe', 'pipe'],
+    env: env && { ...process.env, ...env },
+  });
   running.add(child);
   const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
   void exited.then(() => {

@@ -1,0 +1,47 @@
+/**
+ * The skewed-clock shim the chaos suite's `redlock-clocks` mode starts its nodes with: a
+ * redis-server under it answers TIME off by the offset, and its keys expire at its rate.
+ */
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+import { Redis } from 'ioredis';
+import { sleep } from '../support/lock-module.js';
+import { startRedis, type RedisServer } from '../support/redis-server.js';
+import { skewedClock } from '../support/skewed-clock.js';
+
+describe('a redis-server with a skewed clock (test support)', () => {
+  let server: RedisServer;
+  let client: Redis;
+
+  before(async () => {
+    server = await startRedis([], await skewedClock({ offsetMs: 3_000, rate: 1.25 }));
+    client = new Redis(server.port, server.host);
+  });
+
+  after(async () => {
+    client.disconnect();
+    await server.stop();
+  });
+
+  it('answers TIME ahead by the offset', async () => {
+    const before = Date.now();
+    const [seconds, micros] = await client.time();
+    const after = Date.now();
+    const server = Number(seconds) * 1_000 + Number(micros) / 1_000;
+    // 3 s ahead, plus at most 25 % of the time since the server started reading its clock.
+    assert.ok(server - after > 2_900, `${server - after} ms ahead`);
+    assert.ok(server - before < 3_000 + 0.25 * 60_000, `${server - before} ms ahead`);
+  });
+
+  it('runs its key expiry 25 % fast', async () => {
+    await client.set('k', 'v', 'PX', 5_000);
+    const start = performance.now();
+    await sleep(1_000);
+    const remaining = await client.pttl('k');
+    const elapsed = performance.now() - start;
+    // Redis counted 1.25 × the real time that passed (give or take the reply's millisecond).
+    const counted = 5_000 - remaining;
+    assert.ok(counted >= 1.25 * 1_000 - 5, `counted ${counted} ms of ${elapsed.toFixed(0)}`);
+    assert.ok(counted <= 1.25 * elapsed + 5, `counted ${counted} ms of ${elapsed.toFixed(0)}`);
+  });
+});
