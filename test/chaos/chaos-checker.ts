@@ -1,4 +1,5 @@
 /** Turns what a chaos scenario recorded into its figures. Pure: unit-tested on made-up histories. */
+import type { SectionShape } from './chaos-protocol.js';
 
 /** One critical section, as its worker recorded it (times on the system-wide monotonic clock). */
 export interface Section {
@@ -21,6 +22,13 @@ export interface Section {
    * share its fence, one after another; any other section needs a higher one.
    */
   hold?: string;
+  /** Entered this long after its lock's `expiresAt` (its signal had not aborted yet). */
+  overdue?: number;
+  /**
+   * What it held: the plain lock (none), a semaphore place with its limit (taken only while
+   * fewer than that many hold the key), a read lock (beside other readers) or a write lock.
+   */
+  shape?: SectionShape;
   /**
    * A section of an earlier phase of the session whose holder still believed when this phase began
    * (see `runPhases`): an overlap with it, or a fence that is not above its fence, counts in this
@@ -41,6 +49,8 @@ export interface Call {
    * carries every worker's traffic through the fault proxies), stood still for over 250 ms.
    */
   starved: boolean;
+  /** For a failed call: the error's message and where it was thrown (the route's: the last error logged). */
+  detail?: string;
 }
 
 export interface ScenarioRecord {
@@ -78,6 +88,16 @@ export interface ScenarioFigures {
    * them); other (anything else: a bug, must stay 0).
    */
   calls: Record<'ok' | 'busy' | 'failed' | 'other', number>;
+  /**
+   * What went wrong, one line each (up to 20): every fence regression, overlap and lost holder
+   * whose signal never fired, with the sections involved, for the test's failure message.
+   */
+  notes: string[];
+  /**
+   * What each call that failed unstarved, or ended in an unexpected error, ended in (see
+   * `Call.detail`; up to 20).
+   */
+  callDetails: string[];
   /** Failed calls during which the machine was starved (see `Call.starved`). */
   failedStarved: number;
   /** Sections entered while another holder of the key still believed it held the lock. */
@@ -135,30 +155,50 @@ export function check(record: ScenarioRecord): ScenarioFigures {
 
   let overlaps = 0;
   let fenceRegressions = 0;
+  const notes: string[] = [];
+  const note = (line: string): void => void (notes.length < 20 && notes.push(line));
   const firstIntrusion = new Map<Section, number>();
   for (const sections of byKey.values()) {
     sections.sort((a, b) => a.enter - b.enter);
     let highest = -Infinity;
-    let highestHold: string | undefined;
+    /** The highest fence of a plain or write lock: a read lock's must be above it. */
+    let highestExclusive = -Infinity;
+    const granted = new Set<string>();
     let believing: Section[] = [];
     for (const section of sections) {
       // Entered with its signal already aborted (paused between the grant and the section, past
       // its lease): it never believed it held the lock and never used its fence.
       if (section.abortAt !== undefined && section.abortAt <= section.enter) continue;
       believing = believing.filter((s) => beliefEnd(s, record.end) > section.enter);
+      // A hold's first section is its grant, whose fence must be above every fence before it.
+      // Its later sections (re-entered, forked, a leader's term running section after section)
+      // use the fence it was granted: one that enters after a newer hold's (a holder frozen past
+      // its lease runs on before its expiry timer fires) is an overlap, not a fence regression.
+      const grant = section.hold === undefined || !granted.has(section.hold);
+      if (section.hold !== undefined) granted.add(section.hold);
       // A context section's own fence and intrusions were counted in its own phase.
       if (!section.context) {
-        const sameHold = section.hold !== undefined && section.hold === highestHold;
-        if (section.fence < highest || (section.fence === highest && !sameHold)) {
+        const floor = fenceFloor(section.shape, highest, highestExclusive);
+        if (grant && section.fence <= floor) {
           fenceRegressions++;
+          note(`fence regression: ${describe(section)} after fence ${floor}`);
         }
-        if (believing.length > 0) overlaps++;
-        for (const holder of believing) {
-          if (!firstIntrusion.has(holder)) firstIntrusion.set(holder, section.enter);
+        const conflicting = conflicts(section, believing);
+        if (conflicting.length > 0) {
+          overlaps++;
+          note(`overlap: ${describe(section)} while ${conflicting.map(describe).join(', ')}`);
+        }
+        // Only a newer hold intrudes on a holder: a stale one entering is the one that lost.
+        for (const holder of conflicting) {
+          if (holder.fence < section.fence && !firstIntrusion.has(holder)) {
+            firstIntrusion.set(holder, section.enter);
+          }
         }
       }
-      if (section.fence >= highest) highestHold = section.hold;
       highest = Math.max(highest, section.fence);
+      if (typeof section.shape !== 'object' && section.shape !== 'read') {
+        highestExclusive = Math.max(highestExclusive, section.fence);
+      }
       believing.push(section);
     }
   }
@@ -169,8 +209,10 @@ export function check(record: ScenarioRecord): ScenarioFigures {
   for (const [holder, intrudedAt] of firstIntrusion) {
     if (holder.killedAt !== undefined) continue;
     lost++;
-    if (holder.abortAt === undefined) lostUnsignalled++;
-    else delays.push(Math.max(0, holder.abortAt - intrudedAt));
+    if (holder.abortAt === undefined) {
+      lostUnsignalled++;
+      note(`lost, never signalled: ${describe(holder)}, intruded at ${intrudedAt.toFixed(0)}`);
+    } else delays.push(Math.max(0, holder.abortAt - intrudedAt));
   }
 
   let staleAccepted = 0;
@@ -184,10 +226,16 @@ export function check(record: ScenarioRecord): ScenarioFigures {
 
   const calls = { ok: 0, busy: 0, failed: 0, other: 0 };
   let failedStarved = 0;
+  const callDetails: string[] = [];
   for (const call of record.calls) {
     const kind = classify(call.outcome);
     calls[kind]++;
     if (kind === 'failed' && call.starved) failedStarved++;
+    else if ((kind === 'failed' || kind === 'other') && callDetails.length < 20) {
+      callDetails.push(
+        `${call.path} ${call.outcome} after ${Math.round(call.ms)} ms: ${call.detail ?? '?'}`,
+      );
+    }
   }
   const own = record.sections.filter((s) => !s.context);
   const waits = own.flatMap((s) => (s.waited === undefined ? [] : [s.waited]));
@@ -200,6 +248,8 @@ export function check(record: ScenarioRecord): ScenarioFigures {
     sections: own.length,
     calls,
     failedStarved,
+    callDetails,
+    notes,
     overlaps,
     staleAccepted,
     staleRejected: record.rejected,
@@ -215,6 +265,47 @@ export function check(record: ScenarioRecord): ScenarioFigures {
     unsettled: record.calls.filter((c) => c.unsettled).length + record.unsettledShutdowns,
     acquire: { p50: percentile(waits, 50), p99: percentile(waits, 99), max: Math.max(0, ...waits) },
   };
+}
+
+/**
+ * The believing holders a section may not enter beside: every one for a plain or write lock, the
+ * writers for a read lock; for a semaphore place, all of them once as many as its own limit hold
+ * the key (limits differ from caller to caller: each is admitted while fewer than its own hold it),
+ * of which the oldest grants are the ones it displaced.
+ */
+function conflicts(section: Section, believing: Section[]): Section[] {
+  const { shape } = section;
+  if (shape === 'read') return believing.filter((s) => s.shape === 'write');
+  if (typeof shape !== 'object') return believing;
+  if (believing.length < shape.limit) return [];
+  const oldest = [...believing].sort((a, b) => a.fence - b.fence);
+  return oldest.slice(0, believing.length - shape.limit + 1);
+}
+
+/**
+ * The fence a grant must be above: a plain or write lock's, every earlier grant's on the key; a
+ * read lock's, every earlier plain or write lock's (readers are granted side by side, and enter in
+ * any order); a semaphore place's, none (its places are granted side by side too).
+ */
+function fenceFloor(shape: SectionShape | undefined, highest: number, exclusive: number): number {
+  if (shape === 'read') return exclusive;
+  if (typeof shape === 'object') return -Infinity;
+  return highest;
+}
+
+/** One section in a note: where, which hold and fence, when it believed. */
+function describe(s: Section): string {
+  const until = s.exit ?? s.killedAt;
+  return (
+    `${s.key} ${s.path}${describeShape(s.shape)} hold ${s.hold ?? s.id} fence ${s.fence} [${s.enter.toFixed(0)}–${until?.toFixed(0) ?? '…'}` +
+    `${s.abortAt === undefined ? '' : `, abort ${s.abortAt.toFixed(0)}`}` +
+    `${s.overdue === undefined ? '' : `, entered ${s.overdue.toFixed(0)} ms overdue`}]`
+  );
+}
+
+function describeShape(shape: SectionShape | undefined): string {
+  if (shape === undefined) return '';
+  return typeof shape === 'object' ? ` place of ${shape.limit}` : ` ${shape}`;
 }
 
 /** What a call ended in (see `ScenarioFigures.calls`). */

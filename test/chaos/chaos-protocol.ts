@@ -42,12 +42,18 @@ export interface WorkerConfig {
   longWorkRatio: number;
   /** Share of calls that go through the sample's @WithLock route instead of LockService.using(). */
   routeRatio: number;
+  /**
+   * Share of the using() calls that take a semaphore place (limit 2 or 3 on one key: mixed limits
+   * meet) or a read or write lock, on keys of their own (`sem:<key>`, `rw:<key>`).
+   */
+  shapeRatio: number;
   thinkMs: number;
-  /** Whether the worker campaigns for `LEADER_KEY` (see `ChaosProfile.leader`). */
-  leader: boolean;
   /** A call still pending after this long did not settle within its bound. */
   callBoundMs: number;
 }
+
+/** What a section holds: the plain lock (none), a semaphore place with its limit, a read or write lock. */
+export type SectionShape = { limit: number } | 'read' | 'write';
 
 export type ChaosEvent =
   | { t: 'ready'; pid: number; slot: number }
@@ -62,6 +68,9 @@ export type ChaosEvent =
       waited?: number;
       /** The hold it runs in (a token's start): re-entered and forked sections share it. */
       hold: string;
+      /** Entered this long after the lock's `expiresAt`, its signal not aborted yet. */
+      overdue?: number;
+      shape?: SectionShape;
     }
   | {
       t: 'exit';
@@ -82,6 +91,8 @@ export type ChaosEvent =
       unsettled: boolean;
       /** The worker's event loop stood still for over 250 ms during the call. */
       stalled: boolean;
+      /** A failed call's error (see `Call.detail`). */
+      detail?: string;
     }
   /** The section's lock signal aborted after the section ended (at the release, say). */
   | { t: 'signal'; id: string; at: number }
@@ -118,19 +129,32 @@ return 1
 export function stallRecorder(): {
   /** Whether a stall overlapped the interval `from`–`to`. */
   overlap(from: number, to: number): boolean;
+  /** The longest the event loop stood still (ms) during `from`–`to`, shorter stalls included. */
+  worst(from: number, to: number): number;
   count(): number;
   stop(): void;
 } {
   const now = (): number => Number(process.hrtime.bigint()) / 1e6;
   const stalls: [number, number][] = [];
+  // The last minute's ticks over 50 ms, for `worst`.
+  const lags: [number, number][] = [];
   let last = now();
   const ticker = setInterval(() => {
     const t = now();
     if (t - last > 250) stalls.push([last, t]);
+    if (t - last > 50) {
+      lags.push([last, t]);
+      if (lags.length > 1_000) lags.splice(0, 500);
+    }
     last = t;
   }, 20);
   return {
     overlap: (from, to) => stalls.some(([start, end]) => start < to && end > from),
+    worst: (from, to) =>
+      Math.max(
+        20,
+        ...lags.filter(([start, end]) => start < to && end > from).map(([s, e]) => e - s),
+      ),
     count: () => stalls.length,
     stop: () => clearInterval(ticker),
   };

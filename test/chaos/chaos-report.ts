@@ -107,9 +107,15 @@ loops on ${profile.keys} hot keys, TTL ${profile.ttl} ms, acquireTimeout ${profi
 Half the calls go through \`LockService.using()\`, half through the sample app's \`@WithLock\` purchase route. A \`using()\` call
 runs its section in the hold itself, in a re-entry (a nested \`using()\`), in two nested calls forked side by side
 (they take turns on the hold's fence), or on two keys held together; its TTL is the profile's or half of it.
-${profile.leader ? LEADER_NOTE : ''}
+Outside Redlock mode (which takes plain locks only), 3 in 10 \`using()\` calls take a semaphore place instead, with
+limit 2 or 3 on one key (callers with different limits meet in every process), or a read or write lock (7 reads to 3
+writes), each on keys of its own; a write lock writes to the fence-guarded resource, places and read locks do not.
+${LEADER_NOTE}
 Rows named "Redlock (3 nodes)" run the same scenario with \`nodes\` on three servers: network faults hit a worker's
-links to every node, Redis faults (pause, restart) hit one node, a minority. Rows named "Cluster (3 masters +
+links to every node, Redis faults (pause, restart) hit one node, a minority. Rows named "Redlock (3 nodes, clocks
+±400 ms, ±0.5 %)" do the same on nodes whose clocks are off (\`test/support/skewed-clock.c\`, preloaded): one 400 ms
+behind and running 0.5 % slow, one 400 ms ahead and running 0.5 % fast (it expires keys 0.5 % early: within the
+\`driftFactor\` of 1 %), one true; a node restarted empty keeps its clock. Rows named "Cluster (3 masters +
 replicas)" run it on a Redis Cluster of three masters with a replica each (the worker's own ioredis \`Cluster\` as
 \`client\`), rows named "Sentinel (master + replica)" through three Sentinels (\`connection: { sentinels, name }\`):
 there every worker reaches each data node through its own fault proxies (ioredis \`natMap\`), and Redis faults hit
@@ -130,7 +136,8 @@ ${summary(results)}
   HTTP 500 for those; *n starved*: of those, failed while the machine was starved, the worker's or the
   runner's event loop, which carries the workers' traffic, standing still for over 250 ms); \`other\` = anything else (a bug; 0).
 - **overlaps**: sections entered while another holder of the key still believed it held the lock (between
-  entering and leaving its section, before its \`signal\` aborted). They happen only where the lease cannot
+  entering and leaving its section, before its \`signal\` aborted): any holder for a plain or write lock, a
+  writer for a read lock, and for a semaphore place as many holders as its own limit. They happen only where the lease cannot
   see: a holder frozen (SIGSTOP, a GC pause) past its TTL runs on for a moment after it thaws, before its
   overdue timers tell it; and a Redis restarted empty forgets every lock at once (a failover that lost the last
   writes forgets those), so a new holder can enter before the old one's next extension finds its lock gone. A holder that is alive but cut off (partition,
@@ -138,9 +145,10 @@ ${summary(results)}
 - **stale writes accepted / rejected**: writes to the fence-guarded resource. The guard accepts a fence at
   least as high as every fence it accepted before. *Rejected* writes are overlapping holders caught by
   their fence; *accepted* stale writes would be damage, and are 0.
-- **fence regressions**: a section whose fence is not greater than that of every section on the key that
-  entered before it (sections of one hold, a re-entry or forked calls taking turns, may share its fence one
-  after another; overlapping, they count as overlaps). 0, also across a Redis restart (the fence falls back
+- **fence regressions**: a grant (a hold's first section) whose fence is not greater than that of every
+  section on the key that entered before it (a read lock's: every plain or write lock's; semaphore places are
+  granted side by side and not compared). A hold's later sections (a re-entry, forked calls taking turns, a
+  leader's term) use the fence it was granted; one that overlaps counts as an overlap. 0, also across a Redis restart (the fence falls back
   to Redis \`TIME\` in µs).
 - **signals raised / locks lost (of them signalled)**: sections whose \`signal\` aborted (the lock was lost
   *or suspected lost*: an extension not confirmed before the TTL, with Redis paused or cut off, counts,

@@ -36,14 +36,6 @@ export interface ChaosProfile {
    * phase each (see `runPhases`), instead of fresh workers and servers for every scenario.
    */
   phased: boolean;
-  /**
-   * Every worker also campaigns for one leader key with `lead()` (see `LEADER_KEY`). Not yet in
-   * the short profile: in its first runs here one Cluster phase (Redis paused, in which a call was
-   * also starved) had a leader's section believing through 28 sections of the next leader. A
-   * leader holds its key throughout, so a worker stalled past its TTL meets the next leader in any
-   * phase; until that is shown to be the cause, the full profile runs it and reports every row.
-   */
-  leader: boolean;
 }
 
 export const PROFILES: Record<'short' | 'full', ChaosProfile> = {
@@ -57,7 +49,6 @@ export const PROFILES: Record<'short' | 'full', ChaosProfile> = {
     windowMs: 1_000,
     runs: 1,
     phased: true,
-    leader: false,
   },
   full: {
     name: 'full',
@@ -69,12 +60,16 @@ export const PROFILES: Record<'short' | 'full', ChaosProfile> = {
     windowMs: 30_000,
     runs: 2,
     phased: false,
-    leader: true,
   },
 };
 
 /** The lock module's commandTimeout in the workers (the sample does not set it: the default). */
 const COMMAND_TIMEOUT = 1_000;
+/**
+ * How long a waiting writer's mark on read locks outlives its last attempt in the workers:
+ * 2 × (retryInterval + retryJitter + commandTimeout), the module's defaults.
+ */
+const WRITER_MARK_MS = 2 * (1_000 + 50 + COMMAND_TIMEOUT);
 const now = (): number => Number(process.hrtime.bigint()) / 1e6;
 const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
 const between = (min: number, max: number): number => min + Math.random() * (max - min);
@@ -359,7 +354,7 @@ async function runSession(
   const topology = await startTopology(
     mode,
     profile.workers,
-    keys.map((key) => `sample:lock:{sku:${key}}`),
+    keys.flatMap((key) => ['sku', 'sem', 'rw'].map((kind) => `sample:lock:{${kind}:${key}}`)),
   );
   const links = topology.links;
   const db = await startRedis();
@@ -385,13 +380,15 @@ async function runSession(
       longWorkMs,
       longWorkRatio: 0.05,
       routeRatio: 0.5,
+      // Redlock mode takes plain locks only (semaphores and read locks are refused with `nodes`).
+      shapeRatio: topology.workerLock(slot).mode === 'redlock' ? 0 : 0.3,
       thinkMs: 5,
-      leader: profile.leader,
       callBoundMs,
     };
     const child = spawn(process.execPath, [workerScript, JSON.stringify(config)], {
-      stdio: ['ignore', 'pipe', 'inherit'],
+      stdio: ['pipe', 'pipe', 'inherit'],
     });
+    child.stdin.on('error', () => {}); // a worker that died before its go
     let markReady!: () => void;
     const worker: Worker = {
       slot,
@@ -422,6 +419,8 @@ async function runSession(
             enter: event.at,
             waited: event.waited,
             hold: event.hold,
+            overdue: event.overdue,
+            shape: event.shape,
             killedAt: worker.killedAt,
           };
           sections.set(event.id, section);
@@ -450,6 +449,9 @@ async function runSession(
             ms: event.ms,
             unsettled: event.unsettled,
             starved: event.stalled || stalls.overlap(event.start, event.start + event.ms),
+            detail:
+              event.detail &&
+              `${event.detail} (runner's: ${stalls.worst(event.start, event.start + event.ms).toFixed(0)} ms)`,
           };
           record.calls.push(call);
           break;
@@ -479,6 +481,9 @@ async function runSession(
     return worker;
   };
 
+  /** Lets a worker that is ready start its calls (see the worker's `go`). */
+  const go = (worker: Worker): void => void worker.child.stdin!.end('go\n');
+
   let windowEnds = Infinity;
   let lastKill = 0;
   const ctx: FaultContext = {
@@ -492,7 +497,9 @@ async function runSession(
       worker.killedAt = lastKill = now();
       for (const section of worker.open) section.killedAt = worker.killedAt;
       await worker.exited;
-      await spawnWorker(slot).ready;
+      const next = spawnWorker(slot);
+      await next.ready;
+      go(next);
     },
     pauseWorker: async (slot, ms) => {
       const child = workers[slot].child;
@@ -508,6 +515,7 @@ async function runSession(
   try {
     for (let slot = 0; slot < profile.workers; slot++) spawnWorker(slot);
     await Promise.all(workers.map((w) => w.ready));
+    workers.forEach(go);
     await sleep(500);
     for (const scenario of scenarios) {
       const start = now();
@@ -536,14 +544,16 @@ async function runSession(
       }),
     );
     record.end = now();
-    // The locks of killed holders expire within a TTL of their last write.
-    await sleep(lastKill + profile.ttl + 200 - now());
+    // The locks of killed holders expire within a TTL of their last write, a killed writer's mark
+    // on read locks within its stay.
+    await sleep(lastKill + Math.max(profile.ttl, WRITER_MARK_MS) + 200 - now());
 
     const leftovers = await topology.leftovers();
     record.leftoverLocks += leftovers.locks;
     record.keysWithoutTtl += leftovers.keysWithoutTtl;
     const resource = new Redis(db.port, '127.0.0.1');
-    for (const name of [...keys.map((key) => `sku:${key}`), LEADER_KEY]) {
+    const guarded = keys.flatMap((key) => [`sku:${key}`, `rw:${key}`]);
+    for (const name of [...guarded, LEADER_KEY]) {
       const fences = await resource.lrange(`resource:${name}:accepted`, 0, -1);
       record.accepted.set(`${run}:${name}`, fences.map(Number));
       record.rejected += Number((await resource.hget(`resource:${name}`, 'rejected')) ?? 0);

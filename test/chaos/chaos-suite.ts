@@ -24,25 +24,37 @@ export function chaosSuite(mode: ChaosMode): void {
       }
       await t.test(
         'after every phase and the shutdown: nothing left, no stale write accepted, every call settled',
-        () => assert.deepEqual(violations(whole), []),
+        () => assert.deepEqual(violations(whole), [], explain(whole)),
       );
     });
   });
 }
 
 function assertPhase(scenario: Scenario, figures: ScenarioFigures): void {
-  assert.deepEqual(violations(figures), []);
+  const why = explain(figures);
+  assert.deepEqual(violations(figures), [], why);
   if (scenario.control) {
     // Without faults nothing may go wrong at all: a lock that works never overlaps, and no call
     // fails unless the machine itself stood still (a CI host running other jobs beside this one
     // can starve the runner, whose proxies carry every lock's traffic).
-    assert.equal(figures.overlaps, 0);
-    assert.equal(figures.calls.failed - figures.failedStarved, 0, 'a call failed unstarved');
-    if (figures.failedStarved === 0) assert.equal(figures.signals, 0);
+    assert.equal(figures.overlaps, 0, `overlaps without a fault\n${why}`);
+    assert.equal(figures.calls.failed - figures.failedStarved, 0, `calls failed unstarved\n${why}`);
+    if (figures.failedStarved === 0) {
+      assert.equal(figures.signals, 0, `signals raised without a fault\n${why}`);
+    }
   } else {
     assert.ok(figures.faults > 0, 'the fault was injected');
   }
   // A fault that only delays or cuts off a live holder never lets two holders believe at once:
   // the holder's own TTL clock starts before Redis's, so it stops first.
-  if (!scenario.overlapPossible) assert.equal(figures.overlaps, 0, 'no overlap');
+  if (!scenario.overlapPossible) assert.equal(figures.overlaps, 0, `no overlap\n${why}`);
+}
+
+/** A failed assertion's message: the violations, what went wrong and what calls ended in. */
+function explain(figures: ScenarioFigures): string {
+  return [
+    `${figures.name}: ${violations(figures).join(', ') || 'no violation'}`,
+    ...figures.notes,
+    ...figures.callDetails,
+  ].join('\n');
 }

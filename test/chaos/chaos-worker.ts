@@ -28,6 +28,7 @@ import {
   LEADER_KEY,
   stallRecorder,
   type ChaosEvent,
+  type SectionShape,
   type WorkerConfig,
 } from './chaos-protocol.js';
 
@@ -53,6 +54,12 @@ const guardedWrite = (key: string, fence: number): Promise<number> =>
   ).guardedWrite(`resource:${key}`, `resource:${key}:accepted`, String(fence));
 
 let sequence = 0;
+
+/** How long after its `expiresAt` (on the `performance.now()` clock) a lock is used, if it is. */
+function overdue(lock: Lock): number | undefined {
+  const late = performance.now() - lock.expiresAt;
+  return late > 0 ? late : undefined;
+}
 /** The critical section, the same for both paths. Throws the lock's LockLostError if it aborts. */
 async function section(
   lock: Lock,
@@ -65,6 +72,8 @@ async function section(
    * one began is that one's.
    */
   exited?: (stopListening: () => void) => void,
+  /** A semaphore place or a read lock writes nothing (others hold the key with it); a write lock does. */
+  shape?: SectionShape,
 ): Promise<void> {
   const id = `${config.slot}.${process.pid}.${sequence++}`;
   const enter = now();
@@ -77,6 +86,8 @@ async function section(
     at: enter,
     waited: calledAt === undefined ? undefined : enter - calledAt,
     hold: lock.token.slice(0, 16),
+    overdue: overdue(lock),
+    shape,
   });
   let abortAt: number | undefined = lock.signal.aborted ? enter : undefined;
   let done = false;
@@ -93,7 +104,9 @@ async function section(
     await sleep(min + Math.random() * (max - min), lock.signal);
     // A careful worker checks its lock before writing; the fence stops it when that is too late.
     lock.signal.throwIfAborted();
-    wrote = (await guardedWrite(lock.key, lock.fence)) === 1 ? 'accepted' : 'rejected';
+    if (shape === undefined || shape === 'write') {
+      wrote = (await guardedWrite(lock.key, lock.fence)) === 1 ? 'accepted' : 'rejected';
+    }
   } finally {
     done = true;
     exited?.(() => lock.signal.removeEventListener('abort', onAbort));
@@ -116,13 +129,25 @@ class ChaosInventory extends InventoryService {
 /** Counts what the library logs; the chaos report shows it. */
 class CountingLogger implements LoggerService {
   readonly counts = { warn: 0, error: 0 };
+  /** The last error logged, with its stack: what a failed route call is reported with. */
+  lastError = '';
   log(): void {}
   warn(): void {
     this.counts.warn++;
   }
-  error(): void {
+  error(message: unknown, ...rest: unknown[]): void {
     this.counts.error++;
+    this.lastError = [message, ...rest].map(String).join(' | ').slice(0, 1500);
   }
+}
+
+/** A failed call's error for the report: name, message, cause and the first frames. */
+function describeError(error: unknown): string {
+  if (!(error instanceof Error)) return String(error);
+  const cause =
+    error.cause instanceof Error ? ` (cause: ${error.cause.name}: ${error.cause.message})` : '';
+  const frames = (error.stack ?? '').split('\n').slice(1, 6).join('\n');
+  return `${error.name}: ${error.message}${cause}\n${frames}`;
 }
 
 /** The sample's lock options (prefix, per-environment timing) on another deployment. */
@@ -193,12 +218,14 @@ let stopping = false;
 process.once('SIGTERM', () => void (stopping = true));
 
 /**
- * One call on the using() path, in one of several shapes: a section in the hold itself, in a view
- * of it (a nested `using()`), in two nested calls forked side by side (they take turns, sharing
- * the hold's fence), or in two keys held together (a section on each, at once). Its TTL is the
- * profile's or half of it: holders with different TTLs meet on every key.
+ * One call on the using() path, in one of several shapes: a semaphore place (limit 2 or 3 on one
+ * key, so that callers with different limits meet in one process and across processes), a read or
+ * write lock (7 reads to 3 writes), or, on the key the route locks too, a section in the hold
+ * itself, in a view of it (a nested `using()`), in two nested calls forked side by side (they take
+ * turns, sharing the hold's fence), or in two keys held together (a section on each, at once). Its
+ * TTL is the profile's or half of it: holders with different TTLs meet on every key.
  */
-async function callUsing(key: string, calledAt: number): Promise<string> {
+async function callUsing(key: string, calledAt: number): Promise<CallOutcome> {
   const options = {
     ttl: Math.random() < 0.5 ? config.ttl : config.ttl / 2,
     acquireTimeout: config.acquireTimeout,
@@ -206,7 +233,23 @@ async function callUsing(key: string, calledAt: number): Promise<string> {
   const skuKey = `sku:${key}`;
   const shape = Math.random();
   try {
-    if (shape < 0.55) {
+    if (Math.random() < config.shapeRatio) {
+      if (Math.random() < 0.5) {
+        const limit = Math.random() < 0.5 ? 2 : 3;
+        await locks.using(
+          `sem:${key}`,
+          (lock) => section(lock, 'using', calledAt, false, undefined, { limit }),
+          { ...options, limit },
+        );
+      } else {
+        const mode = Math.random() < 0.7 ? 'read' : 'write';
+        await locks.using(
+          `rw:${key}`,
+          (lock) => section(lock, 'using', calledAt, false, undefined, mode),
+          { ...options, mode },
+        );
+      }
+    } else if (shape < 0.55) {
       await locks.using(skuKey, (lock) => section(lock, 'using', calledAt), options);
     } else if (shape < 0.7) {
       await locks.using(
@@ -227,13 +270,18 @@ async function callUsing(key: string, calledAt: number): Promise<string> {
         options,
       );
     }
-    return 'ok';
+    return { outcome: 'ok' };
   } catch (error) {
-    return (error as Error).name ?? 'unknown';
+    return { outcome: (error as Error).name ?? 'unknown', detail: describeError(error) };
   }
 }
 
-async function callRoute(key: string): Promise<string> {
+interface CallOutcome {
+  outcome: string;
+  detail?: string;
+}
+
+async function callRoute(key: string): Promise<CallOutcome> {
   try {
     const response = await fetch(`${url}/products/${key}/purchase`, {
       method: 'POST',
@@ -241,9 +289,11 @@ async function callRoute(key: string): Promise<string> {
       body: '{"quantity":1}',
     });
     await response.arrayBuffer();
-    return response.status === 201 ? 'ok' : `http ${response.status}`;
+    if (response.status === 201) return { outcome: 'ok' };
+    const outcome = `http ${response.status}`;
+    return response.status >= 500 ? { outcome, detail: logger.lastError } : { outcome };
   } catch (error) {
-    return `fetch ${(error as Error).name}`;
+    return { outcome: `fetch ${(error as Error).name}`, detail: describeError(error) };
   }
 }
 
@@ -255,7 +305,7 @@ async function loop(): Promise<void> {
     const pending = path === 'route' ? callRoute(key) : callUsing(key, start);
     let late = false;
     const watchdog = setTimeout(() => (late = true), config.callBoundMs);
-    const outcome = await pending;
+    const { outcome, detail } = await pending;
     clearTimeout(watchdog);
     const end = now();
     const stalled = stalls.overlap(start, end);
@@ -267,31 +317,37 @@ async function loop(): Promise<void> {
       ms: end - start,
       unsettled: late && !stalled,
       stalled,
+      detail:
+        detail &&
+        `${detail}\n    (worker's event loop: longest tick ${stalls.worst(start, end).toFixed(0)} ms)`,
     });
     await sleep(Math.random() * config.thinkMs);
   }
 }
 
-// With `leader`, every worker campaigns for one leader key: its terms run sections back to back
-// (the term's lock is the call chain's), until the term ends or the worker stops.
-if (config.leader) {
-  locks.lead(
-    LEADER_KEY,
-    async (term) => {
-      const lock = getCurrentLock(LEADER_KEY)!;
-      let previous: (() => void) | undefined;
-      while (!term.signal.aborted && !stopping) {
-        previous?.();
-        await section(lock, 'using', undefined, false, (stop) => (previous = stop)).catch(() => {
-          // The lock was lost: the term's signal has aborted with it.
-        });
-      }
-    },
-    { ttl: config.ttl },
-  );
-}
-
 emit({ t: 'ready', pid: process.pid, slot: config.slot });
+// The runner says go once every worker has booted: calls made while the others boot (four Nest
+// apps on two cores) would count in the first phase, the control, with a load no phase has.
+await new Promise<void>((resolve) => process.stdin.once('data', () => resolve()));
+process.stdin.destroy();
+
+// Every worker campaigns for one leader key: its terms run sections back to back
+// (the term's lock is the call chain's), until the term ends or the worker stops.
+locks.lead(
+  LEADER_KEY,
+  async (term) => {
+    const lock = getCurrentLock(LEADER_KEY)!;
+    let previous: (() => void) | undefined;
+    while (!term.signal.aborted && !stopping) {
+      previous?.();
+      await section(lock, 'using', undefined, false, (stop) => (previous = stop)).catch(() => {
+        // The lock was lost: the term's signal has aborted with it.
+      });
+    }
+  },
+  { ttl: config.ttl },
+);
+
 await Promise.all(Array.from({ length: config.loops }, loop));
 stalls.stop();
 const closeStart = now();
