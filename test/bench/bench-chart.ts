@@ -106,3 +106,123 @@ function format(value: number): string {
 function escape(value: string): string {
   return value.replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;');
 }
+
+/** One contender's figures at each number of processes (workload 7). */
+export interface ScaleSeries {
+  name: string;
+  points: readonly { processes: number; waitP99: number; commandsPerSection: number }[];
+}
+
+const COLORS = ['#d9480f', '#5c7cfa', '#37b24d', '#ae3ec9', '#f59f00', '#1098ad'];
+const PLOT_W = 300;
+const PLOT_H = 170;
+
+/**
+ * Workload 7's chart: for each think time (a row), the wait p99 (log scale) and the commands per
+ * critical section against the number of processes, a line per contender.
+ */
+export function renderScaleChart(
+  rows: readonly { title: string; series: readonly ScaleSeries[] }[],
+  subtitle: string,
+): string {
+  const names = [...new Set(rows.flatMap((r) => r.series.map((s) => s.name)))];
+  const color = (name: string): string =>
+    name === 'nestjs-redis-lock' ? COLORS[0] : COLORS[1 + ((names.indexOf(name) + 5) % 5)];
+  const left = 70;
+  const gap = 90;
+  const rowH = PLOT_H + 70;
+  const top = 70;
+  const width = left + PLOT_W + gap + PLOT_W + 40;
+  const height = top + rows.length * rowH + 20 + names.length * 16;
+  const parts: string[] = [];
+  const text = (x: number, y: number, body: string, attrs = ''): void =>
+    void parts.push(
+      `<text x="${x.toFixed(1)}" y="${y.toFixed(1)}" ${attrs}>${escape(body)}</text>`,
+    );
+  text(10, 20, 'Hot key, N processes × 10 workers, 1 ms section', 'class="title"');
+  text(10, 38, subtitle, 'class="sub"');
+
+  rows.forEach((row, r) => {
+    const y0 = top + r * rowH;
+    text(10, y0 - 4, row.title, 'class="axis"');
+    const xs = [...new Set(row.series.flatMap((s) => s.points.map((p) => p.processes)))].sort(
+      (a, b) => a - b,
+    );
+    const xOf = (n: number): number =>
+      xs.length < 2 ? PLOT_W / 2 : (Math.log2(n / xs[0]) / Math.log2(xs.at(-1)! / xs[0])) * PLOT_W;
+    const panel = (
+      x0: number,
+      label: string,
+      value: (p: ScaleSeries['points'][number]) => number,
+      log: boolean,
+    ): void => {
+      const values = row.series.flatMap((s) => s.points.map(value)).filter((v) => v > 0);
+      const lo = log ? Math.pow(10, Math.floor(Math.log10(Math.min(...values, 1)))) : 0;
+      const hi = log
+        ? Math.pow(10, Math.ceil(Math.log10(Math.max(...values, 1))))
+        : Math.max(1, Math.ceil(Math.max(...values)));
+      const yOf = (v: number): number =>
+        y0 +
+        16 +
+        PLOT_H -
+        (log
+          ? (Math.log10(Math.max(v, lo) / lo) / Math.log10(hi / lo)) * PLOT_H
+          : (v / hi) * PLOT_H);
+      text(x0, y0 + 10, label, 'class="axis"');
+      parts.push(
+        `<line x1="${x0}" x2="${x0 + PLOT_W}" y1="${y0 + 16 + PLOT_H}" y2="${y0 + 16 + PLOT_H}" class="rule"/>`,
+        `<line x1="${x0}" x2="${x0}" y1="${y0 + 16}" y2="${y0 + 16 + PLOT_H}" class="rule"/>`,
+      );
+      for (const n of xs) {
+        text(x0 + xOf(n), y0 + PLOT_H + 30, String(n), 'text-anchor="middle" class="tick"');
+      }
+      const ticks = log
+        ? Array.from({ length: Math.round(Math.log10(hi / lo)) + 1 }, (_, i) => lo * 10 ** i)
+        : Array.from({ length: 5 }, (_, i) => (hi * i) / 4);
+      for (const v of ticks) text(x0 - 4, yOf(v) + 3, format(v), 'text-anchor="end" class="tick"');
+      for (const series of row.series) {
+        const points = [...series.points].sort((a, b) => a.processes - b.processes);
+        const path = points
+          .map(
+            (p, i) =>
+              `${i ? 'L' : 'M'}${(x0 + xOf(p.processes)).toFixed(1)},${yOf(value(p)).toFixed(1)}`,
+          )
+          .join(' ');
+        const stroke = color(series.name);
+        parts.push(`<path d="${path}" fill="none" stroke="${stroke}" stroke-width="2"/>`);
+        for (const p of points) {
+          parts.push(
+            `<circle cx="${(x0 + xOf(p.processes)).toFixed(1)}" cy="${yOf(value(p)).toFixed(1)}" r="3" fill="${stroke}"/>`,
+          );
+        }
+      }
+    };
+    panel(left, 'wait p99, ms (log scale) · processes →', (p) => p.waitP99, true);
+    panel(
+      left + PLOT_W + gap,
+      'Redis commands per section · processes →',
+      (p) => p.commandsPerSection,
+      false,
+    );
+  });
+  const legendY = top + rows.length * rowH;
+  names.forEach((name, i) => {
+    const y = legendY + i * 16;
+    parts.push(`<rect x="${left}" y="${y - 9}" width="12" height="3" fill="${color(name)}"/>`);
+    text(left + 18, y, name, `class="${name === 'nestjs-redis-lock' ? 'ours' : 'label'}"`);
+  });
+  return `<svg xmlns="http://www.w3.org/2000/svg" width="${width}" height="${height}" viewBox="0 0 ${width} ${height}" font-family="system-ui, -apple-system, Segoe UI, sans-serif">
+<style>
+  .title { font-size: 15px; font-weight: 600; fill: #212529; }
+  .sub { font-size: 11px; fill: #495057; }
+  .axis { font-size: 12px; fill: #343a40; }
+  .label { font-size: 12px; fill: #343a40; }
+  .ours { font-size: 12px; font-weight: 700; fill: #d9480f; }
+  .tick { font-size: 10px; fill: #868e96; }
+  .rule { stroke: #adb5bd; }
+</style>
+<rect width="100%" height="100%" fill="#ffffff"/>
+${parts.join('\n')}
+</svg>
+`;
+}

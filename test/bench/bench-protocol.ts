@@ -6,7 +6,7 @@
 
 export const READY = 'ready';
 
-export type Workload = 'sequential' | 'concurrent' | 'hot' | 'idle' | 'memory';
+export type Workload = 'sequential' | 'concurrent' | 'hot' | 'idle' | 'memory' | 'waiters' | 'keys';
 
 export interface BenchJob {
   contender: string;
@@ -39,6 +39,30 @@ export interface BenchResult {
   commands: number;
   sections?: SectionRecord[];
   failures?: number;
+  /** Hot key: how long each acquisition that failed had waited (a failed wait is a wait too). */
+  failedWaits?: number[];
+  /**
+   * Waiters workload: `workers` waiters parked on a held key in one process, then the key
+   * released: the commands per second while they were parked, the heap each took, the time from
+   * the release until the last of them had held the key (each releases at once), and the share of
+   * them granted in the order they asked.
+   */
+  waiters?: {
+    parkedCommandsPerSec: number;
+    heapPerWaiter: number;
+    drainMs: number;
+    inOrderPct: number;
+  };
+  /**
+   * Keys workload: `pairs` distinct keys held at once: the client heap and Redis memory per held
+   * lock; then all released: the Redis keys and bytes left per lock.
+   */
+  keys?: {
+    heapPerLock: number;
+    redisBytesPerLock: number;
+    keysLeftPerLock: number;
+    redisBytesLeftPerLock: number;
+  };
   /** Memory workload: heap growth after `pairs` distinct keys, heap and Redis cost per key. */
   memory?: {
     heapGrowthPct: number;

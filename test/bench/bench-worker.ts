@@ -9,7 +9,7 @@ import 'reflect-metadata';
 import { Redis } from 'ioredis';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { READY, type BenchJob, type BenchResult, type SectionRecord } from './bench-protocol.js';
-import { CONTENDERS } from './contenders.js';
+import { CONTENDERS, type Held } from './contenders.js';
 
 const job = JSON.parse(process.argv[2]) as BenchJob;
 const LOCK_CONNECTION = 'bench-lock';
@@ -54,6 +54,12 @@ switch (job.workload) {
     break;
   case 'memory':
     result = await memory();
+    break;
+  case 'waiters':
+    result = await waiters();
+    break;
+  case 'keys':
+    result = await keys();
     break;
 }
 // A large result through a pipe is written asynchronously: exit only once it is out.
@@ -126,7 +132,7 @@ async function hot(): Promise<BenchResult> {
   const t0 = now();
   const end = t0 + job.durationMs;
   const sections: SectionRecord[] = [];
-  let failures = 0;
+  const failedWaits: number[] = [];
   await Promise.all(
     Array.from({ length: job.workers }, async (_, worker) => {
       while (now() < end) {
@@ -135,7 +141,7 @@ async function hot(): Promise<BenchResult> {
         try {
           held = await locker.acquire('hot', 10_000, 30_000);
         } catch {
-          failures++;
+          failedWaits.push(now() - called);
           continue;
         }
         const enter = now();
@@ -155,7 +161,8 @@ async function hot(): Promise<BenchResult> {
     cpuMs: cpuMs(cpu),
     commands: commands - start,
     sections,
-    failures,
+    failures: failedWaits.length,
+    failedWaits,
   };
 }
 
@@ -179,15 +186,6 @@ async function idle(): Promise<BenchResult> {
  * and Redis keeps whatever the lock leaves per key. Then `HELD` locks held at once: heap per lock.
  */
 async function memory(): Promise<BenchResult> {
-  const heap = async (): Promise<number> => {
-    for (let i = 0; i < 3; i++) {
-      globalThis.gc?.();
-      await sleep(20);
-    }
-    return process.memoryUsage().heapUsed;
-  };
-  const redisMemory = async (): Promise<number> =>
-    Number(/used_memory:(\d+)/.exec(await data.info('memory'))![1]);
   // Warm up every code path first, so the baseline heap includes what stays anyway.
   const warmUp = Math.min(1_000, job.pairs);
   for (let i = 0; i < warmUp; i++)
@@ -221,6 +219,118 @@ async function memory(): Promise<BenchResult> {
       heapPerHeldLock: (heap2 - heldBase) / HELD,
       redisBytesPerKey: (redis1 - redis0) / job.pairs,
       keysLeft: keys1 - keys0,
+    },
+  };
+}
+
+/** The heap in use after a full collection (the worker runs with --expose-gc). */
+async function heap(): Promise<number> {
+  for (let i = 0; i < 3; i++) {
+    globalThis.gc?.();
+    await sleep(20);
+  }
+  return process.memoryUsage().heapUsed;
+}
+
+async function redisMemory(): Promise<number> {
+  return Number(/used_memory:(\d+)/.exec(await data.info('memory'))![1]);
+}
+
+/**
+ * Waiters workload: the key held, `workers` waiters parked on it one after another (each asks
+ * once the previous one's request is out), left 1 s to settle; then the commands they cost over
+ * `durationMs` and the heap they take; then the key released and each waiter, once granted,
+ * releasing at once: how long until the last one had it, and in what order they got it.
+ */
+async function waiters(): Promise<BenchResult> {
+  // Warm the paths up (a waiter granted, released) so the heap baseline includes them.
+  const warm = await locker.acquire('warm', 60_000, 1_000);
+  const warmWaiter = locker.acquire('warm', 60_000, 5_000);
+  await sleep(20);
+  await warm.release();
+  await (await warmWaiter).release();
+
+  const holder = await locker.acquire('waited', 60_000, 1_000);
+  const heap0 = await heap();
+  const granted: number[] = [];
+  let lastGrant = 0;
+  const parked: Promise<void>[] = [];
+  for (let i = 0; i < job.workers; i++) {
+    parked.push(
+      locker.acquire('waited', 60_000, 120_000).then(async (held) => {
+        granted.push(i);
+        lastGrant = now();
+        await held.release();
+      }),
+    );
+    await new Promise((resolve) => setImmediate(resolve));
+  }
+  await sleep(Math.min(1_000, job.durationMs));
+  const heap1 = await heap();
+  const start = commands;
+  const t0 = now();
+  await sleep(job.durationMs);
+  const parkedCommandsPerSec = ((commands - start) * 1_000) / (now() - t0);
+  const released = now();
+  await holder.release();
+  const failed = (await Promise.allSettled(parked)).filter((r) => r.status === 'rejected').length;
+  const inOrder = granted.filter((waiter, i) => waiter === i).length;
+  return {
+    ops: granted.length,
+    ms: 0,
+    cpuMs: 0,
+    commands: 0,
+    failures: failed,
+    waiters: {
+      parkedCommandsPerSec,
+      heapPerWaiter: (heap1 - heap0) / job.workers,
+      drainMs: lastGrant - released,
+      inOrderPct: (100 * inOrder) / job.workers,
+    },
+  };
+}
+
+/**
+ * Keys workload: `pairs` distinct keys locked and held at once (100 at a time); the client heap
+ * and Redis memory they take; then all released, and what Redis keeps of them.
+ */
+async function keys(): Promise<BenchResult> {
+  for (let i = 0; i < 1_000; i++)
+    await (await locker.acquire(`warm${i}`, 600_000, 1_000)).release();
+  const keys0 = await data.dbsize();
+  const redis0 = await redisMemory();
+  const heap0 = await heap();
+  const held: Held[] = new Array<Held>(job.pairs);
+  let next = 0;
+  await Promise.all(
+    Array.from({ length: 100 }, async () => {
+      while (next < job.pairs) {
+        const i = next++;
+        held[i] = await locker.acquire(`k${i}`, 600_000, 5_000);
+      }
+    }),
+  );
+  const heap1 = await heap();
+  const redis1 = await redisMemory();
+  let done = 0;
+  await Promise.all(
+    Array.from({ length: 100 }, async () => {
+      while (done < job.pairs) await held[done++].release();
+    }),
+  );
+  held.fill(undefined as unknown as Held);
+  const redis2 = await redisMemory();
+  const keys2 = await data.dbsize();
+  return {
+    ops: job.pairs,
+    ms: 0,
+    cpuMs: 0,
+    commands: 0,
+    keys: {
+      heapPerLock: (heap1 - heap0) / job.pairs,
+      redisBytesPerLock: (redis1 - redis0) / job.pairs,
+      keysLeftPerLock: (keys2 - keys0) / job.pairs,
+      redisBytesLeftPerLock: (redis2 - redis0) / job.pairs,
     },
   };
 }

@@ -23,7 +23,7 @@ it('a smoke run of `npm run bench` covers every workload and contender, with no 
   assert.equal(code, 0, output.slice(-2_000));
 
   const report = output.slice(output.indexOf('# Benchmark report'));
-  for (const section of ['1.', '2.', '3a.', '3b.', '4.', '6.', '5.']) {
+  for (const section of ['1.', '2.', '3a.', '3b.', '4.', '6.', '7.', '8.', '9.', '5.']) {
     assert.match(report, new RegExp(`^### ${section.replace('.', '\\.')} `, 'm'), section);
   }
   for (const contender of CONTENDERS) {
@@ -41,6 +41,19 @@ it('a smoke run of `npm run bench` covers every workload and contender, with no 
     2 * CONTENDERS.filter((c) => !c.workloads || c.workloads.includes('hot')).length,
   );
   for (const row of hotRows) assert.equal(row.split('|')[3].trim(), '0.00', row);
+  // The scaling workloads (smallest sizes): the instances' hot key kept exclusion too, and every
+  // parked waiter got the key.
+  const scaleRows = (number: string): string[] =>
+    report
+      .split('\n### ')
+      .filter((section) => section.startsWith(`${number} `))
+      .flatMap((section) => section.split('\n'))
+      .filter((line) => /^\| [^-|][^|]* \| [\d.]+/.test(line) && !line.startsWith('| contender'));
+  assert.equal(scaleRows('7.').length, 4);
+  for (const row of scaleRows('7.')) assert.equal(row.split('|')[3].trim(), '0.00', row);
+  assert.equal(scaleRows('8.').length, 4);
+  for (const row of scaleRows('8.')) assert.equal(row.split('|').at(-2)!.trim(), '0.00', row);
+  assert.equal(scaleRows('9.').length, 4);
   // Workload 5: the three routes on both key patterns, every request answered.
   const httpRows = report
     .split('\n')

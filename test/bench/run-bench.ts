@@ -27,7 +27,7 @@ import {
   type SectionRecord,
   type Workload,
 } from './bench-protocol.js';
-import { renderChart } from './bench-chart.js';
+import { renderChart, renderScaleChart } from './bench-chart.js';
 import { CONTENDERS, type Contender } from './contenders.js';
 
 const { values } = parseArgs({
@@ -61,7 +61,34 @@ interface WorkloadPlan {
    * (whatever the contender), so they get more samples for their medians.
    */
   runsPerRound?: number;
+  /** Selects it with `--workloads <group>` as well as by id (the scaling workloads: `scale`). */
+  group?: string;
+  /** Runs only these contenders (the scaling workloads: see SCALE_CONTENDERS). */
+  contenders?: readonly string[];
+  /** Runs in at most this many rounds. */
+  rounds?: number;
 }
+
+/**
+ * The scaling workloads run the minimum, ours, the peer that sends the minimum's commands
+ * (redis-semaphore) and the best redlock variant on the hot key (@sesamecare-oss/redlock with a
+ * 10 ms retry: 0.95-1.10x the minimum in workload 3), in 2 rounds: the whole `npm run bench` stays
+ * near 30 minutes.
+ */
+const SCALE_CONTENDERS = [
+  'hand-written minimum',
+  'nestjs-redis-lock',
+  'redis-semaphore',
+  '@sesamecare-oss/redlock (10 ms)',
+];
+const SCALE_ROUNDS = 2;
+const SCALE_PROCESSES = [2, 4, 8];
+const scale = (plan: Omit<WorkloadPlan, 'group' | 'contenders' | 'rounds'>): WorkloadPlan => ({
+  ...plan,
+  group: 'scale',
+  contenders: SCALE_CONTENDERS,
+  rounds: SCALE_ROUNDS,
+});
 
 const PLANS: WorkloadPlan[] = [
   {
@@ -111,6 +138,35 @@ const PLANS: WorkloadPlan[] = [
     processes: 1,
     job: { pairs: 100_000, durationMs: 0, workers: 100, thinkMs: 0 },
   },
+  ...[0, 5].flatMap((thinkMs) =>
+    SCALE_PROCESSES.map((processes) =>
+      scale({
+        id: `instances-${processes}-${thinkMs}`,
+        title: `7. Instances: hot key, ${processes} processes × 10 workers, 1 ms section, ${thinkMs} ms think time, 5 s`,
+        workload: 'hot',
+        processes,
+        job: { pairs: 0, durationMs: 5_000, workers: 10, thinkMs },
+      }),
+    ),
+  ),
+  ...[10, 100, 1_000].map((workers) =>
+    scale({
+      id: `waiters-${workers}`,
+      title: `8. Waiters: ${workers.toLocaleString('en-US')} waiters parked on one held key in one process for 2 s, then the key released (each waiter releases at once)`,
+      workload: 'waiters',
+      processes: 1,
+      job: { pairs: 0, durationMs: 2_000, workers, thinkMs: 0 },
+    }),
+  ),
+  ...[1_000, 100_000, 1_000_000].map((pairs) =>
+    scale({
+      id: `keys-${pairs}`,
+      title: `9. Keys: ${pairs.toLocaleString('en-US')} distinct keys held at once, then released`,
+      workload: 'keys',
+      processes: 1,
+      job: { pairs, durationMs: 0, workers: 100, thinkMs: 0 },
+    }),
+  ),
 ];
 
 /** Workload 5: the sample app's purchase route, locked and unlocked, under autocannon. */
@@ -141,9 +197,15 @@ const HTTP_TITLE = `5. \`@WithLock\` overhead: the sample app's \`POST /products
 /** The figures of one run of one contender on one workload. */
 type Figures = Record<string, number>;
 
-const wanted = (id: string): boolean =>
-  values.workloads === undefined || values.workloads.split(',').includes(id);
-const plans = PLANS.filter((p) => wanted(p.id));
+const wanted = (id: string, group?: string): boolean =>
+  values.workloads === undefined ||
+  values.workloads.split(',').some((name) => name === id || name === group);
+/** A smoke run takes the smallest size of each scaling workload only (it measures nothing). */
+const SMOKE_SCALE = ['instances-2-5', 'waiters-10', 'keys-1000'];
+const plans = PLANS.filter(
+  (p) =>
+    wanted(p.id, p.group) && (!values.smoke || p.group !== 'scale' || SMOKE_SCALE.includes(p.id)),
+);
 const runHttp = wanted('http');
 /** httpResults[variant] = figures of each round */
 const httpResults = new Map<string, Figures[]>();
@@ -158,8 +220,10 @@ const contenders = CONTENDERS.filter(
  * (workloads 1, 2 and 6) it runs the same code, so it is not run again there.
  */
 const runs = (plan: WorkloadPlan, contender: Contender): boolean =>
-  (contender.retryVariant !== true || plan.workload === 'hot' || plan.workload === 'idle') &&
-  (contender.workloads === undefined || contender.workloads.includes(plan.workload));
+  plan.contenders !== undefined
+    ? plan.contenders.includes(contender.name)
+    : (contender.retryVariant !== true || plan.workload === 'hot' || plan.workload === 'idle') &&
+      (contender.workloads === undefined || contender.workloads.includes(plan.workload));
 const server = await startRedis();
 const admin = new Redis(server.port, server.host);
 /**
@@ -184,7 +248,7 @@ const timed = async (id: string, work: () => Promise<void>): Promise<void> => {
 try {
   for (let round = 0; round < rounds; round++) {
     for (const plan of plans) {
-      await timed(plan.id, () => runPlan(round, plan));
+      if (round < (plan.rounds ?? rounds)) await timed(plan.id, () => runPlan(round, plan));
     }
     if (runHttp) await timed('http', () => httpRound(round));
   }
@@ -213,6 +277,28 @@ if (values.report !== '-' && !values.smoke) {
       `npm run bench, ${new Date().toISOString().slice(0, 10)}: medians of ${rounds} rounds, redis-server 7 on loopback, 2 cores`,
     );
     writeFileSync(join(dirname(values.report), 'chart.svg'), chart);
+  }
+  const instances = plans.filter((p) => p.id.startsWith('instances-'));
+  if (instances.length > 0) {
+    const chart = renderScaleChart(
+      [0, 5]
+        .map((thinkMs) => ({
+          title: `${thinkMs} ms think time`,
+          series: SCALE_CONTENDERS.map((name) => ({
+            name,
+            points: instances
+              .filter((p) => p.job.thinkMs === thinkMs)
+              .map((p) => ({
+                processes: p.processes,
+                waitP99: summarize(p, name, 'waitP99').median,
+                commandsPerSection: summarize(p, name, 'commandsPerSection').median,
+              })),
+          })).filter((s) => s.points.length > 0),
+        }))
+        .filter((row) => row.series.length > 0),
+      `npm run bench -- --workloads scale, ${new Date().toISOString().slice(0, 10)}: medians of ${SCALE_ROUNDS} rounds, redis-server 7 on loopback, 2 cores`,
+    );
+    writeFileSync(join(dirname(values.report), 'scale.svg'), chart);
   }
 }
 
@@ -388,6 +474,10 @@ function measure(plan: WorkloadPlan, outputs: BenchResult[], counter: number): F
       return { commandsPerSec: commands / seconds };
     case 'memory':
       return { ...outputs[0].memory!, keysLeftPerKey: outputs[0].memory!.keysLeft / ops };
+    case 'waiters':
+      return { ...outputs[0].waiters!, failures: outputs[0].failures ?? 0 };
+    case 'keys':
+      return { ...outputs[0].keys! };
     case 'hot': {
       const sections = outputs.flatMap((r) => r.sections ?? []).sort((a, b) => a.enter - b.enter);
       const gaps = sections.slice(1).map((s, i) => s.enter - sections[i].exit);
@@ -401,7 +491,11 @@ function measure(plan: WorkloadPlan, outputs: BenchResult[], counter: number): F
       const perWorker = new Map<string, number>();
       for (const s of sections) perWorker.set(s.worker, (perWorker.get(s.worker) ?? 0) + 1);
       const counts = [...perWorker.values()];
-      const waits = sections.map((s) => s.wait);
+      // A failed acquisition waited too: in the waits, not out of them.
+      const waits = [
+        ...sections.map((s) => s.wait),
+        ...outputs.flatMap((r) => r.failedWaits ?? []),
+      ];
       return {
         opsPerSec: sections.length / seconds,
         lostUpdates: sections.length - counter,
@@ -499,51 +593,70 @@ function took(id: string): string {
 
 function render(seconds: number): string {
   const sections = plans.map((plan) => {
-    const rows = contenders.map((c) => {
-      if (!runs(plan, c)) {
-        const why = c.retryVariant
-          ? 'same code as its defaults when nobody waits: not run'
-          : `a variant run only in the ${c.workloads!.join(' and ')} workload(s)`;
-        return [c.name, why];
-      }
-      const cell = (field: string, withRatio = false): string => {
-        const { median: m, ratio } = summarize(plan, c.name, field);
-        return withRatio ? `${fmt(m)} (${fmt(ratio)}×)` : fmt(m);
-      };
-      switch (plan.workload) {
-        case 'sequential':
-        case 'concurrent':
-          return [
-            c.name,
-            cell('opsPerSec', true),
-            cell('cpuUsPerOp', true),
-            cell('redisCpuUsPerOp', true),
-            cell('commandsPerOp'),
-          ];
-        case 'idle':
-          return [c.name, cell('commandsPerSec')];
-        case 'memory':
-          return [
-            c.name,
-            cell('heapGrowthPct'),
-            cell('heapPerHeldLock'),
-            cell('redisBytesPerKey'),
-            cell('keysLeftPerKey'),
-          ];
-        case 'hot':
-          return [
-            c.name,
-            cell('opsPerSec', true),
-            cell('lostUpdates'),
-            `${cell('handoffP50')} / ${cell('handoffP99')}`,
-            `${cell('withinP50')} / ${cell('withinP99')} · ${cell('betweenP50')} / ${cell('betweenP99')} (${cell('betweenPct')} %)`,
-            `${cell('waitP50')} / ${cell('waitP99')} / ${cell('waitMax')}`,
-            `${cell('workerMin')} / ${cell('workerMax')}`,
-            cell('commandsPerSection'),
-            cell('failures'),
-          ];
-      }
-    });
+    const rows = contenders
+      .filter((c) => !plan.contenders || plan.contenders.includes(c.name))
+      .map((c) => {
+        if (!runs(plan, c)) {
+          const why = c.retryVariant
+            ? 'same code as its defaults when nobody waits: not run'
+            : `a variant run only in the ${c.workloads!.join(' and ')} workload(s)`;
+          return [c.name, why];
+        }
+        const cell = (field: string, withRatio = false): string => {
+          const { median: m, ratio } = summarize(plan, c.name, field);
+          return withRatio ? `${fmt(m)} (${fmt(ratio)}×)` : fmt(m);
+        };
+        switch (plan.workload) {
+          case 'sequential':
+          case 'concurrent':
+            return [
+              c.name,
+              cell('opsPerSec', true),
+              cell('cpuUsPerOp', true),
+              cell('redisCpuUsPerOp', true),
+              cell('commandsPerOp'),
+            ];
+          case 'idle':
+            return [c.name, cell('commandsPerSec')];
+          case 'memory':
+            return [
+              c.name,
+              cell('heapGrowthPct'),
+              cell('heapPerHeldLock'),
+              cell('redisBytesPerKey'),
+              cell('keysLeftPerKey'),
+            ];
+          case 'hot':
+            return [
+              c.name,
+              cell('opsPerSec', true),
+              cell('lostUpdates'),
+              `${cell('handoffP50')} / ${cell('handoffP99')}`,
+              `${cell('withinP50')} / ${cell('withinP99')} · ${cell('betweenP50')} / ${cell('betweenP99')} (${cell('betweenPct')} %)`,
+              `${cell('waitP50')} / ${cell('waitP99')} / ${cell('waitMax')}`,
+              `${cell('workerMin')} / ${cell('workerMax')}`,
+              cell('commandsPerSection'),
+              cell('failures'),
+            ];
+          case 'waiters':
+            return [
+              c.name,
+              cell('parkedCommandsPerSec', true),
+              cell('heapPerWaiter'),
+              cell('drainMs', true),
+              cell('inOrderPct'),
+              cell('failures'),
+            ];
+          case 'keys':
+            return [
+              c.name,
+              cell('heapPerLock'),
+              cell('redisBytesPerLock'),
+              cell('keysLeftPerLock'),
+              cell('redisBytesLeftPerLock'),
+            ];
+        }
+      });
     const header =
       plan.workload === 'hot'
         ? [
@@ -557,24 +670,42 @@ function render(seconds: number): string {
             'commands per section',
             'acquire failures',
           ]
-        : plan.workload === 'idle'
-          ? ['contender', 'commands/s']
-          : plan.workload === 'memory'
+        : plan.workload === 'waiters'
+          ? [
+              'contender',
+              'commands/s while parked (ratio)',
+              'heap bytes per waiter',
+              'release to last grant ms (ratio)',
+              'granted in order %',
+              'failed',
+            ]
+          : plan.workload === 'keys'
             ? [
                 'contender',
-                'heap growth %',
                 'heap bytes per held lock',
-                'Redis bytes left per key',
-                'Redis keys left per key',
+                'Redis bytes per held lock',
+                'Redis keys left per lock',
+                'Redis bytes left per lock',
               ]
-            : [
-                'contender',
-                'pairs/s (ratio)',
-                'client CPU µs per pair (ratio)',
-                'Redis CPU µs per pair (ratio)',
-                'commands per pair',
-              ];
-    const runsEach = rounds * (values.smoke ? 1 : (plan.runsPerRound ?? 1));
+            : plan.workload === 'idle'
+              ? ['contender', 'commands/s']
+              : plan.workload === 'memory'
+                ? [
+                    'contender',
+                    'heap growth %',
+                    'heap bytes per held lock',
+                    'Redis bytes left per key',
+                    'Redis keys left per key',
+                  ]
+                : [
+                    'contender',
+                    'pairs/s (ratio)',
+                    'client CPU µs per pair (ratio)',
+                    'Redis CPU µs per pair (ratio)',
+                    'commands per pair',
+                  ];
+    const runsEach =
+      Math.min(rounds, plan.rounds ?? rounds) * (values.smoke ? 1 : (plan.runsPerRound ?? 1));
     return `### ${plan.title} (${runsEach} run${runsEach > 1 ? 's' : ''} each; ${took(plan.id)})\n\n${markdownTable(header, rows)}\n`;
   });
   if (runHttp) sections.push(renderHttp());
