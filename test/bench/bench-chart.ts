@@ -80,21 +80,7 @@ export function renderChart(rows: readonly ChartRow[], subtitle: string): string
     text(rightX + linX(v), axisY + 16, String(v), 'text-anchor="middle" class="tick"');
   }
 
-  return `<svg xmlns="http://www.w3.org/2000/svg" width="${width}" height="${height}" viewBox="0 0 ${width} ${height}" font-family="system-ui, -apple-system, Segoe UI, sans-serif">
-<style>
-  .title { font-size: 15px; font-weight: 600; fill: #212529; }
-  .sub { font-size: 11px; fill: #495057; }
-  .axis { font-size: 12px; fill: #343a40; }
-  .label { font-size: 12px; fill: #343a40; }
-  .ours { font-size: 12px; font-weight: 700; fill: #d9480f; }
-  .value { font-size: 11px; fill: #495057; }
-  .tick { font-size: 10px; fill: #868e96; }
-  .rule { stroke: #adb5bd; }
-</style>
-<rect width="100%" height="100%" fill="#ffffff"/>
-${parts.join('\n')}
-</svg>
-`;
+  return svgDocument(width, height, parts);
 }
 
 function format(value: number): string {
@@ -211,6 +197,11 @@ export function renderScaleChart(
     parts.push(`<rect x="${left}" y="${y - 9}" width="12" height="3" fill="${color(name)}"/>`);
     text(left + 18, y, name, `class="${name === 'nestjs-redis-lock' ? 'ours' : 'label'}"`);
   });
+  return svgDocument(width, height, parts);
+}
+
+/** A chart's SVG document: its parts on a white page, in the charts' one style. */
+function svgDocument(width: number, height: number, parts: readonly string[]): string {
   return `<svg xmlns="http://www.w3.org/2000/svg" width="${width}" height="${height}" viewBox="0 0 ${width} ${height}" font-family="system-ui, -apple-system, Segoe UI, sans-serif">
 <style>
   .title { font-size: 15px; font-weight: 600; fill: #212529; }
@@ -218,6 +209,7 @@ export function renderScaleChart(
   .axis { font-size: 12px; fill: #343a40; }
   .label { font-size: 12px; fill: #343a40; }
   .ours { font-size: 12px; font-weight: 700; fill: #d9480f; }
+  .value { font-size: 11px; fill: #495057; }
   .tick { font-size: 10px; fill: #868e96; }
   .rule { stroke: #adb5bd; }
 </style>

@@ -225,10 +225,35 @@ const baseline: Contender | undefined =
         },
       };
 
+/**
+ * With `BENCH_TURNS=0,25,100`: ours with each of those `handoffTurn`s beside the default, in the
+ * workloads where anyone waits (3, 7), to choose the default by the callers' wait.
+ */
+const turns: Contender[] = (process.env.BENCH_TURNS ?? '')
+  .split(',')
+  .filter((turn) => turn.trim() !== '')
+  .map((turn) => ({
+    name: `nestjs-redis-lock (handoffTurn ${Number(turn)})`,
+    workloads: ['hot'],
+    async create(client) {
+      const [{ Logger }, { LockService }] = await Promise.all([
+        import('@nestjs/common'),
+        import('../../lib/index.js'),
+      ]);
+      Logger.overrideLogger(false);
+      const locks = new LockService({ client, keyPrefix: 'nrl:', handoffTurn: Number(turn) });
+      return {
+        acquire: (key, ttl, waitMs) => locks.acquire(key, { ttl, acquireTimeout: waitMs }),
+        close: () => locks.onApplicationShutdown(),
+      };
+    },
+  }));
+
 export const CONTENDERS: Contender[] = [
   minimum,
   ours,
   ...(baseline ? [baseline] : []),
+  ...turns,
   oursObserved,
   oursFair,
   redisSemaphore,
