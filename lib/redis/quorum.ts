@@ -39,7 +39,11 @@ export class Quorum<N> {
    * answered to tell.
    */
   async majority(call: (node: N) => Promise<boolean>): Promise<boolean> {
-    const tally = await this.ask(call, (yes) => yes).decided;
+    return this.verdict(await this.ask(call, (yes) => yes).decided);
+  }
+
+  /** A decided yes/no round's answer (see `majority`). */
+  verdict(tally: Tally<boolean>): boolean {
     if (tally.yes.length >= this.size) return true;
     if (tally.no.length > this.nodes.length - this.size) return false;
     throw this.failure(tally);

@@ -214,6 +214,16 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
   }
 
   /**
+   * Redlock mode: writes `token`'s copy of the lock on this node for `ttl` if the key is free here
+   * (the node restarted empty while a majority kept the lock; see `RedlockBackend.extend`).
+   * `SET NX`, not a script: a node that lost its scripts would answer `NOSCRIPT` and get the
+   * script re-sent later, behind whatever happened meanwhile.
+   */
+  async restoreCopy(key: string, token: string, ttl: number): Promise<boolean> {
+    return (await this.client.set(this.layout.lockKey(key), token, 'PX', ttl, 'NX')) === 'OK';
+  }
+
+  /**
    * Redlock mode: raises this node's fence counter of `key` to at least `fence` if `token` holds
    * the lock here (see `RAISE_FENCE_SCRIPT`). Resolves whether it does.
    */

@@ -63,7 +63,7 @@ export class RedlockBackend implements LockBackend {
     private readonly nodes: readonly RedisLockBackend[],
     clients: readonly Redis[],
     private readonly driftFactor: number,
-    commandTimeout: number,
+    private readonly commandTimeout: number,
     logger: Logger,
   ) {
     this.votes = new Quorum(nodes, commandTimeout);
@@ -174,8 +174,33 @@ export class RedlockBackend implements LockBackend {
     return (await round.decided).yes.length >= this.quorum;
   }
 
-  extend(key: string, token: string, ttl: number): Promise<boolean> {
-    return this.votes.majority((node) => node.extend(key, token, ttl));
+  /**
+   * Extends the lock on every node: true while a majority still holds it. A node that answers in
+   * time that it does not, while a majority does, forgot it (it restarted empty: nobody else can
+   * hold the lock while this holder has a majority), and gets its copy back (`restoreCopy`, only
+   * if the key is free there). So the restarts that can take a majority from a holder must fall
+   * within one extension interval, not anywhere in a lease that auto-extension keeps for as long
+   * as the work runs (a leader's whole term).
+   */
+  async extend(key: string, token: string, ttl: number): Promise<boolean> {
+    const sentAt = performance.now();
+    const round = this.votes.ask(
+      (node) => node.extend(key, token, ttl),
+      (extended) => extended,
+    );
+    const held = this.votes.verdict(await round.decided);
+    if (held) {
+      round.replies.forEach((reply, i) => {
+        reply
+          .then((extended) =>
+            extended || performance.now() - sentAt > this.commandTimeout
+              ? false
+              : this.nodes[i].restoreCopy(key, token, ttl),
+          )
+          .catch(() => false); // a node that fails now is counted out at the next round
+      });
+    }
+    return held;
   }
 
   /**

@@ -333,6 +333,23 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     await intruder.release();
   });
 
+  it('an extension writes the copy back on nodes that restarted empty while a majority holds the lock: restarts must fall within one extension, not one lease', async () => {
+    const key = uniqueKey();
+    const lock = await locks.acquire(key, { ttl: 1_500, autoExtend: true });
+    assert.ok(await eventually(async () => (await holders(key, lock.token)) === NODES));
+    // Two nodes restart empty; the next extension (every 500 ms) gives them their copies back.
+    await (await crash([0, 1])).revive();
+    assert.ok(await eventually(async () => (await holders(key, lock.token)) === NODES, 3_000));
+    // Two more restart: had the first two not got their copies back, the holder would be left on
+    // one node of five, and another app could take the key.
+    await (await crash([2, 3])).revive();
+    assert.ok(await eventually(async () => (await holders(key, lock.token)) === NODES, 3_000));
+    assert.equal(await other.locks.tryAcquire(key), null);
+    assert.equal(lock.signal.aborted, false);
+    assert.equal(await lock.release(), true);
+    assert.equal(await holders(key, lock.token), 0);
+  });
+
   it('control: 3 processes incrementing without the lock lose updates; under it the count is exact', async () => {
     const target = `redlock:${servers.map((server) => server.port).join(',')}`;
     const read = (counter: string): Promise<string | null> => direct[0].get(counter);
