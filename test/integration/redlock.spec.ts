@@ -347,7 +347,8 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     assert.equal(await other.locks.tryAcquire(key), null);
     assert.equal(lock.signal.aborted, false);
     assert.equal(await lock.release(), true);
-    assert.equal(await holders(key, lock.token), 0);
+    // The release is decided by a majority; the other nodes' releases follow.
+    assert.ok(await eventually(async () => (await holders(key, lock.token)) === 0));
   });
 
   it('control: 3 processes incrementing without the lock lose updates; under it the count is exact', async () => {
