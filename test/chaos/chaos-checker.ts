@@ -46,7 +46,7 @@ export interface Call {
   unsettled: boolean;
   /**
    * The machine was starved during the call: its worker's event loop, or the runner's (which
-   * carries every worker's traffic through the fault proxies), stood still for over 250 ms.
+   * carries every worker's traffic through the fault proxies), stood still for over 100 ms.
    */
   starved: boolean;
   /** For a failed call: the error's message and where it was thrown (the route's: the last error logged). */

@@ -91,6 +91,8 @@ export type ChaosEvent =
       unsettled: boolean;
       /** The worker's event loop stood still for over 250 ms during the call. */
       stalled: boolean;
+      /** The longest the worker's event loop stood still during the call, ms. */
+      worstTick: number;
       /** A failed call's error (see `Call.detail`). */
       detail?: string;
     }

@@ -134,7 +134,7 @@ ${summary(results)}
   (\`LockAcquireTimeoutError\`, HTTP 409); \`failed\` = a typed lock failure (\`LockBackendError\` when Redis
   did not answer within \`commandTimeout\`, \`LockLostError\` when the section's lock was lost, or the route's
   HTTP 500 for those; *n starved*: of those, failed while the machine was starved, the worker's or the
-  runner's event loop, which carries the workers' traffic, standing still for over 250 ms); \`other\` = anything else (a bug; 0).
+  runner's event loop, which carries the workers' traffic, standing still for over 100 ms); \`other\` = anything else (a bug; 0).
 - **overlaps**: sections entered while another holder of the key still believed it held the lock (between
   entering and leaving its section, before its \`signal\` aborted): any holder for a plain or write lock, a
   writer for a read lock, and for a semaphore place as many holders as its own limit. They happen only where the lease cannot

@@ -66,6 +66,15 @@ export const PROFILES: Record<'short' | 'full', ChaosProfile> = {
 /** The lock module's commandTimeout in the workers (the sample does not set it: the default). */
 const COMMAND_TIMEOUT = 1_000;
 /**
+ * A call failed starved when its worker's or the runner's event loop stood still for longer than
+ * this: a lease of the short TTL (500 ms) is extended every 167 ms and must be confirmed within
+ * the 326 ms after, so a loop that stands still for a fifth of a second on a loaded machine can
+ * lose it without any fault (seen in CI: four locks of one worker lost at once after a 192 ms
+ * tick, no fault injected).
+ */
+const STARVED_TICK_MS = 100;
+
+/**
  * How long a waiting writer's mark on read locks outlives its last attempt in the workers:
  * 2 × (retryInterval + retryJitter + commandTimeout), the module's defaults.
  */
@@ -448,7 +457,11 @@ async function runSession(
             start: event.start,
             ms: event.ms,
             unsettled: event.unsettled,
-            starved: event.stalled || stalls.overlap(event.start, event.start + event.ms),
+            starved:
+              event.stalled ||
+              stalls.overlap(event.start, event.start + event.ms) ||
+              Math.max(event.worstTick, stalls.worst(event.start, event.start + event.ms)) >
+                STARVED_TICK_MS,
             detail:
               event.detail &&
               `${event.detail} (runner's: ${stalls.worst(event.start, event.start + event.ms).toFixed(0)} ms)`,

@@ -317,6 +317,7 @@ async function loop(): Promise<void> {
       ms: end - start,
       unsettled: late && !stalled,
       stalled,
+      worstTick: stalls.worst(start, end),
       detail:
         detail &&
         `${detail}\n    (worker's event loop: longest tick ${stalls.worst(start, end).toFixed(0)} ms)`,
