@@ -206,13 +206,31 @@ export function check(record: ScenarioRecord): ScenarioFigures {
   let lost = 0;
   let lostUnsignalled = 0;
   const delays: number[] = [];
+  // A hold has one signal: when it fires in a later section of the hold (a leader's next section,
+  // entered by a holder that thawed and finished its section before its overdue timers ran), it
+  // tells every section of that hold.
+  const holdAborts = new Map<string, number[]>();
+  for (const section of record.sections) {
+    if (section.hold === undefined || section.abortAt === undefined) continue;
+    const key = `${section.key}\0${section.hold}`;
+    holdAborts.set(key, [...(holdAborts.get(key) ?? []), section.abortAt]);
+  }
+  const signalOf = (holder: Section): number | undefined =>
+    holder.abortAt ??
+    (holder.hold === undefined
+      ? undefined
+      : holdAborts
+          .get(`${holder.key}\0${holder.hold}`)
+          ?.filter((at) => at >= holder.enter)
+          .sort((a, b) => a - b)[0]);
   for (const [holder, intrudedAt] of firstIntrusion) {
     if (holder.killedAt !== undefined) continue;
     lost++;
-    if (holder.abortAt === undefined) {
+    const abortAt = signalOf(holder);
+    if (abortAt === undefined) {
       lostUnsignalled++;
       note(`lost, never signalled: ${describe(holder)}, intruded at ${intrudedAt.toFixed(0)}`);
-    } else delays.push(Math.max(0, holder.abortAt - intrudedAt));
+    } else delays.push(Math.max(0, abortAt - intrudedAt));
   }
 
   let staleAccepted = 0;

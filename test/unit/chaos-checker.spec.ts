@@ -157,6 +157,21 @@ describe('chaos checker', () => {
     assert.equal(granted.fenceRegressions, 1);
   });
 
+  it("a hold's signal that fires in its next section tells the section before it too", () => {
+    // A frozen leader thaws and finishes its section before its overdue timers run; the abort
+    // comes in its next section.
+    const figures = check(
+      record([
+        { fence: 1, hold: 'a', enter: 0, exit: 300 },
+        { fence: 2, hold: 'b', enter: 100, exit: 400 },
+        { fence: 1, hold: 'a', enter: 300, exit: 320, abortAt: 310 },
+      ]),
+    );
+    assert.equal(figures.lost, 1);
+    assert.equal(figures.lostUnsignalled, 0);
+    assert.equal(figures.signalDelay.p50, 210);
+  });
+
   it('semaphore places: each admitted while fewer than its own limit hold the key', () => {
     const places = (limits: number[], fences = limits.map((_, i) => i + 1)): ScenarioRecord =>
       record(
