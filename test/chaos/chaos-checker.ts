@@ -13,6 +13,11 @@ export interface Section {
   abortAt?: number;
   reason?: string;
   wrote?: 'accepted' | 'rejected' | 'skipped';
+  /**
+   * Its signal aborted while the machine was starved: its worker's or the runner's event loop
+   * stood still for over 100 ms from a TTL before the section to the abort (see `Call.starved`).
+   */
+  starved?: boolean;
   /** Set when the runner SIGKILLed its worker before it exited. */
   killedAt?: number;
   /** From the call to the section, on the using() path. */
@@ -106,6 +111,8 @@ export interface ScenarioFigures {
   staleRejected: number;
   fenceRegressions: number;
   signals: number;
+  /** Of those, the signals that aborted while the machine was starved (see `Section.starved`). */
+  signalsStarved: number;
   /** Holders (not killed) that someone else entered on while they still believed. */
   lost: number;
   /** Of those, how many never saw their signal abort (during the section or at its release). */
@@ -251,11 +258,16 @@ export function check(record: ScenarioRecord): ScenarioFigures {
     if (kind === 'failed' && call.starved) failedStarved++;
     else if ((kind === 'failed' || kind === 'other') && callDetails.length < 20) {
       callDetails.push(
-        `${call.path} ${call.outcome} after ${Math.round(call.ms)} ms: ${call.detail ?? '?'}`,
+        `${call.path} ${call.outcome} at ${call.start.toFixed(0)}, after ${Math.round(call.ms)} ms: ${call.detail ?? '?'}`,
       );
     }
   }
   const own = record.sections.filter((s) => !s.context);
+  for (const section of own) {
+    if (section.abortAt !== undefined && !section.starved) {
+      note(`signalled unstarved: ${describe(section)}, at ${section.abortAt.toFixed(0)}`);
+    }
+  }
   const waits = own.flatMap((s) => (s.waited === undefined ? [] : [s.waited]));
 
   return {
@@ -273,6 +285,7 @@ export function check(record: ScenarioRecord): ScenarioFigures {
     staleRejected: record.rejected,
     fenceRegressions,
     signals: own.filter((s) => s.abortAt !== undefined).length,
+    signalsStarved: own.filter((s) => s.abortAt !== undefined && s.starved).length,
     lost,
     lostUnsignalled,
     signalDelay: { p50: percentile(delays, 50), p99: percentile(delays, 99) },

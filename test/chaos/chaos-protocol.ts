@@ -80,6 +80,11 @@ export type ChaosEvent =
       abortAt?: number;
       reason?: string;
       wrote: 'accepted' | 'rejected' | 'skipped';
+      /**
+       * When it aborted: the longest the worker's event loop stood still from a TTL before the
+       * section to the abort, ms (a lease lost to a stall of its own process, not to a fault).
+       */
+      worstTick?: number;
     }
   | {
       t: 'call';
@@ -97,7 +102,7 @@ export type ChaosEvent =
       detail?: string;
     }
   /** The section's lock signal aborted after the section ended (at the release, say). */
-  | { t: 'signal'; id: string; at: number }
+  | { t: 'signal'; id: string; at: number; worstTick: number }
   | { t: 'unhandled'; error: string }
   | {
       t: 'summary';

@@ -375,6 +375,10 @@ async function runSession(
   // The workers' traffic runs through the fault proxies in this process: when its event loop
   // stands still, so does every lock's link to Redis (see Call.starved).
   const stalls = stallRecorder();
+  /** Whether the worker's (`worstTick`) or this process's event loop stood still while a lease ran. */
+  const starvedLease = (section: Section, abortAt: number, worstTick: number): boolean =>
+    stalls.overlap(section.enter - profile.ttl, abortAt) ||
+    Math.max(worstTick, stalls.worst(section.enter - profile.ttl, abortAt)) > STARVED_TICK_MS;
 
   const spawnWorker = (slot: number): Worker => {
     const config: WorkerConfig = {
@@ -446,6 +450,9 @@ async function runSession(
             reason: event.reason,
             wrote: event.wrote,
           });
+          if (event.abortAt !== undefined) {
+            section.starved = starvedLease(section, event.abortAt, event.worstTick ?? 0);
+          }
           delete section.killedAt; // it left before the kill: the exit line was still in the pipe
           worker.open.delete(section);
           break;
@@ -471,7 +478,10 @@ async function runSession(
         }
         case 'signal': {
           const section = sections.get(event.id);
-          if (section && section.abortAt === undefined) section.abortAt = event.at;
+          if (section && section.abortAt === undefined) {
+            section.abortAt = event.at;
+            section.starved = starvedLease(section, event.at, event.worstTick);
+          }
           break;
         }
         case 'unhandled':

@@ -92,9 +92,13 @@ async function section(
   let abortAt: number | undefined = lock.signal.aborted ? enter : undefined;
   let done = false;
   // Kept after the section: a signal that comes later (at the release) is reported on its own.
+  // How long the event loop stood still while the lease ran (from a TTL before the section):
+  // a lease lost to its own process's stall, not to a fault, is counted as starved.
+  const worstTick = (at: number): number => stalls.worst(enter - config.ttl, at);
   const onAbort = (): void => {
-    if (done) emit({ t: 'signal', id, at: now() });
-    else abortAt ??= now();
+    const at = now();
+    if (done) emit({ t: 'signal', id, at, worstTick: worstTick(at) });
+    else abortAt ??= at;
   };
   lock.signal.addEventListener('abort', onAbort, { once: true });
   let wrote: 'accepted' | 'rejected' | 'skipped' = 'skipped';
@@ -112,7 +116,15 @@ async function section(
     exited?.(() => lock.signal.removeEventListener('abort', onAbort));
     const reason =
       abortAt === undefined ? undefined : (lock.signal.reason as { reason?: string }).reason;
-    emit({ t: 'exit', id, at: now(), abortAt, reason, wrote });
+    emit({
+      t: 'exit',
+      id,
+      at: now(),
+      abortAt,
+      reason,
+      wrote,
+      worstTick: abortAt === undefined ? undefined : worstTick(abortAt),
+    });
   }
 }
 

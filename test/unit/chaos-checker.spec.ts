@@ -255,6 +255,19 @@ describe('chaos checker', () => {
     assert.equal(figures.failedStarved, 2);
   });
 
+  it('counts the signals that aborted while the machine was starved, and notes the others', () => {
+    const figures = check(
+      record([{ abortAt: 40 }, { abortAt: 140, starved: true }, {}, { abortAt: 320 }]),
+    );
+    assert.equal(figures.signals, 3);
+    assert.equal(figures.signalsStarved, 1);
+    assert.deepEqual(
+      figures.notes.filter((n) => n.startsWith('signalled unstarved')).length,
+      2,
+      figures.notes.join('\n'),
+    );
+  });
+
   it("a phase counts overlaps and fence regressions against an earlier phase's holder, not that holder itself", () => {
     // Phase 2 begins at 1,000. Section 0 (phase 1) still believes then (until 1,500); section 1
     // (phase 1, over) is not context. Section 2 enters on 0 with a lower fence than 0's.
