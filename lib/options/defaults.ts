@@ -22,10 +22,10 @@ export const DEFAULT_LOCK_DEFAULTS = {
 export const DEFAULT_COMMAND_TIMEOUT = 1_000;
 
 /**
- * Default `fenceRetention`: a key's fence counter outlives its lock by one minute. Long enough
- * that fences keep growing through any server clock step of up to a minute (NTP steps are usually
- * well under a second); short enough that an app locking a thousand new keys a second keeps about
- * 60,000 counters (~8 MB), not millions.
+ * Default `fenceRetention`: the fence counter outlives every lock it fenced by one minute. While it
+ * lives, fences keep growing through any server clock step back (NTP steps are usually well under
+ * a second); one counter serves every key (one per hash slot on a Cluster), so its length costs
+ * no memory per key.
  */
 export const DEFAULT_FENCE_RETENTION = 60_000;
 

@@ -11,8 +11,6 @@ export class FairQueue {
     private readonly commands: LockCommands,
     private readonly batcher: WriteBatcher | undefined,
     private readonly layout: KeyLayout,
-    /** With 0, a release deletes the fence counter (see `fenceRetention`). */
-    private readonly fenceRetention: number,
     /** Cluster: whether releases use sharded pub/sub (see `ShardedPubSubChoice`). */
     private readonly sharded: (() => Promise<boolean>) | undefined,
   ) {}
@@ -25,11 +23,11 @@ export class FairQueue {
     message: string,
   ): Promise<number> {
     const sharded = this.sharded !== undefined && (await this.sharded());
-    const command = FAIR_RELEASE_COMMANDS[sharded ? 1 : 0][this.fenceRetention === 0 ? 1 : 0];
+    const command = FAIR_RELEASE_COMMANDS[sharded ? 1 : 0];
     this.batcher?.beforeSend();
     return this.commands[command](
       lockKey,
-      `${lockKey}:fence`,
+      this.layout.ownFenceKey(lockKey),
       ...this.layout.queueKeys(lockKey),
       token,
       message,

@@ -2,7 +2,7 @@
  * Fair locks' scripts: a FIFO queue of waiters under the lock's key, whose first is the only one
  * that may take a free key. Atomic as every lock script: the queue check and the grant are one step.
  */
-import { MARK_WRITER, NEXT_FENCE, RENEW_OWN, SCAN_READERS } from './lock.scripts.js';
+import { MARK_WRITER, NEXT_FENCE, RECORD_OWN, RENEW_OWN, SCAN_READERS } from './lock.scripts.js';
 
 /**
  * Fair locks queue their waiters under the lock's key: KEYS[3] the queue (sorted set: token →
@@ -20,9 +20,10 @@ if #gone > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now) end
 `;
 
 /**
- * Fair (FIFO) lock. KEYS[1] lock key, KEYS[2] fence key, KEYS[3] queue, KEYS[4] waiters' stay;
- * ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fence counter TTL ms, ARGV[4] how long a waiter's place
- * lasts without another attempt (ms). The lock goes only to the head of the queue (or to anyone
+ * Fair (FIFO) lock. KEYS[1] lock key, KEYS[2] fence counter, KEYS[3] queue, KEYS[4] waiters' stay,
+ * KEYS[5] an own token's fence record (see RENEW_OWN); ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fence
+ * counter TTL ms, ARGV[4] how long a waiter's place lasts without another attempt (ms), ARGV[5]
+ * '1' for the caller's own token (its fence is recorded). The lock goes only to the head of the queue (or to anyone
  * when nobody queues): a newcomer joins the tail and never takes a free key ahead of those who
  * came first. Returns the fence, or -2 - the holder's remaining TTL, or -1 (free, but not this
  * waiter's turn: it retries when woken or after its pause).
@@ -31,7 +32,7 @@ export const ACQUIRE_FAIR_SCRIPT = `
 ${DROP_GONE_WAITERS}
 local holder = redis.pcall('GET', KEYS[1])
 if holder == ARGV[1] then
-  ${RENEW_OWN}
+  ${RENEW_OWN('KEYS[5]')}
 else
   local busy
   if redis.call('TYPE', KEYS[1]).ok == 'hash' then
@@ -58,10 +59,16 @@ else
   redis.call('ZREM', KEYS[3], ARGV[1])
   redis.call('ZREM', KEYS[4], ARGV[1])
 end
-${NEXT_FENCE('ARGV[3]')}`;
+${NEXT_FENCE(
+  'ARGV[3]',
+  1,
+  `
+if ARGV[5] == '1' then ${RECORD_OWN('KEYS[5]')} end`,
+)}`;
 
 /**
- * KEYS[1] lock key, KEYS[2] fence key, KEYS[3] queue, KEYS[4] stay; ARGV[1] token, ARGV[2] message,
+ * KEYS[1] lock key, KEYS[2] an own token's fence record, KEYS[3] queue, KEYS[4] stay; ARGV[1]
+ * token, ARGV[2] message,
  * ARGV[3] 1 to release the lock, 0 for a waiter leaving the queue, ARGV[4] the turn channels'
  * prefix, `<lock key>:fair:` as the client names it (not from KEYS[1], which a client's own ioredis
  * `keyPrefix` prefixes, while channels it subscribes to are not). Tells the head of the queue (on
@@ -69,10 +76,10 @@ ${NEXT_FENCE('ARGV[3]')}`;
  * while the key is free. Returns 0 if ARGV[1] did not hold the lock (release), else 1 + the
  * subscribers reached.
  */
-const fairRelease = (forget: boolean, publish: 'PUBLISH' | 'SPUBLISH'): string => `
+const fairRelease = (publish: 'PUBLISH' | 'SPUBLISH'): string => `
 if ARGV[3] == '1' then
   if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-  redis.call('DEL', KEYS[1]${forget ? ', KEYS[2]' : ''})
+  redis.call('DEL', KEYS[1], KEYS[2])
 else
   redis.call('ZREM', KEYS[3], ARGV[1])
   redis.call('ZREM', KEYS[4], ARGV[1])
@@ -85,7 +92,5 @@ local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
 if not head then return 1 end
 return 1 + redis.call('${publish}', ARGV[4] .. head, ARGV[2])
 `;
-export const RELEASE_FAIR_SCRIPT = fairRelease(false, 'PUBLISH');
-export const RELEASE_FAIR_FORGETTING_SCRIPT = fairRelease(true, 'PUBLISH');
-export const RELEASE_FAIR_SHARDED_SCRIPT = fairRelease(false, 'SPUBLISH');
-export const RELEASE_FAIR_FORGETTING_SHARDED_SCRIPT = fairRelease(true, 'SPUBLISH');
+export const RELEASE_FAIR_SCRIPT = fairRelease('PUBLISH');
+export const RELEASE_FAIR_SHARDED_SCRIPT = fairRelease('SPUBLISH');

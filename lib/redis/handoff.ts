@@ -9,6 +9,8 @@ export interface HandoffHost {
   validity(ttl: number): number;
   /** See `RedisLockBackend.counterTtl`. */
   counterTtl(ttl: number): number;
+  /** See `KeyLayout.counterKey`. */
+  counterKey(lockKey: string): string;
   /** Releases a plain lock (the heir's, when the heir gave up before it took what it was handed). */
   release(key: string, token: string): Promise<boolean>;
 }
@@ -57,7 +59,7 @@ export class InProcessHandoff {
       const command = this.stride > 1 ? 'redisLockHandoff' : 'redisLockHandoffUnreserved';
       fence = await this.commands[command](
         lockKey,
-        `${lockKey}:fence`,
+        this.host.counterKey(lockKey),
         token,
         heirToken,
         ttl,
@@ -99,11 +101,12 @@ export class InProcessHandoff {
   ): Promise<boolean> {
     const { token: heirToken, ttl } = heir.claim;
     const counterTtl = this.host.counterTtl(ttl);
+    const counterKey = this.host.counterKey(lockKey);
     const send = (): PendingSwap => {
       const sentAt = performance.now();
       this.batcher?.beforeSend();
       return this.commands
-        .redisLockPassOn(lockKey, `${lockKey}:fence`, token, heirToken, ttl, counterTtl)
+        .redisLockPassOn(lockKey, counterKey, token, heirToken, ttl, counterTtl)
         .then((swapped) => (swapped === 1 ? sentAt : undefined));
     };
     // Sent once the heir has run up to its first wait (see `afterReactions`), unless it goes

@@ -5,21 +5,18 @@ import {
   ACQUIRE_ALL_SCRIPT,
   ACQUIRE_OWN_TOKEN_SCRIPT,
   ACQUIRE_SCRIPT,
+  ACQUIRE_UNRESERVED_SCRIPT,
   EXTEND_SCRIPT,
   HANDOFF_SCRIPT,
   HANDOFF_UNRESERVED_SCRIPT,
   DROP_MARK_SCRIPT,
   PASS_ON_SCRIPT,
   RAISE_FENCE_SCRIPT,
-  RELEASE_FORGETTING_SCRIPT,
-  RELEASE_FORGETTING_SHARDED_SCRIPT,
   RELEASE_SCRIPT,
   RELEASE_SHARDED_SCRIPT,
 } from './lock.scripts.js';
 import {
   ACQUIRE_FAIR_SCRIPT,
-  RELEASE_FAIR_FORGETTING_SCRIPT,
-  RELEASE_FAIR_FORGETTING_SHARDED_SCRIPT,
   RELEASE_FAIR_SCRIPT,
   RELEASE_FAIR_SHARDED_SCRIPT,
 } from './fair.scripts.js';
@@ -29,12 +26,8 @@ import {
   EXTEND_READ_SCRIPT,
   EXTEND_SEMAPHORE_SCRIPT,
   IS_HELD_SCRIPT,
-  RELEASE_READ_FORGETTING_SCRIPT,
-  RELEASE_READ_FORGETTING_SHARDED_SCRIPT,
   RELEASE_READ_SCRIPT,
   RELEASE_READ_SHARDED_SCRIPT,
-  RELEASE_SEMAPHORE_FORGETTING_SCRIPT,
-  RELEASE_SEMAPHORE_FORGETTING_SHARDED_SCRIPT,
   RELEASE_SEMAPHORE_SCRIPT,
   RELEASE_SEMAPHORE_SHARDED_SCRIPT,
 } from './shape.scripts.js';
@@ -57,60 +50,52 @@ export const EXTEND_COMMANDS = [
   'redisLockExtendSemaphore',
   'redisLockExtendRead',
 ] as const;
-/** Release commands by [family][sharded pub/sub][fence counter deleted], and their scripts. */
+/** Release commands by [family][sharded pub/sub], and their scripts. */
 export const RELEASE_COMMANDS = [
-  [
-    ['redisLockRelease', 'redisLockReleaseForgetting'],
-    ['redisLockReleaseSharded', 'redisLockReleaseForgettingSharded'],
-  ],
-  [
-    ['redisLockReleaseSemaphore', 'redisLockReleaseSemaphoreForgetting'],
-    ['redisLockReleaseSemaphoreSharded', 'redisLockReleaseSemaphoreForgettingSharded'],
-  ],
-  [
-    ['redisLockReleaseRead', 'redisLockReleaseReadForgetting'],
-    ['redisLockReleaseReadSharded', 'redisLockReleaseReadForgettingSharded'],
-  ],
+  ['redisLockRelease', 'redisLockReleaseSharded'],
+  ['redisLockReleaseSemaphore', 'redisLockReleaseSemaphoreSharded'],
+  ['redisLockReleaseRead', 'redisLockReleaseReadSharded'],
 ] as const;
 const RELEASE_SCRIPTS = [
-  [
-    [RELEASE_SCRIPT, RELEASE_FORGETTING_SCRIPT],
-    [RELEASE_SHARDED_SCRIPT, RELEASE_FORGETTING_SHARDED_SCRIPT],
-  ],
-  [
-    [RELEASE_SEMAPHORE_SCRIPT, RELEASE_SEMAPHORE_FORGETTING_SCRIPT],
-    [RELEASE_SEMAPHORE_SHARDED_SCRIPT, RELEASE_SEMAPHORE_FORGETTING_SHARDED_SCRIPT],
-  ],
-  [
-    [RELEASE_READ_SCRIPT, RELEASE_READ_FORGETTING_SCRIPT],
-    [RELEASE_READ_SHARDED_SCRIPT, RELEASE_READ_FORGETTING_SHARDED_SCRIPT],
-  ],
+  [RELEASE_SCRIPT, RELEASE_SHARDED_SCRIPT],
+  [RELEASE_SEMAPHORE_SCRIPT, RELEASE_SEMAPHORE_SHARDED_SCRIPT],
+  [RELEASE_READ_SCRIPT, RELEASE_READ_SHARDED_SCRIPT],
 ] as const;
 
 /** 0: the plain lock (a writer), 1: a place in a counting semaphore, 2: a read lock. */
 export const familyOf = (shape: LockShape): 0 | 1 | 2 =>
   shape.mode === 'read' ? 2 : shape.limit > 1 ? 1 : 0;
-/** How many keys a family's scripts take: the plain lock 2, the shapes 3 (see `shapeKeys`). */
-const keysOf = (family: number): number => (family === 0 ? 2 : 3);
+/**
+ * How many keys a family's scripts take: the shapes 3 (see `shapeKeys`); the plain lock 3 to take
+ * (with the caller's own token) and extend it (lock, fence counter, own fence record), 2 to
+ * release it (lock, own fence record: see `plainKeys`).
+ */
+const keysOf = (family: number, releasing = false): number => (family === 0 && releasing ? 2 : 3);
 
-/** KEYS (2; 3 for a semaphore or a read lock; 4 for a fair lock), then ARGV. */
+/**
+ * The plain lock's keys: lock, fence counter, own fence record (see `KeyLayout.ownFenceKey`); a
+ * release takes the lock and the record.
+ */
+export function plainKeys(layout: KeyLayout, lockKey: string): [string, string, string] {
+  return [lockKey, layout.counterKey(lockKey), layout.ownFenceKey(lockKey)];
+}
+
+/** KEYS (2 or 3, see `keysOf`; 2 per key to take several; 5 for a fair lock), then ARGV. */
 export type LockScriptArgs = readonly (string | number)[];
 
-/** Fair-lock release commands by [sharded pub/sub][fence counter deleted], and their scripts. */
+/** Fair-lock release commands by [sharded pub/sub], and their scripts. */
 export const FAIR_RELEASE_COMMANDS = [
-  ['redisLockReleaseFair', 'redisLockReleaseFairForgetting'],
-  ['redisLockReleaseFairSharded', 'redisLockReleaseFairForgettingSharded'],
+  'redisLockReleaseFair',
+  'redisLockReleaseFairSharded',
 ] as const;
-const FAIR_RELEASE_SCRIPTS = [
-  [RELEASE_FAIR_SCRIPT, RELEASE_FAIR_FORGETTING_SCRIPT],
-  [RELEASE_FAIR_SHARDED_SCRIPT, RELEASE_FAIR_FORGETTING_SHARDED_SCRIPT],
-] as const;
+const FAIR_RELEASE_SCRIPTS = [RELEASE_FAIR_SCRIPT, RELEASE_FAIR_SHARDED_SCRIPT] as const;
 type FairReleaseCommand = (...args: LockScriptArgs) => Promise<number>;
 
 /** The lock scripts (see `lockScripts`: EVALSHA, EVAL if the server does not have it). */
 export interface LockCommands {
   /** ARGV: token, ttl, the fence counter's TTL (ttl + retention; for a semaphore, then the limit). */
   redisLockAcquire(...args: LockScriptArgs): Promise<number>;
+  redisLockAcquireUnreserved(...args: LockScriptArgs): Promise<number>;
   redisLockAcquireOwnToken(...args: LockScriptArgs): Promise<number>;
   redisLockAcquireSemaphore(...args: LockScriptArgs): Promise<number>;
   redisLockAcquireRead(...args: LockScriptArgs): Promise<number>;
@@ -118,29 +103,21 @@ export interface LockCommands {
   redisLockExtendSemaphore(...args: LockScriptArgs): Promise<number>;
   redisLockExtendRead(...args: LockScriptArgs): Promise<number>;
   redisLockRelease: ReleaseCommand;
-  redisLockReleaseForgetting: ReleaseCommand;
   redisLockReleaseSharded: ReleaseCommand;
-  redisLockReleaseForgettingSharded: ReleaseCommand;
   redisLockReleaseSemaphore: ReleaseCommand;
-  redisLockReleaseSemaphoreForgetting: ReleaseCommand;
   redisLockReleaseSemaphoreSharded: ReleaseCommand;
-  redisLockReleaseSemaphoreForgettingSharded: ReleaseCommand;
   redisLockReleaseRead: ReleaseCommand;
-  redisLockReleaseReadForgetting: ReleaseCommand;
   redisLockReleaseReadSharded: ReleaseCommand;
-  redisLockReleaseReadForgettingSharded: ReleaseCommand;
   redisLockIsHeld(lockKey: string, token: string): Promise<number>;
   redisLockDropMark(lockKey: string): Promise<number>;
   redisLockAcquireFair(...args: LockScriptArgs): Promise<number>;
   /** The number of keys first (it varies), then KEYS and ARGV. */
   redisLockAcquireAll(...args: LockScriptArgs): Promise<number[] | number>;
   redisLockReleaseFair: FairReleaseCommand;
-  redisLockReleaseFairForgetting: FairReleaseCommand;
   redisLockReleaseFairSharded: FairReleaseCommand;
-  redisLockReleaseFairForgettingSharded: FairReleaseCommand;
   redisLockRaiseFence(
     lockKey: string,
-    fenceKey: string,
+    counterKey: string,
     token: string,
     fence: number,
     counterTtl: number,
@@ -152,7 +129,7 @@ export interface LockCommands {
 
 type HandoffCommand = (
   lockKey: string,
-  fenceKey: string,
+  counterKey: string,
   token: string,
   heirToken: string,
   heirTtl: number,
@@ -162,43 +139,61 @@ type HandoffCommand = (
 /** Defines every lock script on `client` (see `lockScripts`). */
 export function defineLockCommands(client: Redis | Cluster): LockCommands {
   const scripts: Record<string, ScriptDefinition> = {
-    redisLockAcquireFair: { numberOfKeys: 4, lua: ACQUIRE_FAIR_SCRIPT },
+    redisLockAcquireFair: { numberOfKeys: 5, lua: ACQUIRE_FAIR_SCRIPT },
     redisLockAcquireAll: { lua: ACQUIRE_ALL_SCRIPT },
     redisLockIsHeld: { numberOfKeys: 1, lua: IS_HELD_SCRIPT },
     redisLockDropMark: { numberOfKeys: 1, lua: DROP_MARK_SCRIPT },
     redisLockAcquire: { numberOfKeys: 2, lua: ACQUIRE_SCRIPT },
+    redisLockAcquireUnreserved: { numberOfKeys: 2, lua: ACQUIRE_UNRESERVED_SCRIPT },
     redisLockHandoff: { numberOfKeys: 2, lua: HANDOFF_SCRIPT },
     redisLockHandoffUnreserved: { numberOfKeys: 2, lua: HANDOFF_UNRESERVED_SCRIPT },
     redisLockPassOn: { numberOfKeys: 2, lua: PASS_ON_SCRIPT },
     redisLockRaiseFence: { numberOfKeys: 2, lua: RAISE_FENCE_SCRIPT },
   };
-  // Per family (see `keysOf`): the plain lock's scripts take 2 keys, the shapes' 3.
-  const byFamily = (names: readonly string[], luas: readonly string[], family: number): void =>
-    names.forEach((name, i) => (scripts[name] = { numberOfKeys: keysOf(family), lua: luas[i] }));
+  // Per family (see `keysOf`).
+  const byFamily = (
+    names: readonly string[],
+    luas: readonly string[],
+    family: number,
+    releasing = false,
+  ): void =>
+    names.forEach(
+      (name, i) => (scripts[name] = { numberOfKeys: keysOf(family, releasing), lua: luas[i] }),
+    );
   [ACQUIRE_OWN_TOKEN_SCRIPT, ACQUIRE_SEMAPHORE_SCRIPT, ACQUIRE_READ_SCRIPT].forEach((lua, i) =>
     byFamily([ACQUIRE_COMMANDS[i]], [lua], i),
   );
   [EXTEND_SCRIPT, EXTEND_SEMAPHORE_SCRIPT, EXTEND_READ_SCRIPT].forEach((lua, i) =>
     byFamily([EXTEND_COMMANDS[i]], [lua], i),
   );
-  RELEASE_COMMANDS.forEach((names, i) => byFamily(names.flat(), RELEASE_SCRIPTS[i].flat(), i));
-  FAIR_RELEASE_COMMANDS.flat().forEach((name, i) => {
-    scripts[name] = { numberOfKeys: 4, lua: FAIR_RELEASE_SCRIPTS.flat()[i] };
+  RELEASE_COMMANDS.forEach((names, i) => byFamily(names, RELEASE_SCRIPTS[i], i, true));
+  FAIR_RELEASE_COMMANDS.forEach((name, i) => {
+    scripts[name] = { numberOfKeys: 4, lua: FAIR_RELEASE_SCRIPTS[i] };
   });
   return lockScripts(client, scripts) as unknown as LockCommands;
 }
 
 /** A script that takes a lock: what an attempt sends (and, with `replicaAck`, `WAIT` behind). */
 export type AcquireCommand =
-  (typeof ACQUIRE_COMMANDS)[number] | 'redisLockAcquire' | 'redisLockAcquireFair';
+  | (typeof ACQUIRE_COMMANDS)[number]
+  | 'redisLockAcquire'
+  | 'redisLockAcquireUnreserved'
+  | 'redisLockAcquireFair';
 
 /**
- * The script of an acquisition attempt for a lock of `shape`: `reserving` when a generated token's
- * grant of a plain lock takes a block of fences for its in-process heirs (see `FENCE_STRIDE`).
+ * The script of an acquisition attempt for a lock of `shape`, for a generated token (`fresh`) or
+ * the caller's own: `reserving` when a generated token's grant of a plain lock takes a block of
+ * fences for its in-process heirs (see `FENCE_STRIDE`).
  */
-export function acquireCommand(shape: LockShape, reserving: boolean): AcquireCommand {
+export function acquireCommand(
+  shape: LockShape,
+  fresh: boolean,
+  reserving: boolean,
+): AcquireCommand {
   if (shape.fair) return 'redisLockAcquireFair';
-  return reserving ? 'redisLockAcquire' : ACQUIRE_COMMANDS[familyOf(shape)];
+  const family = familyOf(shape);
+  if (family !== 0 || !fresh) return ACQUIRE_COMMANDS[family];
+  return reserving ? 'redisLockAcquire' : 'redisLockAcquireUnreserved';
 }
 
 /**
@@ -218,18 +213,22 @@ export function acquireArgs(
   queueStay: number,
   fresh: boolean,
 ): LockScriptArgs {
-  const fenceKey = `${lockKey}:fence`;
+  const counterKey = layout.counterKey(lockKey);
+  const own = fresh ? 0 : 1;
   if (shape.fair) {
-    return [lockKey, fenceKey, ...layout.queueKeys(lockKey), token, ttl, counterTtl, queueStay];
+    const [queue, stay] = layout.queueKeys(lockKey);
+    const record = layout.ownFenceKey(lockKey);
+    return [lockKey, counterKey, queue, stay, record, token, ttl, counterTtl, queueStay, own];
   }
   const family = familyOf(shape);
   if (family === 1) {
-    return [...layout.shapeKeys(lockKey), token, ttl, counterTtl, shape.limit, fresh ? 0 : 1];
+    return [...layout.shapeKeys(lockKey), token, ttl, counterTtl, shape.limit, own];
   }
-  if (family === 2) return [...layout.shapeKeys(lockKey), token, ttl, counterTtl, fresh ? 0 : 1];
-  // A writer that will wait holds new readers off (see MARK_WRITER), for as long as its place in a
-  // fair queue would last.
+  if (family === 2) return [...layout.shapeKeys(lockKey), token, ttl, counterTtl, own];
+  // A generated token's script takes no record (see `acquireCommand`). A writer that will wait
+  // holds new readers off (see MARK_WRITER), for as long as its place in a fair queue would last.
+  const keys = fresh ? [lockKey, counterKey] : plainKeys(layout, lockKey);
   return queueStay > 0
-    ? [lockKey, fenceKey, token, ttl, counterTtl, queueStay]
-    : [lockKey, fenceKey, token, ttl, counterTtl];
+    ? [...keys, token, ttl, counterTtl, queueStay]
+    : [...keys, token, ttl, counterTtl];
 }

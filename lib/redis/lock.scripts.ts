@@ -2,7 +2,7 @@
  * The Lua scripts behind every lock operation. Each runs as one atomic step inside Redis, so no
  * other client can observe or act between its check of the owner token and its write. Keys are
  * always passed in KEYS (never spliced into the text), so the scripts work on every cluster node:
- * the lock key and its fence key share a hash tag, hence a slot.
+ * a script's keys share a hash slot (see `KeyLayout`).
  *
  * A plain lock is a string (the owner token); a counting semaphore (`limit` > 1) keeps its holders
  * in a sorted set under the same key name, each token scored with its expiry on the Redis server's
@@ -13,55 +13,50 @@
 /**
  * How many fences one grant from Redis takes to a generated token (see `FENCE_OF`): its own and
  * the next 15, which it may pass on to waiters of its own process without a round trip (see
- * `PASS_ON_SCRIPT`). The counter then advances 16 per grant from Redis; the fallback to the
- * server's clock stays greater than every earlier fence as long as a key is granted fewer than
- * 1,000,000 / 16 = 62,500 times a second from Redis, far above what one key's holders can do one
- * after another.
+ * `PASS_ON_SCRIPT`).
  */
 export const FENCE_STRIDE = 16;
 
 /**
- * The fence of a new holder, as a Lua snippet shared by the acquire and handoff scripts (KEYS[2]
- * fence key; `counterTtl` a Lua expression): the counter's last value + 1 while the counter key
- * lives (it outlives the lock by the fence retention), so strictly increasing; when the counter is
- * gone it restarts from the server's TIME in microseconds, which is still greater than every
- * earlier fence unless the server clock went back by more than the time since the counter was last
- * written. With `stride` > 1 the counter advances by `stride` and the fence is the first of the
- * block it passes over: the rest of the block is reserved for this holder's in-process heirs.
+ * Lengthens the counter's TTL to `ttl` ms (Lua expressions) if it would end sooner: it is shared,
+ * so a holder with a short TTL must not cut short what a longer one set. A counter written with
+ * `KEEPTTL` for the first time has none (-1), and gets this one.
+ */
+export const KEEP_COUNTER = (counter: string, ttl: string): string => `
+if redis.call('PTTL', ${counter}) < tonumber(${ttl}) then redis.call('PEXPIRE', ${counter}, ${ttl}) end`;
+
+/**
+ * The fence of a new holder, as a Lua snippet shared by the acquire and handoff scripts (`counter`
+ * the fence counter, shared by every key of the slot, see `KeyLayout.counterKey`; `counterTtl` a
+ * Lua expression): the server's clock in microseconds (`TIME`), or the counter's last value + 1
+ * where that is higher, so strictly greater than every fence the counter gave, across all its
+ * keys, hence per key. The counter outlives every lock it fenced by the fence retention (its TTL
+ * only ever grows, see KEEP_COUNTER). Where it is gone (expired, or behind: a promoted replica that
+ * missed the last writes), the clock still puts the fence above every earlier one unless the
+ * server's clock is behind the clock that issued them by more than the time since (a clock stepped
+ * back, a replica's clock lagging the old master's by more than the failover took). It runs ahead
+ * of the clock only while its keys are granted more than a fence per µs (1,000,000 / `stride` a
+ * second), and only by the excess. With `stride` > 1 the fence is the first of a block of
+ * `stride`: the rest is reserved for this holder's in-process heirs.
  *
  * The counter's TTL (the lock's TTL + the fence retention) comes summed by the client, in every
  * script: an addition in Lua turns two arguments into numbers and the sum back into a string for
  * the command, which measured ~2 µs of Redis time per acquire (a quarter of the acquire script's).
  */
-export const FENCE_OF = (counter: string, counterTtl: string, stride = 1): string =>
-  stride === 1
-    ? `
-local fence = redis.call('INCR', ${counter})
-if fence == 1 then
-  local now = redis.call('TIME')
-  fence = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  redis.call('SET', ${counter}, string.format('%.0f', fence), 'PX', ${counterTtl})
-else
-  redis.call('PEXPIRE', ${counter}, ${counterTtl})
-end`
-    : `
-local fence = redis.call('INCRBY', ${counter}, ${stride})
-if fence == ${stride} then
-  local now = redis.call('TIME')
-  fence = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  redis.call('SET', ${counter}, string.format('%.0f', fence + ${stride - 1}), 'PX', ${counterTtl})
-else
-  redis.call('PEXPIRE', ${counter}, ${counterTtl})
-  fence = fence - ${stride - 1}
-end`;
-export const NEXT_FENCE = (counterTtl: string, stride = 1): string => `
-${FENCE_OF('KEYS[2]', counterTtl, stride)}
+export const FENCE_OF = (counter: string, counterTtl: string, stride = 1): string => `
+local clock = redis.call('TIME')
+local fence = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+local last = tonumber(redis.call('GET', ${counter}) or '0')
+if last >= fence then fence = last + 1 end
+redis.call('SET', ${counter}, string.format('%.0f', fence${stride > 1 ? ` + ${stride - 1}` : ''}), 'KEEPTTL')${KEEP_COUNTER(counter, counterTtl)}`;
+export const NEXT_FENCE = (counterTtl: string, stride = 1, after = ''): string => `
+${FENCE_OF('KEYS[2]', counterTtl, stride)}${after}
 return fence
 `;
 
 /**
  * Several plain locks in one step, all or none (one deployment, not a Cluster: the keys need not
- * share a slot). KEYS: lock key, fence key, for each key; ARGV[1] a fresh token, ARGV[2] ttl ms,
+ * share a slot). KEYS: lock key, fence counter, for each key; ARGV[1] a fresh token, ARGV[2] ttl ms,
  * ARGV[3] the fence counter's TTL ms (see FENCE_OF). If every key is free, takes them all and
  * returns their fences in KEYS order; else takes none and returns -2 - the remaining TTL of the
  * first taken key (-1 when unknown), and the caller goes on key by key, waiting as usual.
@@ -149,17 +144,22 @@ redis.call('DEL', KEYS[1])
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])`;
 
 /**
- * The caller's own token already holds the lock: renews it and returns its fence, unchanged (if
- * the counter is gone, the script goes on to a new one). KEYS[1] lock key, KEYS[2] fence key;
- * ARGV[2] ttl ms, ARGV[3] fence counter TTL ms.
+ * The caller's own token already holds the lock: renews it and returns its fence, unchanged, kept
+ * in `record` (a Lua expression: its key, see `KeyLayout.ownFenceKey`; if it is gone, the script
+ * goes on to a new fence). KEYS[1] lock key, KEYS[2] fence counter; ARGV[2] ttl ms, ARGV[3] fence
+ * counter TTL ms.
  */
-export const RENEW_OWN = `
+export const RENEW_OWN = (record: string): string => `
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
-local held = redis.call('GET', KEYS[2])
+local held = redis.call('GET', ${record})
 if held then
-  redis.call('PEXPIRE', KEYS[2], ARGV[3])
+  redis.call('PEXPIRE', ${record}, ARGV[2])${KEEP_COUNTER('KEYS[2]', 'ARGV[3]')}
   return tonumber(held)
 end`;
+
+/** Writes an own token's new fence down in `record` (see RENEW_OWN), for as long as its lock. */
+export const RECORD_OWN = (record: string): string => `
+redis.call('SET', ${record}, string.format('%.0f', fence), 'PX', ARGV[2])`;
 
 /**
  * A generated token already holds the lock: only when ioredis resent an attempt whose reply was
@@ -170,15 +170,16 @@ const RENEW_RESENT = `
 redis.call('PEXPIRE', KEYS[1], ARGV[2])`;
 
 /**
- * KEYS[1] lock key, KEYS[2] fence key; ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fence counter TTL
+ * KEYS[1] lock key, KEYS[2] fence counter (KEYS[3] the own fence's record, for the caller's own
+ * token); ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fence counter TTL
  * ms, ARGV[4] (optional) when the caller will wait, how long its mark holds new readers off
  * (see MARK_WRITER). Returns one integer (one reply to decode):
  * the fence (> 0) when the caller holds the lock afterwards; when someone else does, -2 - the
  * holder's remaining TTL in ms (or -1 when that lock has no TTL). A free key costs SET NX +
- * INCRBY + PEXPIRE (TIME and SET instead of PEXPIRE when the counter is new). A key held by
- * readers: see WRITER_AFTER_READERS.
+ * INCRBY + PTTL (TIME and SET instead when the counter is new, PEXPIRE when it would end before
+ * this lock's TTL + the retention). A key held by readers: see WRITER_AFTER_READERS.
  */
-const ACQUIRE = (renewOwn: string, stride: number): string => `
+const ACQUIRE = (renewOwn: string, stride: number, record = ''): string => `
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   if redis.pcall('GET', KEYS[1]) == ARGV[1] then
     ${renewOwn}
@@ -190,7 +191,7 @@ if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
     ${WRITER_AFTER_READERS}
   end
 end
-${NEXT_FENCE('ARGV[3]', stride)}`;
+${NEXT_FENCE('ARGV[3]', stride, record)}`;
 
 /**
  * The plain lock for a token this library generated: takes a block of `FENCE_STRIDE` fences and
@@ -198,14 +199,17 @@ ${NEXT_FENCE('ARGV[3]', stride)}`;
  */
 export const ACQUIRE_SCRIPT = ACQUIRE(RENEW_RESENT, FENCE_STRIDE);
 
+/** The plain lock for a generated token where no fences are reserved (see `FENCE_STRIDE`). */
+export const ACQUIRE_UNRESERVED_SCRIPT = ACQUIRE(RENEW_RESENT, 1);
+
 /**
  * The plain lock for the caller's own token (`AcquireOptions.token`): one fence per grant, so
  * re-acquiring with the token that holds the lock returns the same fence (see `ACQUIRE`).
  */
-export const ACQUIRE_OWN_TOKEN_SCRIPT = ACQUIRE(RENEW_OWN, 1);
+export const ACQUIRE_OWN_TOKEN_SCRIPT = ACQUIRE(RENEW_OWN('KEYS[3]'), 1, RECORD_OWN('KEYS[3]'));
 
 /**
- * KEYS[1] lock key, KEYS[2] fence key; ARGV[1] releasing token, ARGV[2] heir's token, ARGV[3]
+ * KEYS[1] lock key, KEYS[2] fence counter; ARGV[1] releasing token, ARGV[2] heir's token, ARGV[3]
  * heir's ttl ms, ARGV[4] fence counter TTL ms (the heir's ttl + the retention).
  * Releases the lock straight to a waiter: if the releasing token still holds it, the heir's token
  * takes its place with the heir's TTL and a new block of `stride` fences, in one step, so the lock
@@ -229,7 +233,7 @@ export const HANDOFF_SCRIPT = HANDOFF(FENCE_STRIDE);
 export const HANDOFF_UNRESERVED_SCRIPT = HANDOFF(1);
 
 /**
- * KEYS[1] lock key, KEYS[2] fence key; ARGV[1] releasing token, ARGV[2] heir's token, ARGV[3]
+ * KEYS[1] lock key, KEYS[2] fence counter; ARGV[1] releasing token, ARGV[2] heir's token, ARGV[3]
  * heir's ttl ms, ARGV[4] fence counter TTL ms.
  * Writes down a handoff that already happened in the process: the heir started at once, with the
  * next fence of its predecessor's block (reserved in Redis when the block was taken, so no counter
@@ -241,26 +245,26 @@ export const HANDOFF_UNRESERVED_SCRIPT = HANDOFF(1);
 export const PASS_ON_SCRIPT = `
 local held = redis.pcall('GET', KEYS[1])
 if held ~= ARGV[1] and held ~= ARGV[2] then return 0 end
-redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-redis.call('PEXPIRE', KEYS[2], ARGV[4])
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])${KEEP_COUNTER('KEYS[2]', 'ARGV[4]')}
 return 1
 `;
 
 /**
- * KEYS[1] lock key, KEYS[2] fence key; ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fence counter TTL ms.
+ * KEYS[1] lock key, KEYS[2] fence counter, KEYS[3] an own token's fence record (see RENEW_OWN;
+ * none for a generated token); ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fence counter TTL ms.
  * Returns 1 if the token still held the lock and its TTL was reset, 0 otherwise. Never creates a
  * lock that is gone.
  */
 export const EXTEND_SCRIPT = `
 if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
-redis.call('PEXPIRE', KEYS[2], ARGV[3])
+redis.call('PEXPIRE', KEYS[3], ARGV[2])${KEEP_COUNTER('KEYS[2]', 'ARGV[3]')}
 return 1
 `;
 
 /**
  * Redlock mode, after a majority of nodes granted the lock with different fences (KEYS[1] lock
- * key, KEYS[2] fence key; ARGV[1] token, ARGV[2] the highest of those fences, ARGV[3] the
+ * key, KEYS[2] fence counter; ARGV[1] token, ARGV[2] the highest of those fences, ARGV[3] the
  * fence counter's TTL ms): where the token holds the lock, raises the node's counter to that
  * fence, so that every later holder, whose majority shares a node with this one's, gets a higher
  * fence. Returns 1 where the token holds the lock, 0 elsewhere (nothing changed).
@@ -268,41 +272,29 @@ return 1
 export const RAISE_FENCE_SCRIPT = `
 if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 local counter = tonumber(redis.call('GET', KEYS[2]) or '0')
-if counter < tonumber(ARGV[2]) then
-  redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
-end
+if counter < tonumber(ARGV[2]) then redis.call('SET', KEYS[2], ARGV[2], 'KEEPTTL') end${KEEP_COUNTER('KEYS[2]', 'ARGV[3]')}
 return 1
 `;
 
 /**
- * Deletes the lock only if the token still holds it, and announces the release to waiters in the
- * same step (message ARGV[3]: empty, or in Redlock mode an id of the release, which is announced
- * on every node). Returns 0 if the lock was no longer this token's, otherwise 1 + the number of
- * subscriber connections the announcement reached (on Cluster: on this node).
+ * KEYS[1] lock key, KEYS[2] an own token's fence record (see RENEW_OWN; none for a generated
+ * token); ARGV[1] token, ARGV[2] release channel, ARGV[3] message (empty, or in Redlock mode an
+ * id of the release, which is announced on every node). Deletes the lock (and the record) only if
+ * the token still holds it, and announces the release to waiters in the same step: nothing of the
+ * key stays in Redis. Returns 0 if the lock was no longer this token's, otherwise 1 + the number
+ * of subscriber connections the announcement reached (on Cluster: on this node).
  */
-const release = (deleted: string, publish: 'PUBLISH' | 'SPUBLISH'): string => `
+const release = (publish: 'PUBLISH' | 'SPUBLISH'): string => `
 if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('DEL', ${deleted})
+redis.call('DEL', KEYS[1], KEYS[2])
 return 1 + redis.call('${publish}', ARGV[2], ARGV[3])
 `;
 
-/**
- * KEYS[1] lock key, KEYS[2] fence key (kept); ARGV[1] token, ARGV[2] release channel, ARGV[3]
- * message. See `release`.
- */
-export const RELEASE_SCRIPT = release('KEYS[1]', 'PUBLISH');
+export const RELEASE_SCRIPT = release('PUBLISH');
 
 /**
- * KEYS[1] lock key, KEYS[2] fence key; ARGV[1] token, ARGV[2] release channel, ARGV[3] message.
- * The release with `fenceRetention: 0`: the fence counter goes with the lock, nothing of the key
- * stays in Redis.
- */
-export const RELEASE_FORGETTING_SCRIPT = release('KEYS[1], KEYS[2]', 'PUBLISH');
-
-/**
- * The releases on a Cluster of Redis >= 7: announced with `SPUBLISH` on the channel, which shares
+ * The release on a Cluster of Redis >= 7: announced with `SPUBLISH` on the channel, which shares
  * the lock's hash slot, so only the node that owns the slot (and its replicas) carries the message
  * instead of every node in the cluster.
  */
-export const RELEASE_SHARDED_SCRIPT = release('KEYS[1]', 'SPUBLISH');
-export const RELEASE_FORGETTING_SHARDED_SCRIPT = release('KEYS[1], KEYS[2]', 'SPUBLISH');
+export const RELEASE_SHARDED_SCRIPT = release('SPUBLISH');

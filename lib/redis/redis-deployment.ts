@@ -35,9 +35,9 @@ export abstract class RedisDeployment {
     private readonly ownsClient: boolean,
     protected readonly logger: Logger,
   ) {
-    this.layout = new KeyLayout(options.keyPrefix);
-    this.commandTimeout = this.replyTimeout = options.commandTimeout;
     this.isCluster = (client as { isCluster?: boolean }).isCluster === true;
+    this.layout = new KeyLayout(options.keyPrefix, this.isCluster);
+    this.commandTimeout = this.replyTimeout = options.commandTimeout;
     this.shardedPubSub = this.isCluster
       ? new ShardedPubSubChoice(client as Cluster, this.commandTimeout, logger).sharded
       : undefined;

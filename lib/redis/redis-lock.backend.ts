@@ -19,6 +19,7 @@ import {
   defineLockCommands,
   EXTEND_COMMANDS,
   familyOf,
+  plainKeys,
   RELEASE_COMMANDS,
   type LockCommands,
   type LockScriptArgs,
@@ -45,8 +46,9 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
   /**
    * Fences per grant from Redis to a generated token (see `FENCE_STRIDE`): the grant's own and
    * those its in-process heirs may take (see `passOn`). One where no release passes a lock on
-   * (`replicaAck`), and where every release deletes the counter (`fenceRetention: 0`): the next
-   * fence then comes from the server's clock, which need not have moved past a whole block since.
+   * (`replicaAck`), and where the counter does not outlive the locks (`fenceRetention: 0`): the
+   * next fence may then come from the server's clock, which need not have moved past a whole block
+   * since.
    */
   private readonly stride: number;
   /**
@@ -75,13 +77,7 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
     this.commands = defineLockCommands(client);
     this.batcher = WriteBatcher.for(client);
     this.handoff = new InProcessHandoff(this.commands, this.batcher, this.stride, this);
-    this.fair = new FairQueue(
-      this.commands,
-      this.batcher,
-      this.layout,
-      this.fenceRetention,
-      this.shardedPubSub,
-    );
+    this.fair = new FairQueue(this.commands, this.batcher, this.layout, this.shardedPubSub);
   }
 
   /**
@@ -121,7 +117,7 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
       reserve,
     );
     const reserving = reserve && familyOf(shape) === 0 && !shape.fair && this.stride > 1;
-    const command = acquireCommand(shape, reserving);
+    const command = acquireCommand(shape, reserve, reserving);
     this.batcher?.beforeSend();
     let reply: number;
     if (this.replicaAck) {
@@ -149,7 +145,7 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
   ): Promise<boolean> {
     const lockKey = this.layout.lockKey(key);
     const family = familyOf(shape);
-    const keys = family === 0 ? [lockKey, `${lockKey}:fence`] : this.layout.shapeKeys(lockKey);
+    const keys = family === 0 ? plainKeys(this.layout, lockKey) : this.layout.shapeKeys(lockKey);
     const args: LockScriptArgs = [...keys, token, ttl, this.counterTtl(ttl)];
     const command = EXTEND_COMMANDS[family];
     this.batcher?.beforeSend();
@@ -189,8 +185,9 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
     try {
       const sharded = this.shardedPubSub !== undefined && (await this.shardedPubSub());
       const family = familyOf(shape);
-      const command = RELEASE_COMMANDS[family][sharded ? 1 : 0][this.fenceRetention === 0 ? 1 : 0];
-      const keys = family === 0 ? [lockKey, `${lockKey}:fence`] : this.layout.shapeKeys(lockKey);
+      const command = RELEASE_COMMANDS[family][sharded ? 1 : 0];
+      const keys =
+        family === 0 ? [lockKey, this.layout.ownFenceKey(lockKey)] : this.layout.shapeKeys(lockKey);
       reply = await this.commands[command](...keys, token, channel, message);
     } finally {
       // Yielding (see takeHeir): another subscriber than this process's own got the message.
@@ -209,7 +206,7 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
    */
   async undoCopy(key: string, token: string): Promise<boolean> {
     const lockKey = this.layout.lockKey(key);
-    const args = [lockKey, `${lockKey}:fence`, token, `${lockKey}:released`, ''];
+    const args = [lockKey, this.layout.ownFenceKey(lockKey), token, `${lockKey}:released`, ''];
     return Number(await this.client.eval(RELEASE_SCRIPT, 2, ...args)) > 0;
   }
 
@@ -232,7 +229,7 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
     this.batcher?.beforeSend();
     const raised = await this.commands.redisLockRaiseFence(
       lockKey,
-      `${lockKey}:fence`,
+      this.layout.counterKey(lockKey),
       token,
       fence,
       this.counterTtl(ttl),
@@ -241,11 +238,16 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
   }
 
   /**
-   * How long a key's fence counter lives after a holder's write: its lock's TTL + the fence
+   * How long the fence counter lives at least after a holder's write: its lock's TTL + the fence
    * retention. The scripts get it summed (see FENCE_OF).
    */
   counterTtl(ttl: number): number {
     return ttl + this.fenceRetention;
+  }
+
+  /** See `KeyLayout.counterKey`. */
+  counterKey(lockKey: string): string {
+    return this.layout.counterKey(lockKey);
   }
 
   tryAcquireAll(
@@ -256,7 +258,7 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
     if (this.isCluster || this.replicaAck) return undefined;
     const names = keys.flatMap((key) => {
       const lockKey = this.layout.lockKey(key);
-      return [lockKey, `${lockKey}:fence`];
+      return [lockKey, this.layout.counterKey(lockKey)];
     });
     this.batcher?.beforeSend();
     return this.commands

@@ -4,7 +4,7 @@
  * key, each token scored with its expiry on the Redis server's clock. Atomic as every lock script:
  * the check of the holders and the write are one step. See `lock.scripts.ts` for the fences.
  */
-import { FENCE_OF, NEXT_FENCE, SCAN_READERS } from './lock.scripts.js';
+import { FENCE_OF, KEEP_COUNTER, NEXT_FENCE, SCAN_READERS } from './lock.scripts.js';
 
 /**
  * The Redis server's clock in ms (a semaphore holder's expiry is scored on it: no client clock is
@@ -22,24 +22,23 @@ local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
 if last[2] then redis.call('PEXPIRE', KEYS[1], tonumber(last[2]) - now) end
 `;
 
-/** Lengthens KEYS[3] (the own tokens' fences) to at least ARGV[3] ms (the fence counter's TTL). */
+/** Lengthens KEYS[3] (the own tokens' fences) to at least ARGV[2] ms (this holder's TTL). */
 const KEEP_OWN_FENCES = `
-if redis.call('PTTL', KEYS[3]) < tonumber(ARGV[3]) then redis.call('PEXPIRE', KEYS[3], ARGV[3]) end`;
+if redis.call('PTTL', KEYS[3]) < tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[3], ARGV[2]) end`;
 
 /**
  * The fence of a semaphore place or read lock, as the scripts' last step. KEYS[3] keeps, for the
  * callers' own tokens (`own`, a Lua expression, true), the fence each holds (hash: token → fence),
  * so that re-acquiring with an own token that holds a place returns the same fence (`had`: it held
  * one before this call), as it does for a plain lock. Generated tokens never come back, and pay
- * nothing. The hash lives as long as the fence counter (ARGV[3]); a stale entry is overwritten by
+ * nothing. The hash lives as long as its longest holder (ARGV[2]); a stale entry is overwritten by
  * the token's next new place.
  */
 const SHARED_FENCE = (had: string, own: string): string => `
 if ${own} then
   if ${had} then
     local kept = redis.call('HGET', KEYS[3], ARGV[1])
-    if kept then
-      redis.call('PEXPIRE', KEYS[2], ARGV[3])
+    if kept then${KEEP_COUNTER('KEYS[2]', 'ARGV[3]')}
       ${KEEP_OWN_FENCES}
       return tonumber(kept)
     end
@@ -52,7 +51,7 @@ end
 ${NEXT_FENCE('ARGV[3]')}`;
 
 /**
- * Counting semaphore. KEYS[1] holders (sorted set: token → expiry, server ms), KEYS[2] fence key,
+ * Counting semaphore. KEYS[1] holders (sorted set: token → expiry, server ms), KEYS[2] fence counter,
  * KEYS[3] own tokens' fences (see SHARED_FENCE); ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fence
  * counter TTL ms, ARGV[4] limit, ARGV[5] '1' for the caller's own token.
  * Takes a place if fewer than `limit` live holders have one (or the token has one already: its
@@ -82,7 +81,7 @@ ${KEEP_SET_TTL}
 ${SHARED_FENCE('had', "ARGV[5] == '1'")}`;
 
 /**
- * KEYS[1] holders, KEYS[2] fence key, KEYS[3] own tokens' fences; ARGV[1] token, ARGV[2] ttl ms,
+ * KEYS[1] holders, KEYS[2] fence counter, KEYS[3] own tokens' fences; ARGV[1] token, ARGV[2] ttl ms,
  * ARGV[3] fence counter TTL ms. Renews the token's lease if it is still live; returns 1, or 0
  * (nothing changed: a lapsed place is never taken again by an extension).
  */
@@ -91,18 +90,17 @@ if redis.call('TYPE', KEYS[1]).ok ~= 'zset' then return 0 end
 ${NOW_AND_PURGE}
 if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 0 end
 redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[2]), ARGV[1])
-${KEEP_SET_TTL}
-redis.call('PEXPIRE', KEYS[2], ARGV[3])
+${KEEP_SET_TTL}${KEEP_COUNTER('KEYS[2]', 'ARGV[3]')}
 if redis.call('EXISTS', KEYS[3]) == 1 then ${KEEP_OWN_FENCES} end
 return 1
 `;
 
 /**
- * KEYS[1] holders, KEYS[2] fence key, KEYS[3] own tokens' fences; ARGV[1] token, ARGV[2] channel,
+ * KEYS[1] holders, KEYS[2] fence counter, KEYS[3] own tokens' fences; ARGV[1] token, ARGV[2] channel,
  * ARGV[3] message. Gives the token's place back and announces it (see `release`); 0 if it held
  * none (any more).
  */
-const releaseSemaphore = (forget: boolean, publish: 'PUBLISH' | 'SPUBLISH'): string => `
+const releaseSemaphore = (publish: 'PUBLISH' | 'SPUBLISH'): string => `
 if redis.call('TYPE', KEYS[1]).ok ~= 'zset' then return 0 end
 ${NOW_AND_PURGE}
 local held = redis.call('ZREM', KEYS[1], ARGV[1])
@@ -110,15 +108,13 @@ redis.call('HDEL', KEYS[3], ARGV[1])
 if redis.call('ZCARD', KEYS[1]) > 0 then
 ${KEEP_SET_TTL}
 else
-  redis.call('DEL', KEYS[3]${forget ? ', KEYS[2]' : ''})
+  redis.call('DEL', KEYS[3])
 end
 if held == 0 then return 0 end
 return 1 + redis.call('${publish}', ARGV[2], ARGV[3])
 `;
-export const RELEASE_SEMAPHORE_SCRIPT = releaseSemaphore(false, 'PUBLISH');
-export const RELEASE_SEMAPHORE_FORGETTING_SCRIPT = releaseSemaphore(true, 'PUBLISH');
-export const RELEASE_SEMAPHORE_SHARDED_SCRIPT = releaseSemaphore(false, 'SPUBLISH');
-export const RELEASE_SEMAPHORE_FORGETTING_SHARDED_SCRIPT = releaseSemaphore(true, 'SPUBLISH');
+export const RELEASE_SEMAPHORE_SCRIPT = releaseSemaphore('PUBLISH');
+export const RELEASE_SEMAPHORE_SHARDED_SCRIPT = releaseSemaphore('SPUBLISH');
 
 /**
  * KEYS[1] lock key; ARGV[1] token. 1 if the token holds the key: as a plain lock's owner, with a
@@ -145,7 +141,7 @@ return 0
 `;
 
 /**
- * Read lock. KEYS[1] readers (hash, see SCAN_READERS), KEYS[2] fence key, KEYS[3] own tokens'
+ * Read lock. KEYS[1] readers (hash, see SCAN_READERS), KEYS[2] fence counter, KEYS[3] own tokens'
  * fences (see SHARED_FENCE); ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fence counter TTL ms, ARGV[4]
  * '1' for the caller's own token. Joins the readers (or renews the token's lease) with a new fence
  * (an own token already reading keeps its fence), unless a writer holds the key (or anything but
@@ -168,7 +164,7 @@ redis.call('PEXPIRE', KEYS[1], last - now)
 ${SHARED_FENCE('mine', "ARGV[4] == '1'")}`;
 
 /**
- * KEYS[1] readers, KEYS[2] fence key, KEYS[3] own tokens' fences; ARGV[1] token, ARGV[2] ttl,
+ * KEYS[1] readers, KEYS[2] fence counter, KEYS[3] own tokens' fences; ARGV[1] token, ARGV[2] ttl,
  * ARGV[3] counter TTL. 1 or 0.
  */
 export const EXTEND_READ_SCRIPT = `
@@ -178,17 +174,16 @@ if not mine then return 0 end
 local expiry = now + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], ARGV[1], expiry)
 if expiry > last then last = expiry end
-redis.call('PEXPIRE', KEYS[1], last - now)
-redis.call('PEXPIRE', KEYS[2], ARGV[3])
+redis.call('PEXPIRE', KEYS[1], last - now)${KEEP_COUNTER('KEYS[2]', 'ARGV[3]')}
 if redis.call('EXISTS', KEYS[3]) == 1 then ${KEEP_OWN_FENCES} end
 return 1
 `;
 
 /**
- * KEYS[1] readers, KEYS[2] fence key, KEYS[3] own tokens' fences; ARGV[1] token, ARGV[2] channel,
+ * KEYS[1] readers, KEYS[2] fence counter, KEYS[3] own tokens' fences; ARGV[1] token, ARGV[2] channel,
  * ARGV[3] message.
  */
-const releaseRead = (forget: boolean, publish: 'PUBLISH' | 'SPUBLISH'): string => `
+const releaseRead = (publish: 'PUBLISH' | 'SPUBLISH'): string => `
 if redis.call('TYPE', KEYS[1]).ok ~= 'hash' then return 0 end
 ${SCAN_READERS}
 redis.call('HDEL', KEYS[1], ARGV[1])
@@ -198,13 +193,11 @@ if readers - (mine and 1 or 0) == 0 then
   if writer then
     redis.call('PEXPIRE', KEYS[1], writer - now)
   else
-    redis.call('DEL', KEYS[1]${forget ? ', KEYS[2]' : ''})
+    redis.call('DEL', KEYS[1])
   end
 end
 if not mine then return 0 end
 return 1 + redis.call('${publish}', ARGV[2], ARGV[3])
 `;
-export const RELEASE_READ_SCRIPT = releaseRead(false, 'PUBLISH');
-export const RELEASE_READ_FORGETTING_SCRIPT = releaseRead(true, 'PUBLISH');
-export const RELEASE_READ_SHARDED_SCRIPT = releaseRead(false, 'SPUBLISH');
-export const RELEASE_READ_FORGETTING_SHARDED_SCRIPT = releaseRead(true, 'SPUBLISH');
+export const RELEASE_READ_SCRIPT = releaseRead('PUBLISH');
+export const RELEASE_READ_SHARDED_SCRIPT = releaseRead('SPUBLISH');

@@ -123,7 +123,7 @@ async function scan(
         const keys = await inspect.keys('*');
         const ttls = await Promise.all(keys.map((key) => inspect.pttl(key)));
         return {
-          locks: keys.filter((key) => !key.endsWith(':fence')),
+          locks: keys.filter((key) => !key.endsWith(':counter')),
           noTtl: ttls.filter((ttl) => ttl === -1).length,
         };
       } finally {

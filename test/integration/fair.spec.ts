@@ -82,15 +82,17 @@ describe('fair locks (fair: true)', () => {
     const lockKey = `lock:{${key}}`;
     return redis.eval(
       ACQUIRE_FAIR_SCRIPT,
-      4,
+      5,
       lockKey,
-      `${lockKey}:fence`,
+      'lock:{}:counter',
       `${lockKey}:queue`,
       `${lockKey}:queue:stay`,
+      `${lockKey}:fence`,
       token,
       5_000,
-      0,
+      65_000,
       stay,
+      0,
     );
   };
 

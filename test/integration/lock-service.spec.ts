@@ -23,6 +23,9 @@ import {
   PASS_ON_SCRIPT,
 } from '../../lib/redis/lock.scripts.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
+
+/** The fence counter every key of a Redis shares, under the default prefix. */
+const COUNTER = 'lock:{}:counter';
 import { RedisLockBackend } from '../../lib/redis/redis-lock.backend.js';
 import { assertWithin, watchStalls } from '../support/timing.js';
 
@@ -82,8 +85,8 @@ describe('LockService on a single Redis', () => {
         const key = uniqueKey();
         const lock = await app.locks.acquire(key, { ttl: 5_000 });
         assert.equal(await redis.get(`app:lock:{${key}}`), lock.token);
-        // The counter stands at the end of the block of fences the grant reserved.
-        const counter = Number(await redis.get(`app:lock:{${key}}:fence`));
+        // The counter (one for every key) stands at the end of the block the grant reserved.
+        const counter = Number(await redis.get('app:lock:{}:counter'));
         assert.equal(counter, lock.fence + FENCE_STRIDE - 1);
         const waiter = app.locks.acquire(key, { acquireTimeout: 5_000 });
         await sleep(50);
@@ -351,13 +354,14 @@ describe('LockService on a single Redis', () => {
       }
     });
 
-    it('keep increasing after the companion counter key is deleted', async () => {
+    it('keep increasing after the counter key is deleted', async () => {
       const key = uniqueKey();
       const first = await locks.acquire(key);
       await first.release();
-      // The end of the block of fences its grant reserved (see FENCE_STRIDE).
-      assert.equal(await redis.get(`lock:{${key}}:fence`), String(first.fence + FENCE_STRIDE - 1));
-      await redis.del(`lock:{${key}}:fence`);
+      // The end of the block of fences its grant reserved (see FENCE_STRIDE), in the counter that
+      // every key of a Redis shares.
+      assert.equal(await redis.get(COUNTER), String(first.fence + FENCE_STRIDE - 1));
+      await redis.del(COUNTER);
       const second = await locks.acquire(key);
       assert.ok(second.fence > first.fence);
       await second.release();
@@ -366,18 +370,29 @@ describe('LockService on a single Redis', () => {
     it('stay above a counter that is ahead of the server clock, and keep it alive with the lock', async () => {
       const key = uniqueKey();
       const ahead = 9_000_000_000_000_000; // beyond TIME in µs for centuries
-      await redis.set(`lock:{${key}}:fence`, String(ahead));
-      const lock = await locks.acquire(key, { ttl: 1_000 });
-      assert.equal(lock.fence, ahead + 1);
-      assert.ok((await redis.pttl(`lock:{${key}}:fence`)) > 1_000, 'counter outlives the lock');
-      await lock.release();
+      await redis.set(COUNTER, String(ahead));
+      try {
+        const lock = await locks.acquire(key, { ttl: 1_000 });
+        assert.equal(lock.fence, ahead + 1);
+        assert.ok((await redis.pttl(COUNTER)) > 1_000, 'counter outlives the lock');
+        await lock.release();
+      } finally {
+        await redis.del(COUNTER); // back to the clock for the other tests
+      }
     });
 
     it('a resent grant (a reply lost with its connection) takes a new block; a caller token keeps its fence; a resent pass-on is answered the same, a resent handoff with a new block', async () => {
       const key = uniqueKey();
-      const [lockKey, fenceKey] = [`lock:{${key}}`, `lock:{${key}}:fence`];
+      // A counter of this test's own (the scripts take any name for it).
+      const [lockKey, fenceKey, ownKey] = [
+        `lock:{${key}}`,
+        `lock:{${key}}:counter`,
+        `lock:{${key}}:fence`,
+      ];
       const acquire = (script: string, token: string): Promise<unknown> =>
-        redis.eval(script, 2, lockKey, fenceKey, token, 5_000, 65_000);
+        script === ACQUIRE_OWN_TOKEN_SCRIPT
+          ? redis.eval(script, 3, lockKey, fenceKey, ownKey, token, 5_000, 65_000)
+          : redis.eval(script, 2, lockKey, fenceKey, token, 5_000, 65_000);
       // The generated token's script, run twice as ioredis would resend it.
       const first = Number(await acquire(ACQUIRE_SCRIPT, 'generated'));
       const resent = Number(await acquire(ACQUIRE_SCRIPT, 'generated'));
@@ -411,7 +426,9 @@ describe('LockService on a single Redis', () => {
       assert.ok(own > resent + FENCE_STRIDE - 1);
       assert.equal(Number(await acquire(ACQUIRE_OWN_TOKEN_SCRIPT, 'mine')), own);
       assert.equal(Number(await redis.get(fenceKey)), own);
-      await redis.del(lockKey);
+      assert.equal(Number(await redis.get(ownKey)), own, 'its fence, kept for its token');
+      assert.ok((await redis.pttl(ownKey)) <= 5_000, 'for as long as its lock');
+      await redis.del(lockKey, fenceKey, ownKey);
     });
 
     it("a Redlock undo runs before the next attempt with its token, on a node that lost its scripts too (EVALSHA's re-sent release would delete the re-taken copy)", async () => {
@@ -458,16 +475,21 @@ describe('LockService on a single Redis', () => {
       }
     });
 
-    it('keep their counter for the TTL plus fenceRetention (default one minute), then let it go', async () => {
-      const key = uniqueKey();
-      const lock = await locks.acquire(key, { ttl: 2_000 });
-      const pttl = await redis.pttl(`lock:{${key}}:fence`);
+    it('keep their counter for the TTL plus fenceRetention (default one minute), then let it go; a longer lock keeps it longer, a shorter one never cuts it short', async () => {
+      await redis.del(COUNTER);
+      const lock = await locks.acquire(uniqueKey(), { ttl: 2_000 });
+      const pttl = await redis.pttl(COUNTER);
       assert.ok(pttl > 61_000 && pttl <= 62_000, `counter PTTL ${pttl}`);
-      await lock.release();
+      const longer = await locks.acquire(uniqueKey(), { ttl: 9_000 });
+      const shorter = await locks.acquire(uniqueKey(), { ttl: 1_000 });
+      const kept = await redis.pttl(COUNTER);
+      assert.ok(kept > 68_000 && kept <= 69_000, `counter PTTL ${kept}`);
+      await Promise.all([lock, longer, shorter].map((each) => each.release()));
     });
 
     it('get their counter TTL (the lock TTL + fenceRetention) from every shape, extension and several keys, and a block of fences only for the plain lock', async () => {
-      const counterTtl = async (key: string): Promise<number> => redis.pttl(`lock:{${key}}:fence`);
+      // One counter for every key: deleted before each shape, so each sets its TTL afresh.
+      const counterTtl = async (_key: string): Promise<number> => redis.pttl(COUNTER);
       const near = (pttl: number, expected: number, what: string): void =>
         assert.ok(pttl > expected - 1_000 && pttl <= expected, `${what}: counter PTTL ${pttl}`);
       const shapes: [string, AcquireOptions][] = [
@@ -478,42 +500,49 @@ describe('LockService on a single Redis', () => {
       ];
       for (const [what, options] of shapes) {
         const key = uniqueKey(what.replace(' ', '-'));
+        await redis.del(COUNTER);
         const lock = await locks.acquire(key, { ttl: 3_000, ...options });
         near(await counterTtl(key), 63_000, what);
         // Only the plain lock reserves a block of fences (for heirs in its process).
         const block = what === 'plain lock' ? FENCE_STRIDE : 1;
-        const counter = Number(await redis.get(`lock:{${key}}:fence`));
+        const counter = Number(await redis.get(COUNTER));
         assert.equal(counter, lock.fence + block - 1, `${what}: the counter after its grant`);
         await lock.extend(5_000);
         near(await counterTtl(key), 65_000, `${what}, extended`);
         await lock.release();
       }
       const [a, b] = [uniqueKey('all-a'), uniqueKey('all-b')];
+      await redis.del(COUNTER);
       const both = await locks.acquire([a, b], { ttl: 4_000 });
       near(await counterTtl(a), 64_000, 'several keys');
       near(await counterTtl(b), 64_000, 'several keys');
-      // Several keys in one step: one fence each, no block.
-      for (const k of [a, b]) {
-        assert.equal(Number(await redis.get(`lock:{${k}}:fence`)), both.fences[k]);
-      }
+      // Several keys in one step: one fence each, no block (in key order, from one counter).
+      assert.ok(both.fences[b] > both.fences[a], JSON.stringify(both.fences));
+      assert.equal(Number(await redis.get(COUNTER)), both.fences[b]);
       await both.release();
       // A handoff's counter TTL: in waiting.spec, where the handoff is seen to happen.
     });
 
-    it('with fenceRetention 0 the counter goes with the lock (expired or released), and fences still increase after it', async () => {
-      const app = await startLockModule({ connection: server.url, fenceRetention: 0 });
+    it('with fenceRetention 0 the counter lives as long as the longest lock, nothing of a key stays, and fences still increase after it', async () => {
+      // A prefix of its own: a counter of its own.
+      const app = await startLockModule({
+        connection: server.url,
+        fenceRetention: 0,
+        keyPrefix: 'zero:',
+      });
       try {
         const key = uniqueKey();
         const first = await app.locks.acquire(key, { ttl: 600 });
-        const pttl = await redis.pttl(`lock:{${key}}:fence`);
+        const pttl = await redis.pttl('zero:{}:counter');
         assert.ok(pttl > 0 && pttl <= 600, `counter PTTL ${pttl}`);
         await sleep(700); // lock and counter expire together; nothing is left
-        assert.equal(await redis.exists(`lock:{${key}}`, `lock:{${key}}:fence`), 0);
+        assert.equal(await redis.exists(`zero:{${key}}`, 'zero:{}:counter'), 0);
         const second = await app.locks.acquire(key);
         assert.ok(second.fence > first.fence, `${second.fence} after ${first.fence}`);
         assert.equal(await second.release(), true);
-        // Released: the counter is deleted with the lock, nothing of the key stays behind.
-        assert.equal(await redis.exists(`lock:{${key}}`, `lock:{${key}}:fence`), 0);
+        // Released: nothing of the key stays behind; the counter, until the lock's TTL.
+        assert.deepEqual(await redis.keys('zero:*'), ['zero:{}:counter']);
+        assert.ok((await redis.pttl('zero:{}:counter')) <= 10_000);
         const third = await app.locks.acquire(key);
         assert.ok(third.fence > second.fence, `${third.fence} after ${second.fence}`);
         await third.release();

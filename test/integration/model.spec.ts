@@ -240,7 +240,7 @@ async function checkState(model: Model, real: Real): Promise<void> {
   // Redis first: a holder granted before the read and live after it was live during it (a lease
   // only runs out; an extension confirmed later was sent while the lease ran).
   const readAt = performance.now();
-  const names = model.keys.flatMap((key) => [`lock:{${key}}`, `lock:{${key}}:fence`]);
+  const names = [...model.keys.map((key) => `lock:{${key}}`), 'lock:{}:counter'];
   const plainKeys = model.keys.slice(0, 2);
   const [values, pttls] = await Promise.all([
     real.redis.mget(...plainKeys.map((key) => `lock:{${key}}`)),

@@ -719,20 +719,23 @@ describe('@WithLock', () => {
     const otherServer = await startRedis();
     const first = await bootApp(server);
     const second = await bootApp(otherServer);
-    const otherRedis = new Redis(otherServer.port, otherServer.host);
+    const monitors = await Promise.all([monitorRedis(server.port), monitorRedis(otherServer.port)]);
     try {
       const id = uniqueKey();
       await Promise.all([
         first.get(AccountsService).debit({ id: `${id}-first` }, 1),
         second.get(AccountsService).debit({ id: `${id}-second` }, 1),
       ]);
-      // Each acquisition leaves its fence counter behind in the Redis it locked on.
-      assert.equal(await redis.exists(`lock:{acct:${id}-first}:fence`), 1);
-      assert.equal(await otherRedis.exists(`lock:{acct:${id}-second}:fence`), 1);
-      assert.equal(await redis.exists(`lock:{acct:${id}-second}:fence`), 0);
-      assert.equal(await otherRedis.exists(`lock:{acct:${id}-first}:fence`), 0);
+      await sleep(20);
+      // Each acquisition ran its scripts on the Redis of its own app, and none on the other.
+      const locked = (on: number, name: string): boolean =>
+        monitors[on].commands.some(({ args }) => args.includes(`lock:{acct:${id}-${name}}`));
+      assert.deepEqual(
+        [locked(0, 'first'), locked(1, 'second'), locked(0, 'second'), locked(1, 'first')],
+        [true, true, false, false],
+      );
     } finally {
-      otherRedis.disconnect();
+      monitors.forEach((monitor) => monitor.stop());
       await first.close();
       await second.close();
       await otherServer.stop();

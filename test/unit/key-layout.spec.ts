@@ -12,6 +12,7 @@ import type { Redis } from 'ioredis';
 import { pubSubChoice } from '../../lib/redis/pub-sub.choice.js';
 import { RedisLockBackend } from '../../lib/redis/redis-lock.backend.js';
 import { PLAIN } from '../../lib/options/checks.js';
+import { keySlot } from '../support/redis-server.js';
 
 /**
  * What Redis hashes to find a key's slot: the part between the first `{` and the first `}` after
@@ -103,22 +104,28 @@ describe('key layout', () => {
           calls.some(
             (call) =>
               call.command === 'redisLockReleaseReadSharded' ||
-              call.command === 'redisLockReleaseReadForgettingSharded' ||
-              call.command === 'redisLockReleaseSemaphoreSharded' ||
-              call.command === 'redisLockReleaseSemaphoreForgettingSharded',
+              call.command === 'redisLockReleaseSemaphoreSharded',
           ),
         );
         assert.ok(
           calls.some((call) => call.command.endsWith('Sharded')),
           'SPUBLISH release',
         );
-        const slots = new Set<string>();
+        const slots = new Set<number>();
+        const tags = new Set<string>();
         for (const call of calls) {
           const names = call.channel ? [...call.keys, call.channel] : call.keys;
-          for (const name of names) slots.add(hashed(name));
+          for (const name of names) {
+            slots.add(keySlot(name));
+            if (!name.endsWith(':counter')) tags.add(hashed(name));
+          }
         }
-        // One hash tag for everything about the key, and it is never the whole name.
+        // One hash slot for everything about the key (the fence counter, shared by the slot's
+        // keys, has a tag of its own that hashes to it), one hash tag for the key's own names, and
+        // it is never the whole name.
         assert.equal(slots.size, 1, `${JSON.stringify(calls)}`);
+        assert.equal(tags.size, 1, `${JSON.stringify(calls)}`);
+        assert.ok(calls.some((call) => call.keys.some((name) => name.endsWith(':counter'))));
         assert.ok(calls.every((call) => call.keys.every((name) => hashed(name) !== name)));
       }),
       { numRuns: 300 },
