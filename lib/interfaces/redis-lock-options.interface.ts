@@ -88,13 +88,13 @@ export interface RedisLockModuleOptions extends LockTimeoutResponse {
    */
   commandTimeout?: number;
   /**
-   * How long a key's fence counter outlives the key's last acquisition or extension, in ms.
-   * While the counter lives, every new holder's `fence` is greater than every earlier one's;
-   * after it expires, the next fence is the Redis server's clock in microseconds, which is still
-   * greater unless that clock stepped back by more than the time since the last holder took the
-   * lock. Longer: safe through bigger clock steps. Shorter: fewer keys in Redis for apps that lock
-   * many distinct keys (one counter, ~130 bytes, per key locked within the window). `0`: the
-   * counter lives exactly as long as the lock, and is deleted with it on release.
+   * How long the fence counter (one for every key of the deployment; one per hash slot on a
+   * Cluster) outlives the last acquisition, extension or handoff of every lock it fenced, in ms. A
+   * new holder's `fence` is the Redis server's clock in microseconds, or the counter's last value
+   * + 1 where that is higher: while the counter lives, greater than every earlier one's even if
+   * the clock stepped back; after it expires, greater unless that clock stepped back by more than
+   * the time since. Longer: safe through bigger clock steps, at no cost per key. `0`: the counter
+   * lives exactly as long as the longest lock.
    * @default 60_000
    */
   fenceRetention?: number;
@@ -106,7 +106,7 @@ export interface RedisLockModuleOptions extends LockTimeoutResponse {
    * instance may wait up to this long for its turn. `0`: every release frees the lock, and this
    * instance's waiters hold back while other instances' take it. Only plain locks of one Redis
    * deployment are passed on (see Waiting in the README).
-   * @default 250
+   * @default 25
    */
   handoffTurn?: number;
   /**

@@ -33,15 +33,15 @@ export const DEFAULT_FENCE_RETENTION = 60_000;
  * Default `handoffTurn`: how long one process may pass a contended lock among its own waiters
  * (ms, from the first handoff of its turn) before a release frees it for waiters in other
  * processes. A handoff within a process costs no round trip (~0.03 ms between sections); a switch
- * to another process costs a release, a message and that process's attempt (~0.4–0.6 ms), so the
- * longer the turn, the fewer switches, the shorter the handoff gaps and the higher the throughput,
- * and the longer a waiter in another process may wait for its turn. Measured side by side
- * (`npm run bench`, hot key, 2 processes × 10 workers, 1 ms sections, no think time): turns of
- * 25, 100, 150 and 250 ms gave a handoff gap p99 of 0.47, 0.45, 0.45 and 0.19 ms (the best peer's
- * 0.56–0.89 in the same runs), a wait p99 of 45, 116, 167 and 266 ms (the peers' 550–1,060).
- * Only turns of 250 ms kept the switches (0.5 % of handoffs) out of the gap's p99.
+ * to another process costs a release, a message and that process's attempt (~0.5–1.3 ms), so the
+ * longer the turn, the fewer switches and the shorter the handoff gaps, and the longer a waiter in
+ * another process may wait. Chosen by what callers wait: the turn with the lowest wait p99 whose
+ * sections/s stay at least the hand-written minimum's. Measured side by side (`npm run bench`,
+ * hot key, 1 ms sections, no think time, 5 rounds, turns of 25, 50, 100 and 250 ms): with 2, 4
+ * and 8 processes × 10 workers, 25 ms kept 1.00–1.02× the minimum's sections/s (250 ms:
+ * 1.01–1.13×) for a wait p99 of 44–46, 583 and 1,260 ms (250 ms: 266–267, 1,027 and 2,837 ms).
  */
-export const DEFAULT_HANDOFF_TURN = 250;
+export const DEFAULT_HANDOFF_TURN = 25;
 
 /**
  * Default `driftFactor` in Redlock mode: a lock's validity is `ttl - ttl * driftFactor - 2 ms`,

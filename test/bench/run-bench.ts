@@ -4,7 +4,7 @@
  * round, every run in fresh processes), and prints and writes a markdown report of medians and of
  * ratios to the hand-written minimum (medians of per-round ratios: the machine is shared and noisy).
  *
- * Options: --rounds N (3), --only a,b (contenders whose name contains one of these), --workloads a,b (all),
+ * Options: --rounds N (3; the scaling workloads 2 unless it is given), --only a,b (contenders whose name contains one of these), --workloads a,b (all),
  * --report <path> (test/bench/REPORT.md, and chart.svg beside it; `-` for none), --smoke (every
  * workload at a tiny size, runs of 0.3 s and HTTP loads of 1 s: checks that the benchmark works,
  * measures nothing; `test/bench/bench.spec.ts` runs it). `BENCH_BASELINE=<another build's
@@ -32,7 +32,7 @@ import { CONTENDERS, type Contender } from './contenders.js';
 
 const { values } = parseArgs({
   options: {
-    rounds: { type: 'string', default: '3' },
+    rounds: { type: 'string' },
     only: { type: 'string' },
     workloads: { type: 'string' },
     report: { type: 'string', default: 'test/bench/REPORT.md' },
@@ -44,7 +44,7 @@ const sized = (job: WorkloadPlan['job']): WorkloadPlan['job'] =>
   values.smoke
     ? { ...job, pairs: Math.min(job.pairs, 300), durationMs: Math.min(job.durationMs, 300) }
     : job;
-const rounds = Number(values.rounds);
+const rounds = Number(values.rounds ?? 3);
 const worker = fileURLToPath(new URL('./bench-worker.js', import.meta.url));
 const appServer = fileURLToPath(new URL('./bench-app.js', import.meta.url));
 const BASELINE = CONTENDERS[0].name;
@@ -78,18 +78,24 @@ interface WorkloadPlan {
 const SCALE_CONTENDERS = [
   'hand-written minimum',
   'nestjs-redis-lock',
-  // BENCH_TURNS: ours with other handoff turns, on the hot key (see contenders.ts).
-  ...CONTENDERS.filter((c) => c.name.includes('(handoffTurn')).map((c) => c.name),
   'redis-semaphore',
   '@sesamecare-oss/redlock (10 ms)',
 ];
+/** BENCH_TURNS: ours with other handoff turns (see contenders.ts), on the hot key only. */
+const TURN_CONTENDERS = CONTENDERS.filter((c) => c.name.includes('(handoffTurn')).map(
+  (c) => c.name,
+);
 const SCALE_ROUNDS = 2;
 const SCALE_PROCESSES = [2, 4, 8];
 const scale = (plan: Omit<WorkloadPlan, 'group' | 'contenders' | 'rounds'>): WorkloadPlan => ({
   ...plan,
   group: 'scale',
-  contenders: SCALE_CONTENDERS,
-  rounds: SCALE_ROUNDS,
+  contenders:
+    plan.workload === 'hot'
+      ? [...SCALE_CONTENDERS.slice(0, 2), ...TURN_CONTENDERS, ...SCALE_CONTENDERS.slice(2)]
+      : SCALE_CONTENDERS,
+  // An explicit --rounds applies to them too (to choose a handoffTurn on more rounds).
+  rounds: values.rounds === undefined ? SCALE_ROUNDS : undefined,
 });
 
 const PLANS: WorkloadPlan[] = [
@@ -286,19 +292,23 @@ if (values.report !== '-' && !values.smoke) {
       [0, 5]
         .map((thinkMs) => ({
           title: `${thinkMs} ms think time`,
-          series: SCALE_CONTENDERS.map((name) => ({
-            name,
-            points: instances
-              .filter((p) => p.job.thinkMs === thinkMs)
-              .map((p) => ({
-                processes: p.processes,
-                waitP99: summarize(p, name, 'waitP99').median,
-                commandsPerSection: summarize(p, name, 'commandsPerSection').median,
-              })),
-          })).filter((s) => s.points.length > 0),
+          // Those that ran (`--only` may leave some out), BENCH_TURNS' among them.
+          series: instances[0]
+            .contenders!.filter((name) => instances.every((p) => results.get(p.id)?.has(name)))
+            .map((name) => ({
+              name,
+              points: instances
+                .filter((p) => p.job.thinkMs === thinkMs)
+                .map((p) => ({
+                  processes: p.processes,
+                  waitP99: summarize(p, name, 'waitP99').median,
+                  commandsPerSection: summarize(p, name, 'commandsPerSection').median,
+                })),
+            }))
+            .filter((s) => s.points.length > 0),
         }))
         .filter((row) => row.series.length > 0),
-      `npm run bench -- --workloads scale, ${new Date().toISOString().slice(0, 10)}: medians of ${SCALE_ROUNDS} rounds, redis-server 7 on loopback, 2 cores`,
+      `npm run bench -- --workloads scale, ${new Date().toISOString().slice(0, 10)}: medians of ${values.rounds ?? SCALE_ROUNDS} rounds, redis-server 7 on loopback, 2 cores`,
     );
     writeFileSync(join(dirname(values.report), 'scale.svg'), chart);
   }

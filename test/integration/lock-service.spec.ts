@@ -367,6 +367,25 @@ describe('LockService on a single Redis', () => {
       await second.release();
     });
 
+    it('stay above every earlier fence when the counter is behind them (a promoted replica that missed the last writes): the server clock is', async () => {
+      const key = uniqueKey();
+      const first = await locks.acquire(key);
+      await first.release();
+      // What a replica promoted before it received the last grants would have: an older count.
+      await redis.set(COUNTER, String(first.fence - 1_000_000), 'KEEPTTL');
+      const second = await locks.acquire(key);
+      assert.ok(second.fence > first.fence, `${second.fence} after ${first.fence}`);
+      await second.release();
+      // However far behind the count: the fence is the server's clock in µs (or the counter + 1
+      // where that is higher).
+      const before = await redis.time();
+      const clock = Number(before[0]) * 1_000_000 + Number(before[1]);
+      await redis.set(COUNTER, '5', 'KEEPTTL');
+      const third = await locks.acquire(key);
+      assert.ok(third.fence >= clock && third.fence > second.fence, `${third.fence}`);
+      await third.release();
+    });
+
     it('stay above a counter that is ahead of the server clock, and keep it alive with the lock', async () => {
       const key = uniqueKey();
       const ahead = 9_000_000_000_000_000; // beyond TIME in µs for centuries

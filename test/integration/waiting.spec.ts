@@ -467,7 +467,7 @@ describe('waiting for a held lock', () => {
     assert.equal(await scriptsWithTurn(0, 4, 1), 'RARARARAR');
   });
 
-  it('at the end of its turn (250 ms by default) the releasing process holds back, and a waiter in another process takes its turn', async () => {
+  it('at the end of its turn (handoffTurn, 25 ms by default) the releasing process holds back, and a waiter in another process takes its turn', async () => {
     const key = uniqueKey();
     const held = await waiter.acquire(key, { ttl: 30_000 });
     const order: string[] = [];
