@@ -18,6 +18,11 @@ export interface Section {
    * stood still for over 100 ms from a TTL before the section to the abort (see `Call.starved`).
    */
   starved?: boolean;
+  /**
+   * Its signal aborted after the phase it entered in had ended (see `runPhases`): the next
+   * phase's fault may have made it fire.
+   */
+  signalLater?: boolean;
   /** Set when the runner SIGKILLed its worker before it exited. */
   killedAt?: number;
   /** From the call to the section, on the using() path. */
@@ -111,8 +116,11 @@ export interface ScenarioFigures {
   staleRejected: number;
   fenceRegressions: number;
   signals: number;
-  /** Of those, the signals that aborted while the machine was starved (see `Section.starved`). */
-  signalsStarved: number;
+  /**
+   * Of those, the signals no fault of this phase explains away from the lock: they aborted while
+   * the machine was starved (see `Section.starved`), or after the phase (`Section.signalLater`).
+   */
+  signalsExcused: number;
   /** Holders (not killed) that someone else entered on while they still believed. */
   lost: number;
   /** Of those, how many never saw their signal abort (during the section or at its release). */
@@ -264,7 +272,7 @@ export function check(record: ScenarioRecord): ScenarioFigures {
   }
   const own = record.sections.filter((s) => !s.context);
   for (const section of own) {
-    if (section.abortAt !== undefined && !section.starved) {
+    if (section.abortAt !== undefined && !section.starved && !section.signalLater) {
       note(`signalled unstarved: ${describe(section)}, at ${section.abortAt.toFixed(0)}`);
     }
   }
@@ -285,7 +293,8 @@ export function check(record: ScenarioRecord): ScenarioFigures {
     staleRejected: record.rejected,
     fenceRegressions,
     signals: own.filter((s) => s.abortAt !== undefined).length,
-    signalsStarved: own.filter((s) => s.abortAt !== undefined && s.starved).length,
+    signalsExcused: own.filter((s) => s.abortAt !== undefined && (s.starved || s.signalLater))
+      .length,
     lost,
     lostUnsignalled,
     signalDelay: { p50: percentile(delays, 50), p99: percentile(delays, 99) },

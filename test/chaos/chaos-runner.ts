@@ -326,14 +326,22 @@ export async function runPhases(
     );
     phaseRecord.faults = phase.faults;
     phaseRecord.end = record.end;
+    // A signal that fired after the phase ended belongs to the phase that made it fire.
     phaseRecord.sections = record.sections.flatMap((section) =>
       within(section.enter)
-        ? [section]
+        ? [
+            section.abortAt !== undefined && section.abortAt >= phase.end
+              ? { ...section, signalLater: true }
+              : section,
+          ]
         : section.enter < from && beliefEnd(section, record.end) > from
           ? [{ ...section, context: true }]
           : [],
     );
-    phaseRecord.calls = record.calls.filter((call) => within(call.start));
+    // A call counts where it ended: one made near a phase's end may meet the next phase's fault
+    // (a control call's last attempt sent into a partition of its worker), and how it ends is
+    // that fault's doing.
+    phaseRecord.calls = record.calls.filter((call) => within(call.start + call.ms));
     phaseRecord.unhandled = unhandledAt.filter(within).length;
     phaseRecord.crashes = crashAt.filter(within).length;
     return phaseRecord;

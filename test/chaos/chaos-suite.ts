@@ -40,7 +40,7 @@ function assertPhase(scenario: Scenario, figures: ScenarioFigures): void {
     assert.equal(figures.overlaps, 0, `overlaps without a fault\n${why}`);
     assert.equal(figures.calls.failed - figures.failedStarved, 0, `calls failed unstarved\n${why}`);
     assert.equal(
-      figures.signals - figures.signalsStarved,
+      figures.signals - figures.signalsExcused,
       0,
       `signals raised unstarved without a fault\n${why}`,
     );

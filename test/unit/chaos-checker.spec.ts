@@ -255,12 +255,18 @@ describe('chaos checker', () => {
     assert.equal(figures.failedStarved, 2);
   });
 
-  it('counts the signals that aborted while the machine was starved, and notes the others', () => {
+  it('counts the signals that aborted while the machine was starved or after the phase, and notes the others', () => {
     const figures = check(
-      record([{ abortAt: 40 }, { abortAt: 140, starved: true }, {}, { abortAt: 320 }]),
+      record([
+        { abortAt: 40 },
+        { abortAt: 140, starved: true },
+        {},
+        { abortAt: 320 },
+        { abortAt: 450, signalLater: true },
+      ]),
     );
-    assert.equal(figures.signals, 3);
-    assert.equal(figures.signalsStarved, 1);
+    assert.equal(figures.signals, 4);
+    assert.equal(figures.signalsExcused, 2);
     assert.deepEqual(
       figures.notes.filter((n) => n.startsWith('signalled unstarved')).length,
       2,
