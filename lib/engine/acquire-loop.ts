@@ -114,7 +114,7 @@ export class AcquireLoop {
           attempt = { acquired: false, retryAfter: undefined };
         }
         if (attempt.acquired) {
-          handle = holdGranted(this.parts, key, token, attempt, sentAt, opts, handoff?.swap);
+          handle = holdGranted(this.parts, key, token, attempt, sentAt, opts, handoff);
           reportAcquired(this.parts, handle, started);
           if (this.parts.stopping.aborted) {
             // Granted while shutdown began: shutdown has already swept the held locks.

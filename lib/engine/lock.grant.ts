@@ -1,4 +1,4 @@
-import type { AcquireAttempt, PendingSwap } from '../interfaces/lock-backend.interface.js';
+import type { AcquireAttempt, Handoff } from '../interfaces/lock-backend.interface.js';
 import type { ResolvedAcquireOptions } from '../options/acquire-options.js';
 import type { EngineParts } from './engine.parts.js';
 import { LockHandle } from './lock.handle.js';
@@ -14,7 +14,7 @@ export function holdGranted(
   attempt: Extract<AcquireAttempt, { acquired: true }>,
   sentAt: number,
   opts: ResolvedAcquireOptions,
-  swap?: PendingSwap,
+  handoff?: Handoff,
 ): LockHandle {
   const handle = new LockHandle(
     key,
@@ -27,7 +27,8 @@ export function holdGranted(
     parts.hooks,
     opts.shape,
     attempt.fenceLimit,
-    swap,
+    handoff?.swap,
+    handoff?.confirmedAt,
   );
   if (opts.holdAtLeast > 0) handle.holdFor(opts.holdAtLeast);
   parts.held.push(handle);

@@ -43,6 +43,7 @@ export class LockHandle extends Lease implements Lock, Linked<LockHandle> {
     shape: LockShape = PLAIN,
     fenceLimit: number = fence,
     swap?: PendingSwap,
+    confirmedAt?: number,
   ) {
     super(
       key,
@@ -56,6 +57,7 @@ export class LockHandle extends Lease implements Lock, Linked<LockHandle> {
       shape,
       fenceLimit,
       swap,
+      confirmedAt,
     );
   }
 

@@ -45,6 +45,7 @@ export abstract class Lease implements HeldLease {
   private expiryTimer: NodeJS.Timeout | undefined;
   private extendTimer: NodeJS.Timeout | undefined;
   private lastExtendError: unknown;
+  private confirmed: number;
 
   constructor(
     readonly key: string,
@@ -62,8 +63,11 @@ export abstract class Lease implements HeldLease {
     readonly fenceLimit: number = fence,
     /** @internal Its own token write, when it was passed on before Redis knew. */
     public swap?: PendingSwap,
+    /** @internal See `HeldLease.confirmedAt`: `acquiredAt` unless it was passed on. */
+    confirmedAt: number = acquiredAt,
   ) {
     this.expiry = expiresAt;
+    this.confirmed = confirmedAt;
     if (swap) this.awaitSwap(swap);
     else if (autoExtend) this.extendWhenDue();
   }
@@ -80,6 +84,11 @@ export abstract class Lease implements HeldLease {
 
   get expiresAt(): number {
     return this.expiry;
+  }
+
+  /** @internal See `HeldLease.confirmedAt`. */
+  get confirmedAt(): number {
+    return this.confirmed;
   }
 
   /** @internal Why the lease ended early (`signal`'s abort reason), without creating the signal. */
@@ -136,6 +145,7 @@ export abstract class Lease implements HeldLease {
   /** Redis confirmed the lease for `ttl` from `sentAt`. */
   private confirm(sentAt: number, ttl: number): void {
     this.ttl = ttl;
+    this.confirmed = sentAt;
     this.expiry = sentAt + this.owner.backend.validity(ttl);
     this.lastExtendError = undefined;
     if (this.controller) this.armExpiry();

@@ -42,6 +42,11 @@ export interface Handoff {
    * token and TTL, in flight.
    */
   swap?: PendingSwap;
+  /**
+   * With `swap`: when Redis last confirmed the lease the heir continues (see
+   * `HeldLease.confirmedAt`). Otherwise the handoff itself confirmed it, at `sentAt`.
+   */
+  confirmedAt?: number;
 }
 
 /**
@@ -69,6 +74,13 @@ export interface HeldLease {
   readonly expiresAt: number;
   /** Set if the lease ended early (lost, or abandoned on shutdown): then it is not handed on. */
   readonly lossReason: unknown;
+  /**
+   * When the command that Redis last confirmed this lease with was sent (`performance.now()`): its
+   * grant or its latest extension, or, for a lease passed on before Redis knew, its predecessor's.
+   * A lease confirmed before the connection was last lost is not passed on without asking Redis
+   * (Redis may have failed over or restarted meanwhile; see `passable`).
+   */
+  readonly confirmedAt: number;
   /** This lease's own token write, if it was itself handed on and Redis has not answered yet. */
   readonly swap?: PendingSwap;
 }

@@ -194,3 +194,25 @@ export function onReconnect(client: Redis | Cluster, listener: () => void): () =
   client.on('close', onClose).on('ready', onReady);
   return () => void client.off('close', onClose).off('ready', onReady);
 }
+
+/**
+ * Calls `listener` each time a connection of `client` closes: its own, or on a Cluster any node's
+ * (a node's connection closing is all a Cluster client shows of a master killed under it).
+ * Listening changes nothing on a client the app passed in. Returns what stops it.
+ */
+export function onConnectionLoss(client: Redis | Cluster, listener: () => void): () => void {
+  const cluster =
+    (client as { isCluster?: boolean }).isCluster === true ? (client as Cluster) : undefined;
+  const watchNode = (node: Redis): void => void node.on('close', listener);
+  client.on('close', listener);
+  if (cluster) {
+    cluster.nodes('all').forEach(watchNode);
+    cluster.on('+node', watchNode);
+  }
+  return () => {
+    client.off('close', listener);
+    if (!cluster) return;
+    cluster.off('+node', watchNode);
+    for (const node of cluster.nodes('all')) node.off('close', listener);
+  };
+}

@@ -17,11 +17,15 @@ export interface HandoffHost {
 
 /**
  * Whether `lease` may be handed on in the process without a round trip (see `passOn`): held to
- * the end, a fence of its block left, and at least half the heir's TTL left to run, so that the
- * heir's own write lands well within it.
+ * the end, a fence of its block left, at least half the heir's TTL left to run, so that the
+ * heir's own write lands well within it, and confirmed by Redis since a connection to it was last
+ * lost (`connectionLostAt`): a master that failed over or restarted empty meanwhile may have
+ * forgotten the lease and granted the key to another process, with a fence from its clock above
+ * the block's; through Redis, the heir learns the lock is gone before it starts.
  */
-export const passable = (lease: HeldLease, heirTtl: number): boolean =>
+export const passable = (lease: HeldLease, heirTtl: number, connectionLostAt: number): boolean =>
   lease.lossReason === undefined &&
+  lease.confirmedAt > connectionLostAt &&
   lease.fence < lease.fenceLimit &&
   lease.expiresAt - performance.now() >= heirTtl / 2;
 
@@ -115,11 +119,11 @@ export class InProcessHandoff {
       ? lease.swap.then((sent) => (sent === undefined ? undefined : send()))
       : afterReactions().then(send);
     const now = performance.now();
-    const { fence, fenceLimit, expiresAt } = lease;
+    const { fence, fenceLimit, expiresAt, confirmedAt } = lease;
     // What is left of our lease, but never more than the heir's own: once its write lands, Redis
     // lets the key go after the heir's TTL, however late the reply that would correct the lease.
     const validity = Math.min(expiresAt - now, this.host.validity(ttl));
-    heir.grant({ fence: fence + 1, fenceLimit, validity, sentAt: now, swap }, () => {
+    heir.grant({ fence: fence + 1, fenceLimit, validity, sentAt: now, swap, confirmedAt }, () => {
       swap
         .then((sent) => sent !== undefined && this.host.release(key, heirToken))
         .catch(() => {

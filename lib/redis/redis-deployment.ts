@@ -6,7 +6,14 @@ import type {
   ReleaseSubscription,
 } from '../interfaces/lock-backend.interface.js';
 import type { ResolvedModuleOptions } from '../options/module-options.js';
-import { closeQuietly, describeFailure, onReconnect, pingHealth, serverId } from './connections.js';
+import {
+  closeQuietly,
+  describeFailure,
+  onConnectionLoss,
+  onReconnect,
+  pingHealth,
+  serverId,
+} from './connections.js';
 import { KeyLayout } from './key-layout.js';
 import { ShardedPubSubChoice } from './pub-sub.choice.js';
 import { ReleaseNotifier } from './release.notifier.js';
@@ -26,6 +33,12 @@ export abstract class RedisDeployment {
   /** Longest wait for a reply (and for QUIT when closing a connection). */
   protected readonly commandTimeout: number;
   readonly replyTimeout: number;
+  /**
+   * When a connection to the deployment last closed (`performance.now()`; see `onConnectionLoss`):
+   * Redis may have failed over or restarted empty since, and forgotten locks it confirmed before.
+   */
+  protected connectionLostAt = -Infinity;
+  private readonly stopWatchingLosses: () => void;
 
   constructor(
     protected readonly client: Redis | Cluster,
@@ -48,6 +61,9 @@ export abstract class RedisDeployment {
       this.shardedPubSub,
       options.handoffTurn,
     );
+    this.stopWatchingLosses = onConnectionLoss(client, () => {
+      this.connectionLostAt = performance.now();
+    });
   }
 
   async prepare(): Promise<void> {
@@ -96,6 +112,7 @@ export abstract class RedisDeployment {
   }
 
   async close(): Promise<void> {
+    this.stopWatchingLosses();
     await Promise.all([
       this.notifier.close(),
       this.ownsClient ? closeQuietly(this.client, this.commandTimeout) : undefined,

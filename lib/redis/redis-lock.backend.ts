@@ -173,7 +173,7 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
       this.notifier.watching && !this.replicaAck && shape === PLAIN
         ? this.notifier.takeHeir(channel)
         : undefined;
-    if (heir && lease && passable(lease, heir.claim.ttl)) {
+    if (heir && lease && passable(lease, heir.claim.ttl, this.connectionLostAt)) {
       return this.handoff.passOn(key, lockKey, token, heir, lease);
     }
     // Only once this lease's own token write is answered: Redis must see the two in order.

@@ -216,6 +216,38 @@ describe('on Redis Cluster', () => {
     }
   });
 
+  it("a master's connection lost: a lease it confirmed before is not passed on in the process, so an heir never starts below a fence another app got from a failed-over master", async () => {
+    const key = uniqueKey();
+    const held = await app.locks.acquire(key, { ttl: 30_000 });
+    const queued = app.locks.acquire(key, { ttl: 30_000, acquireTimeout: 10_000 });
+    const settled = queued.then(
+      (lock) => ({ lock, at: performance.now() }),
+      (error: unknown) => ({ error, at: performance.now() }),
+    );
+    await sleep(150); // queued and asleep
+    // Every master drops the app's connection (as a killed master's would close), and the key is
+    // gone (as from a replica promoted before it had the lock): another app takes it.
+    for (const node of clients[0].nodes('master')) {
+      const id = String(await node.client('ID'));
+      const server = cluster.nodes.find(({ port }) => port === node.options.port)!;
+      await cluster.cli(server, 'client', 'kill', 'id', id);
+    }
+    await clients[1].del(`lock:{${key}}`);
+    const intruder = await other.locks.acquire(key, { ttl: 30_000 });
+    assert.equal(await held.release(), false, 'the holder is told the lock was no longer its own');
+    await sleep(200);
+    const intruderHeldUntil = performance.now();
+    await intruder.release();
+    const outcome = await settled;
+    assert.ok(
+      !('lock' in outcome) || outcome.at > intruderHeldUntil,
+      `the heir was granted while another app held the key (fence ${'lock' in outcome ? outcome.lock.fence : ''} beside ${intruder.fence})`,
+    );
+    assert.ok('lock' in outcome, `the heir got the key once it was free: ${String(outcome.error)}`);
+    assert.ok(outcome.lock.fence > intruder.fence, `${outcome.lock.fence} after ${intruder.fence}`);
+    await outcome.lock.release();
+  });
+
   it('auto-extends and releases through the cluster', async () => {
     const key = uniqueKey();
     await app.locks.using(

@@ -401,6 +401,49 @@ describe('waiting for a held lock', () => {
     await other.release();
   });
 
+  it('a lease confirmed before the connection was last lost is not passed on in the process: Redis may have forgotten it and granted the key elsewhere (a failover, a restart)', async () => {
+    const proxy = await FaultProxy.start(() => server.port);
+    const app = await startLockModule({ connection: `redis://127.0.0.1:${proxy.port}` });
+    try {
+      const key = uniqueKey();
+      const held = await app.locks.acquire(key, { ttl: 30_000 });
+      const queued = app.locks.acquire(key, { ttl: 30_000, acquireTimeout: 10_000 });
+      const settled = queued.then(
+        (lock) => ({ lock, at: performance.now() }),
+        (error: unknown) => ({ error, at: performance.now() }),
+      );
+      await sleep(100); // queued and asleep
+      // The app's connection is lost and kept from coming back (a partition), and Redis forgets
+      // the lock, as a master killed before its replica had it would once the replica took over:
+      // another app takes the key, with a fence from the server's clock.
+      proxy.dropAll();
+      proxy.stall();
+      await redis.del(`lock:{${key}}`);
+      const other = await holder.acquire(key, { ttl: 30_000 });
+      const released = held.release().catch((error: unknown) => error);
+      await sleep(300);
+      const otherHeldUntil = performance.now();
+      proxy.heal();
+      await sleep(200);
+      await other.release();
+      const outcome = await settled;
+      // Passed on, the heir would have started at once with the next fence of the holder's block,
+      // below the other app's, while the other app held the key.
+      assert.ok(
+        !('lock' in outcome) || outcome.at > otherHeldUntil,
+        `the heir was granted while another app held the key (fence ${'lock' in outcome ? outcome.lock.fence : ''} beside ${other.fence})`,
+      );
+      if ('lock' in outcome) {
+        assert.ok(outcome.lock.fence > other.fence, `${outcome.lock.fence} after ${other.fence}`);
+        await outcome.lock.release();
+      }
+      assert.equal(await released, false, 'the holder is told the lock was no longer its own');
+    } finally {
+      await app.close();
+      await proxy.close();
+    }
+  });
+
   it('an heir that extends or releases before its own write is answered waits for it', async () => {
     const proxy = await FaultProxy.start(() => server.port);
     const slow = await startLockModule({ connection: `redis://127.0.0.1:${proxy.port}` });
