@@ -243,7 +243,8 @@ describe('on Redis Cluster', () => {
       !('lock' in outcome) || outcome.at > intruderHeldUntil,
       `the heir was granted while another app held the key (fence ${'lock' in outcome ? outcome.lock.fence : ''} beside ${intruder.fence})`,
     );
-    assert.ok('lock' in outcome, `the heir got the key once it was free: ${String(outcome.error)}`);
+    if (!('lock' in outcome))
+      throw new Error('the heir did not get the key once it was free', { cause: outcome.error });
     assert.ok(outcome.lock.fence > intruder.fence, `${outcome.lock.fence} after ${intruder.fence}`);
     await outcome.lock.release();
   });
