@@ -43,6 +43,10 @@ function recordingClient(calls: Call[]): Redis {
     isCluster: true,
     options: {},
     info: () => Promise.resolve('redis_version:7.0.15\r\n'),
+    // Connection events (see `onConnectionLoss`): none come.
+    on: () => client,
+    off: () => client,
+    nodes: () => [],
     duplicate: () => ({ shardedSubscribers: {}, disconnect: () => undefined }),
     defineCommand(name: string, { lua }: { lua: string }) {
       names.set(createHash('sha1').update(lua).digest('hex'), name);
@@ -83,6 +87,7 @@ describe('key layout', () => {
           new Logger('test'),
         );
         await backend.tryAcquire(k, 't', 1_000);
+        await backend.tryAcquire(k, 'g', 1_000, PLAIN, true, true);
         await backend.extend(k, 't', 1_000);
         await backend.raiseFence(k, 't', 5, 1_000);
         await backend.release(k, 't');
