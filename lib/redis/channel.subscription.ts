@@ -41,6 +41,11 @@ export interface ChannelState {
   turnStarted: number | undefined;
   /** This process freed the lock at the end of its turn: its release message waits. */
   yielding: boolean;
+  /**
+   * Such a release reached no other process (see `ReleaseNotifier.endYield`) before its message
+   * came: the message wakes the first waiter at once, whichever process it names.
+   */
+  alone: boolean;
   /** The held-back wake-up of the first waiter. */
   deferred: NodeJS.Timeout | undefined;
   /** The last release message: one release announced on several Redlock nodes counts once. */

@@ -57,6 +57,14 @@ export class KeyLayout {
     return [lockKey, this.counterKey(lockKey), `${lockKey}:fences`];
   }
 
+  /**
+   * The processes waiting for the plain lock `lockKey`, in the order they will get it (see
+   * `JOIN_TURNS`): `P{K}:turns`, only while some wait.
+   */
+  turnsKey(lockKey: string): string {
+    return `${lockKey}:turns`;
+  }
+
   /** A fair lock's queue and its waiters' stay (see `ACQUIRE_FAIR_SCRIPT`), in the key's slot. */
   queueKeys(lockKey: string): [string, string] {
     return [`${lockKey}:queue`, `${lockKey}:queue:stay`];

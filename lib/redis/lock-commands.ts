@@ -33,7 +33,7 @@ import {
 } from './shape.scripts.js';
 import { lockScripts, type ScriptDefinition } from './lock-scripts.runner.js';
 
-/** KEYS (see `keysOf`), then token, channel, message. */
+/** KEYS (3), then token, channel, message (and for the plain lock, see `NAME_NEXT`). */
 type ReleaseCommand = (...args: LockScriptArgs) => Promise<number>;
 
 /**
@@ -66,21 +66,21 @@ const RELEASE_SCRIPTS = [
 export const familyOf = (shape: LockShape): 0 | 1 | 2 =>
   shape.mode === 'read' ? 2 : shape.limit > 1 ? 1 : 0;
 /**
- * How many keys a family's scripts take: the shapes 3 (see `shapeKeys`); the plain lock 3 to take
- * (with the caller's own token) and extend it (lock, fence counter, own fence record), 2 to
- * release it (lock, own fence record: see `plainKeys`).
- */
-const keysOf = (family: number, releasing = false): number => (family === 0 && releasing ? 2 : 3);
-
-/**
- * The plain lock's keys: lock, fence counter, own fence record (see `KeyLayout.ownFenceKey`); a
- * release takes the lock and the record.
+ * The plain lock's keys: lock, fence counter, own fence record (see `KeyLayout.ownFenceKey`).
  */
 export function plainKeys(layout: KeyLayout, lockKey: string): [string, string, string] {
   return [lockKey, layout.counterKey(lockKey), layout.ownFenceKey(lockKey)];
 }
 
-/** KEYS (2 or 3, see `keysOf`; 2 per key to take several; 5 for a fair lock), then ARGV. */
+/**
+ * What a release of the plain lock takes: the lock, the own fence record, and the queue of
+ * waiting processes (see `NAME_NEXT`).
+ */
+export function releaseKeys(layout: KeyLayout, lockKey: string): [string, string, string] {
+  return [lockKey, layout.ownFenceKey(lockKey), layout.turnsKey(lockKey)];
+}
+
+/** KEYS (3; 2 per key to take several; 5 for a fair lock), then ARGV. */
 export type LockScriptArgs = readonly (string | number)[];
 
 /** Fair-lock release commands by [sharded pub/sub], and their scripts. */
@@ -109,7 +109,7 @@ export interface LockCommands {
   redisLockReleaseRead: ReleaseCommand;
   redisLockReleaseReadSharded: ReleaseCommand;
   redisLockIsHeld(lockKey: string, token: string): Promise<number>;
-  redisLockDropMark(lockKey: string): Promise<number>;
+  redisLockDropMark(lockKey: string, turnsKey: string, leaving?: string): Promise<number>;
   redisLockAcquireFair(...args: LockScriptArgs): Promise<number>;
   /** The number of keys first (it varies), then KEYS and ARGV. */
   redisLockAcquireAll(...args: LockScriptArgs): Promise<number[] | number>;
@@ -142,31 +142,24 @@ export function defineLockCommands(client: Redis | Cluster): LockCommands {
     redisLockAcquireFair: { numberOfKeys: 5, lua: ACQUIRE_FAIR_SCRIPT },
     redisLockAcquireAll: { lua: ACQUIRE_ALL_SCRIPT },
     redisLockIsHeld: { numberOfKeys: 1, lua: IS_HELD_SCRIPT },
-    redisLockDropMark: { numberOfKeys: 1, lua: DROP_MARK_SCRIPT },
-    redisLockAcquire: { numberOfKeys: 2, lua: ACQUIRE_SCRIPT },
-    redisLockAcquireUnreserved: { numberOfKeys: 2, lua: ACQUIRE_UNRESERVED_SCRIPT },
+    redisLockDropMark: { numberOfKeys: 2, lua: DROP_MARK_SCRIPT },
+    redisLockAcquire: { numberOfKeys: 3, lua: ACQUIRE_SCRIPT },
+    redisLockAcquireUnreserved: { numberOfKeys: 3, lua: ACQUIRE_UNRESERVED_SCRIPT },
     redisLockHandoff: { numberOfKeys: 2, lua: HANDOFF_SCRIPT },
     redisLockHandoffUnreserved: { numberOfKeys: 2, lua: HANDOFF_UNRESERVED_SCRIPT },
     redisLockPassOn: { numberOfKeys: 2, lua: PASS_ON_SCRIPT },
     redisLockRaiseFence: { numberOfKeys: 2, lua: RAISE_FENCE_SCRIPT },
   };
-  // Per family (see `keysOf`).
-  const byFamily = (
-    names: readonly string[],
-    luas: readonly string[],
-    family: number,
-    releasing = false,
-  ): void =>
-    names.forEach(
-      (name, i) => (scripts[name] = { numberOfKeys: keysOf(family, releasing), lua: luas[i] }),
-    );
-  [ACQUIRE_OWN_TOKEN_SCRIPT, ACQUIRE_SEMAPHORE_SCRIPT, ACQUIRE_READ_SCRIPT].forEach((lua, i) =>
-    byFamily([ACQUIRE_COMMANDS[i]], [lua], i),
-  );
-  [EXTEND_SCRIPT, EXTEND_SEMAPHORE_SCRIPT, EXTEND_READ_SCRIPT].forEach((lua, i) =>
-    byFamily([EXTEND_COMMANDS[i]], [lua], i),
-  );
-  RELEASE_COMMANDS.forEach((names, i) => byFamily(names, RELEASE_SCRIPTS[i], i, true));
+  // Each family's scripts take 3 keys (see `shapeKeys`, `plainKeys`, `releaseKeys`).
+  const family = (names: readonly string[], luas: readonly string[]): void =>
+    names.forEach((name, i) => (scripts[name] = { numberOfKeys: 3, lua: luas[i] }));
+  family(ACQUIRE_COMMANDS, [
+    ACQUIRE_OWN_TOKEN_SCRIPT,
+    ACQUIRE_SEMAPHORE_SCRIPT,
+    ACQUIRE_READ_SCRIPT,
+  ]);
+  family(EXTEND_COMMANDS, [EXTEND_SCRIPT, EXTEND_SEMAPHORE_SCRIPT, EXTEND_READ_SCRIPT]);
+  RELEASE_COMMANDS.forEach((names, i) => family(names, RELEASE_SCRIPTS[i]));
   FAIR_RELEASE_COMMANDS.forEach((name, i) => {
     scripts[name] = { numberOfKeys: 4, lua: FAIR_RELEASE_SCRIPTS[i] };
   });
@@ -199,9 +192,11 @@ export function acquireCommand(
 /**
  * The arguments of that attempt on `lockKey`: its keys, then token, TTL and the fence counter's
  * TTL, and per shape: how long a waiter's claim lasts (`queueStay`: a fair waiter's place, a
- * writer's mark on read locks; 0 for a caller that will not wait), a semaphore's limit, and
- * whether the token is a generated one (`fresh`: a semaphore's place or a read lock then gets a
- * fresh fence; a caller's own token keeps its own).
+ * writer's mark on read locks, a process's place in the queue of a plain lock; 0 for a caller
+ * that will not wait), a semaphore's limit, and whether the token is a generated one (`fresh`: a
+ * semaphore's place or a read lock then gets a fresh fence; a caller's own token keeps its own).
+ * `waiting`: the id of the caller's process, for a generated token's plain lock that will wait
+ * (it joins the key's queue of waiting processes, see `JOIN_TURNS`).
  */
 export function acquireArgs(
   layout: KeyLayout,
@@ -212,6 +207,7 @@ export function acquireArgs(
   counterTtl: number,
   queueStay: number,
   fresh: boolean,
+  waiting?: string,
 ): LockScriptArgs {
   const counterKey = layout.counterKey(lockKey);
   const own = fresh ? 0 : 1;
@@ -225,10 +221,12 @@ export function acquireArgs(
     return [...layout.shapeKeys(lockKey), token, ttl, counterTtl, shape.limit, own];
   }
   if (family === 2) return [...layout.shapeKeys(lockKey), token, ttl, counterTtl, own];
-  // A generated token's script takes no record (see `acquireCommand`). A writer that will wait
-  // holds new readers off (see MARK_WRITER), for as long as its place in a fair queue would last.
-  const keys = fresh ? [lockKey, counterKey] : plainKeys(layout, lockKey);
-  return queueStay > 0
-    ? [...keys, token, ttl, counterTtl, queueStay]
-    : [...keys, token, ttl, counterTtl];
+  // A generated token's script takes the queue of waiting processes where the caller's own takes
+  // its record (see `acquireCommand`). A writer that will wait holds new readers off (see
+  // MARK_WRITER), for as long as its place in a fair queue would last.
+  const keys = fresh ? [lockKey, counterKey, layout.turnsKey(lockKey)] : plainKeys(layout, lockKey);
+  if (queueStay === 0) return [...keys, token, ttl, counterTtl];
+  return fresh && waiting !== undefined
+    ? [...keys, token, ttl, counterTtl, queueStay, waiting]
+    : [...keys, token, ttl, counterTtl, queueStay];
 }

@@ -122,9 +122,14 @@ if ${stay} then
   redis.call('PEXPIRE', KEYS[1], last - now)
 end`;
 
-/** KEYS[1] the lock key: a writer that gave up takes back the mark on read locks, if there is one. */
+/**
+ * KEYS[1] the lock key, KEYS[2] its queue of waiting processes (see JOIN_TURNS); ARGV[1]
+ * (optional) the id of a process none of whose callers waits for it any more. A writer that gave
+ * up takes back the mark on read locks, if there is one, and its process leaves the queue.
+ */
 export const DROP_MARK_SCRIPT = `
 if redis.call('TYPE', KEYS[1]).ok == 'hash' then redis.call('HDEL', KEYS[1], '') end
+if ARGV[1] then redis.call('ZREM', KEYS[2], ARGV[1]) end
 return 0
 `;
 
@@ -169,38 +174,65 @@ redis.call('SET', ${record}, string.format('%.0f', fence), 'PX', ARGV[2])`;
 const RENEW_RESENT = `
 redis.call('PEXPIRE', KEYS[1], ARGV[2])`;
 
+/** Puts `id` in the queue `turns` at the back (`mode` 'NX': unless it is in it already), for `stay` ms. */
+const QUEUE_AT = (mode: 'NX' | '', turns: string, id: string, stay: string): string => `
+  local clock = redis.call('TIME')
+  redis.call('ZADD', ${turns}, ${mode ? `'${mode}', ` : ''}tonumber(clock[1]) * 1000000 + tonumber(clock[2]), ${id})
+  redis.call('PEXPIRE', ${turns}, ${stay})`;
+
 /**
- * KEYS[1] lock key, KEYS[2] fence counter (KEYS[3] the own fence's record, for the caller's own
- * token); ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fence counter TTL
- * ms, ARGV[4] (optional) when the caller will wait, how long its mark holds new readers off
- * (see MARK_WRITER). Returns one integer (one reply to decode):
- * the fence (> 0) when the caller holds the lock afterwards; when someone else does, -2 - the
- * holder's remaining TTL in ms (or -1 when that lock has no TTL). A free key costs SET NX +
- * INCRBY + PTTL (TIME and SET instead when the counter is new, PEXPIRE when it would end before
- * this lock's TTL + the retention). A key held by readers: see WRITER_AFTER_READERS.
+ * The queue of processes waiting for a plain lock (`turns`, a sorted set: process id → when it
+ * joined, on the server's clock in µs; see `KeyLayout.turnsKey`): a process whose waiter will wait
+ * joins it when its attempt finds the key held (`NX`: a process keeps its place), for `stay` ms
+ * after its last attempt (its first waiter attempts at least every `retryInterval`); a release
+ * names the process that has waited longest (see `NAME_NEXT`), and only that one tries. `id` and
+ * `stay` are Lua expressions; nothing happens when `id` is nil.
  */
-const ACQUIRE = (renewOwn: string, stride: number, record = ''): string => `
+const JOIN_TURNS = (turns: string, id: string, stay: string): string => `
+if ${id} then
+  ${QUEUE_AT('NX', turns, id, stay)}
+end`;
+
+/**
+ * KEYS[1] lock key, KEYS[2] fence counter, KEYS[3] the own fence's record for the caller's own
+ * token, or, for a generated token, the key's queue of waiting processes (see JOIN_TURNS);
+ * ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fence counter TTL ms, ARGV[4] (optional) when the caller
+ * will wait, how long its mark holds new readers off (see MARK_WRITER) and its process's place in
+ * the queue lasts, ARGV[5] (optional, with a generated token that will wait) the id of its
+ * process: it joins the queue if the key is held, and leaves it when it gets the lock. Returns one
+ * integer (one reply to decode): the fence (> 0) when the caller holds the lock afterwards; when
+ * someone else does, -2 - the holder's remaining TTL in ms (or -1 when that lock has no TTL). A
+ * free key costs SET NX + TIME + GET + SET + PTTL of the counter (PEXPIRE when it would end
+ * before this lock's TTL + the retention; ZREM with a process id). A key held by readers: see
+ * WRITER_AFTER_READERS.
+ */
+const ACQUIRE = (renewOwn: string, stride: number, record = '', turns = false): string => `
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   if redis.pcall('GET', KEYS[1]) == ARGV[1] then
     ${renewOwn}
-  elseif redis.call('TYPE', KEYS[1]).ok ~= 'hash' then
+  elseif redis.call('TYPE', KEYS[1]).ok ~= 'hash' then${turns ? JOIN_TURNS('KEYS[3]', 'ARGV[5]', 'ARGV[4]') : ''}
     local pttl = redis.call('PTTL', KEYS[1])
     if pttl < 0 then return -1 end
     return -2 - pttl
   else
     ${WRITER_AFTER_READERS}
   end
-end
+end${
+  turns
+    ? `
+if ARGV[5] then redis.call('ZREM', KEYS[3], ARGV[5]) end`
+    : ''
+}
 ${NEXT_FENCE('ARGV[3]', stride, record)}`;
 
 /**
  * The plain lock for a token this library generated: takes a block of `FENCE_STRIDE` fences and
  * returns the first (see `ACQUIRE`).
  */
-export const ACQUIRE_SCRIPT = ACQUIRE(RENEW_RESENT, FENCE_STRIDE);
+export const ACQUIRE_SCRIPT = ACQUIRE(RENEW_RESENT, FENCE_STRIDE, '', true);
 
 /** The plain lock for a generated token where no fences are reserved (see `FENCE_STRIDE`). */
-export const ACQUIRE_UNRESERVED_SCRIPT = ACQUIRE(RENEW_RESENT, 1);
+export const ACQUIRE_UNRESERVED_SCRIPT = ACQUIRE(RENEW_RESENT, 1, '', true);
 
 /**
  * The plain lock for the caller's own token (`AcquireOptions.token`): one fence per grant, so
@@ -277,17 +309,43 @@ return 1
 `;
 
 /**
+ * A release names the next process to try (KEYS[3] the key's queue of waiting processes, see
+ * JOIN_TURNS; ARGV[4] the releasing process's id, ARGV[5] set when that process still waits: its
+ * place's stay in ms): the one that has waited longest, other than the releaser, leaves the queue
+ * and is named in the message (`>` and its id), and only its waiters try (see
+ * `ReleaseNotifier`); a releaser that still waits goes to the back of the queue (its turn is
+ * over), else it leaves it. With nobody queued, the message stays as it was (everyone tries).
+ */
+const NAME_NEXT = `
+local message = ARGV[3]
+if ARGV[4] and message == '' then
+  if redis.call('EXISTS', KEYS[3]) == 1 then
+    local queued = redis.call('ZRANGE', KEYS[3], 0, 1)
+    local next = queued[1]
+    if next == ARGV[4] then next = queued[2] end
+    if next then
+      redis.call('ZREM', KEYS[3], next)
+      message = '>' .. next
+    end
+    if not ARGV[5] then redis.call('ZREM', KEYS[3], ARGV[4]) end
+  end
+  if ARGV[5] then${QUEUE_AT('', 'KEYS[3]', 'ARGV[4]', 'ARGV[5]')}
+  end
+end`;
+
+/**
  * KEYS[1] lock key, KEYS[2] an own token's fence record (see RENEW_OWN; none for a generated
- * token); ARGV[1] token, ARGV[2] release channel, ARGV[3] message (empty, or in Redlock mode an
- * id of the release, which is announced on every node). Deletes the lock (and the record) only if
+ * token), KEYS[3] the key's queue of waiting processes; ARGV[1] token, ARGV[2] release channel,
+ * ARGV[3] message (empty, or in Redlock mode an id of the release, which is announced on every
+ * node), ARGV[4] and ARGV[5] (optional): see NAME_NEXT. Deletes the lock (and the record) only if
  * the token still holds it, and announces the release to waiters in the same step: nothing of the
  * key stays in Redis. Returns 0 if the lock was no longer this token's, otherwise 1 + the number
  * of subscriber connections the announcement reached (on Cluster: on this node).
  */
 const release = (publish: 'PUBLISH' | 'SPUBLISH'): string => `
 if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[1], KEYS[2])
-return 1 + redis.call('${publish}', ARGV[2], ARGV[3])
+redis.call('DEL', KEYS[1], KEYS[2])${NAME_NEXT}
+return 1 + redis.call('${publish}', ARGV[2], message)
 `;
 
 export const RELEASE_SCRIPT = release('PUBLISH');

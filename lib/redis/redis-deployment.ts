@@ -1,3 +1,4 @@
+import { randomBytes } from 'node:crypto';
 import type { Logger } from '@nestjs/common';
 import type { Cluster, Redis } from 'ioredis';
 import type {
@@ -38,6 +39,11 @@ export abstract class RedisDeployment {
    * Redis may have failed over or restarted empty since, and forgotten locks it confirmed before.
    */
   protected connectionLostAt = -Infinity;
+  /**
+   * This module's name in the queues of processes waiting for a plain lock (see `JOIN_TURNS`):
+   * a release names the process whose waiters try next.
+   */
+  protected readonly processId = randomBytes(8).toString('base64url');
   private readonly stopWatchingLosses: () => void;
 
   constructor(
@@ -60,6 +66,7 @@ export abstract class RedisDeployment {
       logger,
       this.shardedPubSub,
       options.handoffTurn,
+      this.processId,
     );
     this.stopWatchingLosses = onConnectionLoss(client, () => {
       this.connectionLostAt = performance.now();

@@ -21,6 +21,7 @@ import {
   familyOf,
   plainKeys,
   RELEASE_COMMANDS,
+  releaseKeys,
   type LockCommands,
   type LockScriptArgs,
 } from './lock-commands.js';
@@ -106,6 +107,8 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
     const lockKey = this.layout.lockKey(key);
     const queueStay = queue ? this.queueStay : 0;
     const counterTtl = this.counterTtl(ttl);
+    // A generated token's plain lock that will wait joins the key's queue of waiting processes.
+    const waiting = reserve && shape === PLAIN ? this.processId : undefined;
     const args = acquireArgs(
       this.layout,
       lockKey,
@@ -115,6 +118,7 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
       counterTtl,
       queueStay,
       reserve,
+      waiting,
     );
     const reserving = reserve && familyOf(shape) === 0 && !shape.fair && this.stride > 1;
     const command = acquireCommand(shape, reserve, reserving);
@@ -186,9 +190,22 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
       const sharded = this.shardedPubSub !== undefined && (await this.shardedPubSub());
       const family = familyOf(shape);
       const command = RELEASE_COMMANDS[family][sharded ? 1 : 0];
-      const keys =
-        family === 0 ? [lockKey, this.layout.ownFenceKey(lockKey)] : this.layout.shapeKeys(lockKey);
-      reply = await this.commands[command](...keys, token, channel, message);
+      if (family === 0) {
+        // Names the next process to try; this one goes to the back of the queue if its callers
+        // still wait (see NAME_NEXT).
+        const keys = releaseKeys(this.layout, lockKey);
+        const turn = this.notifier.isWatched(channel)
+          ? [this.processId, this.queueStay]
+          : [this.processId];
+        reply = await this.commands[command](...keys, token, channel, message, ...turn);
+      } else {
+        reply = await this.commands[command](
+          ...this.layout.shapeKeys(lockKey),
+          token,
+          channel,
+          message,
+        );
+      }
     } finally {
       // Yielding (see takeHeir): another subscriber than this process's own got the message.
       if (this.notifier.watching) this.notifier.endYield(channel, reply > 2);
@@ -273,7 +290,10 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
       await this.fair.release(this.layout.lockKey(key), token, false, '');
     } else if (shape === PLAIN) {
       this.batcher?.beforeSend();
-      await this.commands.redisLockDropMark(this.layout.lockKey(key));
+      const lockKey = this.layout.lockKey(key);
+      // The last caller of this process to give up takes it out of the queue of waiting processes.
+      const leaving = this.hasWaiters(key) ? [] : [this.processId];
+      await this.commands.redisLockDropMark(lockKey, this.layout.turnsKey(lockKey), ...leaving);
     }
   }
 

@@ -16,6 +16,13 @@ const NOT_SHARDED = Promise.resolve(false);
 const YIELD_MS = 5;
 
 /**
+ * How long this process's waiters hold back after its release named another process to try next
+ * (see `NAME_NEXT`): it is that process's turn, which it takes as soon as its event loop runs.
+ * Past it they try anyway, in case that process is gone.
+ */
+const NAMED_YIELD_MS = 50;
+
+/**
  * Wakes waiters when a lock is released. One subscriber connection per module and Redis node (a
  * `duplicate()` of each command client, created on first use); a channel per lock key,
  * subscribed while at least one waiter in this process wants it. In Redlock mode a release is
@@ -44,6 +51,8 @@ export class ReleaseNotifier {
     private readonly shardedPubSub: () => Promise<boolean> = () => NOT_SHARDED,
     /** The module's `handoffTurn` (ms): how long this process may pass a lock among its own waiters. */
     private readonly turn = DEFAULT_HANDOFF_TURN,
+    /** This process's name in the queues of waiting processes (see `NAME_NEXT`), if it queues. */
+    private readonly processId?: string,
   ) {}
 
   watch(channel: string, claim?: HandoffClaim): ReleaseSubscription {
@@ -56,6 +65,7 @@ export class ReleaseNotifier {
         arrivals: 0,
         turnStarted: undefined,
         yielding: false,
+        alone: false,
         deferred: undefined,
         lastMessage: '',
         ready: this.subscribe(channel),
@@ -103,11 +113,13 @@ export class ReleaseNotifier {
   endYield(channel: string, othersWaiting: boolean): void {
     const state = this.channels.get(channel);
     if (!state || othersWaiting) return;
-    state.yielding = false;
     if (state.deferred) {
       clearTimeout(state.deferred);
       state.deferred = undefined;
       state.waiters[0]?.wake();
+    } else if (state.yielding) {
+      state.yielding = false;
+      state.alone = true;
     }
   }
 
@@ -168,22 +180,46 @@ export class ReleaseNotifier {
         : this.resubscribing((source as Redis).duplicate({ autoResubscribe: false }));
     subscriber.on(this.sharded ? 'smessage' : 'message', (channel: string, message: string) => {
       const state = this.channels.get(channel);
-      if (!state) return;
-      if (message !== '') {
-        if (message === state.lastMessage) return;
-        state.lastMessage = message;
-      }
-      state.seen++;
-      if (!state.yielding) return void state.waiters[0]?.wake();
-      state.yielding = false;
-      clearTimeout(state.deferred);
-      state.deferred = setTimeout(() => {
-        state.deferred = undefined;
-        state.waiters[0]?.wake();
-      }, YIELD_MS);
+      if (state) this.released(state, message);
     });
     watchConnection(subscriber, 'Lock release subscriber', this.logger);
     return subscriber;
+  }
+
+  /**
+   * A release message on a watched channel: empty (anyone may try), naming the process whose turn
+   * it is (`>` and its id, see `NAME_NEXT`), or in Redlock mode the release's id (announced on
+   * every node: counted once). A release naming another process wakes nobody here, unless this
+   * process made it at the end of its turn (its waiters then hold back a while, see
+   * `NAMED_YIELD_MS`) or its first waiter is not in the queue (a caller's own token takes no
+   * handoffs and queues no process: it tries at every release, as before).
+   */
+  private released(state: ChannelState, message: string): void {
+    let holdBack = YIELD_MS;
+    const alone = state.alone;
+    state.alone = false;
+    if (message.startsWith('>')) {
+      if (alone || message.slice(1) === this.processId) {
+        state.yielding = false;
+        clearTimeout(state.deferred);
+        state.deferred = undefined;
+      } else if (state.yielding) {
+        holdBack = NAMED_YIELD_MS;
+      } else if (state.waiters[0]?.subscription.claim) {
+        return;
+      }
+    } else if (message !== '') {
+      if (message === state.lastMessage) return;
+      state.lastMessage = message;
+    }
+    state.seen++;
+    if (!state.yielding) return void state.waiters[0]?.wake();
+    state.yielding = false;
+    clearTimeout(state.deferred);
+    state.deferred = setTimeout(() => {
+      state.deferred = undefined;
+      state.waiters[0]?.wake();
+    }, holdBack);
   }
 
   /**

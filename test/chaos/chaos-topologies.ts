@@ -112,7 +112,10 @@ function natMap(ports: readonly number[], group: readonly FaultProxy[]): Record<
   return Object.fromEntries(ports.map((port, i) => [`127.0.0.1:${port}`, address(group[i].port)]));
 }
 
-/** Lock keys (not fence counters) and keys without a TTL on each of `servers`. */
+/**
+ * Lock keys (not fence counters, nor queues of waiting processes, which lapse after their stay)
+ * and keys without a TTL on each of `servers`.
+ */
 async function scan(
   servers: readonly RedisServer[],
 ): Promise<{ locks: string[]; noTtl: number }[]> {
@@ -123,7 +126,7 @@ async function scan(
         const keys = await inspect.keys('*');
         const ttls = await Promise.all(keys.map((key) => inspect.pttl(key)));
         return {
-          locks: keys.filter((key) => !key.endsWith(':counter')),
+          locks: keys.filter((key) => !key.endsWith(':counter') && !key.endsWith(':turns')),
           noTtl: ttls.filter((ttl) => ttl === -1).length,
         };
       } finally {

@@ -160,9 +160,11 @@ describe('on Redis Cluster with replicas (3 masters, 1 replica each), resharded 
     const keys = (await cluster.cli(source, 'cluster', 'getkeysinslot', String(slot), '100'))
       .trim()
       .split('\n');
-    // The lock, and the fence counter of its slot (shared by the slot's keys).
-    assert.equal(keys.length, 2, keys.join(', '));
+    // The lock, the fence counter of its slot (shared by the slot's keys), and the queue of the
+    // processes waiting for it (the other app's).
+    assert.equal(keys.length, 3, keys.join(', '));
     assert.ok(keys.includes(`lock:{${key}}`));
+    assert.ok(keys.includes(`lock:{${key}}:turns`));
     assert.ok(keys.some((name) => name.endsWith(':counter') && keySlot(name) === slot));
     await cluster.cli(
       source,

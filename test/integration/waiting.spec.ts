@@ -242,6 +242,99 @@ describe('waiting for a held lock', () => {
     }
   });
 
+  it('processes take their turns in the order they began to wait: a release names the one that waited longest, and only it tries', async () => {
+    const key = uniqueKey();
+    const turns = `lock:{${key}}:turns`;
+    const held = await holder.acquire(key, { ttl: 30_000 });
+    // Apps whose waiters never poll within a test: only a release that names them wakes them.
+    const apps = await Promise.all(
+      ['a', 'b', 'c'].map(() => startNonPollingApp({ connection: server.url })),
+    );
+    const order: string[] = [];
+    try {
+      const waiting: Promise<void>[] = [];
+      for (const [name, app] of [
+        ['c', apps[2]],
+        ['a', apps[0]],
+        ['b', apps[1]],
+      ] as const) {
+        waiting.push(
+          app.locks.using(
+            key,
+            async () => {
+              order.push(name);
+              await sleep(5);
+            },
+            { acquireTimeout: 5_000 },
+          ),
+        );
+        await sleep(50); // queued (its attempt failed) before the next one asks
+      }
+      assert.equal(await redis.zcard(turns), 3, 'three processes queued');
+      const monitor = await monitorRedis(server.port);
+      try {
+        await held.release();
+        await Promise.all(waiting);
+        await sleep(20);
+        // One attempt per release, by the process it named. Waking every process at each
+        // release would cost 3 + 2 + 1.
+        assert.equal(scriptCalls(monitor.commands, ACQUIRE_SCRIPT, `lock:{${key}}`), 3);
+      } finally {
+        monitor.stop();
+      }
+      assert.deepEqual(order, ['c', 'a', 'b']);
+      assert.equal(await redis.exists(turns), 0, 'the queue is gone with its last waiter');
+    } finally {
+      await Promise.all(apps.map((app) => app.close()));
+    }
+  });
+
+  it('a process whose callers all gave up leaves the queue; one named that does not take its turn costs the releaser a short hold-back', async () => {
+    const key = uniqueKey();
+    const turns = `lock:{${key}}:turns`;
+    // The first app ends its turn at every release (handoffTurn 0): it names the next process.
+    const apps = await Promise.all(
+      [0, 1].map((handoffTurn) => startNonPollingApp({ connection: server.url, handoffTurn })),
+    );
+    try {
+      const held = await holder.acquire(key, { ttl: 30_000 });
+      const impatient = apps[1].locks.acquire(key, { acquireTimeout: 200 });
+      await assert.rejects(impatient, LockAcquireTimeoutError);
+      const patient = apps[0].locks.acquire(key, { acquireTimeout: 5_000 });
+      await sleep(50);
+      assert.equal(await redis.zcard(turns), 1, 'only the patient app is queued');
+      await held.release();
+      const next = await patient;
+      // Named, a process that is gone (crashed while queued): nobody else heard the release, so
+      // the releaser's own waiter goes at once. One that heard it but does not take its turn (its
+      // event loop stalled): the releaser's waiter holds back a while, then takes it.
+      const listener = new Redis(server.port, '127.0.0.1');
+      try {
+        let lock = next;
+        for (const listening of [false, true]) {
+          if (listening) await listener.subscribe(`lock:{${key}}:released`);
+          const again = apps[0].locks.acquire(key, { acquireTimeout: 5_000 });
+          await sleep(50);
+          await redis.zadd(turns, 0, 'gone');
+          const released = performance.now();
+          await lock.release();
+          lock = await again;
+          const waited = performance.now() - released;
+          assert.ok(
+            listening ? waited >= 40 && waited < 1_000 : waited < 40,
+            `${listening ? 'heard' : 'gone'}: took its turn back after ${waited} ms`,
+          );
+          assert.equal(await redis.zscore(turns, 'gone'), null, 'named once, out of the queue');
+        }
+        await lock.release();
+      } finally {
+        listener.disconnect();
+      }
+    } finally {
+      await Promise.all(apps.map((app) => app.close()));
+    }
+  });
+
   it('waiters in one process are served in order of arrival, and a releaser that asks again queues behind them', async () => {
     const key = uniqueKey();
     const held = await waiter.acquire(key, { ttl: 30_000 });
