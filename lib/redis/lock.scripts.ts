@@ -199,11 +199,12 @@ end`;
  * ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fence counter TTL ms, ARGV[4] (optional) when the caller
  * will wait, how long its mark holds new readers off (see MARK_WRITER) and its process's place in
  * the queue lasts, ARGV[5] (optional, with a generated token that will wait) the id of its
- * process: it joins the queue if the key is held, and leaves it when it gets the lock. Returns one
+ * process: it joins the queue if the key is held (it leaves it at its release, see NAME_NEXT, not
+ * here: a free key costs no more than without the queue). Returns one
  * integer (one reply to decode): the fence (> 0) when the caller holds the lock afterwards; when
  * someone else does, -2 - the holder's remaining TTL in ms (or -1 when that lock has no TTL). A
  * free key costs SET NX + TIME + GET + SET + PTTL of the counter (PEXPIRE when it would end
- * before this lock's TTL + the retention; ZREM with a process id). A key held by readers: see
+ * before this lock's TTL + the retention). A key held by readers: see
  * WRITER_AFTER_READERS.
  */
 const ACQUIRE = (renewOwn: string, stride: number, record = '', turns = false): string => `
@@ -217,12 +218,7 @@ if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   else
     ${WRITER_AFTER_READERS}
   end
-end${
-  turns
-    ? `
-if ARGV[5] then redis.call('ZREM', KEYS[3], ARGV[5]) end`
-    : ''
-}
+end
 ${NEXT_FENCE('ARGV[3]', stride, record)}`;
 
 /**

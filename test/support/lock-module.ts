@@ -14,6 +14,7 @@ import {
   LockService,
   RedisLockModule,
   type AcquireOptions,
+  type Lock,
   type RedisLockModuleOptions,
 } from '../../lib/index.js';
 import { startRedis, type RedisServer } from './redis-server.js';
@@ -199,4 +200,44 @@ export async function assertOwnTokenKeepsFence(
   await next.release();
   await theirs.release();
   assert.deepEqual(await env.redis.keys(`lock:{${key}}*`), []);
+}
+
+/**
+ * A lock on `key` held through `locks` (TTL 30 s), with a caller of the same app queued behind it
+ * (its heir), for tests where Redis forgets the lock behind the holder's back. Once another app
+ * holds the key (`intruder`), `assertHeirAfter` releases it 200 ms later and checks that the heir
+ * was not granted the key while the intruder held it (passed on in the process, it would have
+ * started at once with the next fence of the holder's block, below the intruder's), and that if it
+ * got the key (`mustGet`: it must), its fence is above the intruder's.
+ */
+export async function heldWithHeir(
+  locks: LockService,
+  key: string,
+): Promise<{ held: Lock; assertHeirAfter(intruder: Lock, mustGet: boolean): Promise<void> }> {
+  const held = await locks.acquire(key, { ttl: 30_000 });
+  const settled = locks.acquire(key, { ttl: 30_000, acquireTimeout: 10_000 }).then(
+    (lock) => ({ lock, at: performance.now() }),
+    (error: unknown) => ({ error, at: performance.now() }),
+  );
+  await sleep(150); // queued and asleep
+  return {
+    held,
+    async assertHeirAfter(intruder, mustGet) {
+      await sleep(200);
+      const intruderHeldUntil = performance.now();
+      await intruder.release();
+      const outcome = await settled;
+      if (!('lock' in outcome)) {
+        if (mustGet) throw new Error('the heir never got the key', { cause: outcome.error });
+        return;
+      }
+      const { lock, at } = outcome;
+      assert.ok(
+        at > intruderHeldUntil,
+        `the heir was granted while another app held the key (fence ${lock.fence} beside ${intruder.fence})`,
+      );
+      assert.ok(lock.fence > intruder.fence, `${lock.fence} after ${intruder.fence}`);
+      await lock.release();
+    },
+  };
 }
