@@ -243,6 +243,30 @@ describe('waiting for a held lock', () => {
     }
   });
 
+  /**
+   * Counts the acquisition attempts Redis runs on `key` from now on; `asleep(n)` waits until it has
+   * run `n` of them: a waiter whose attempt and its attempt once subscribed have both run sends no
+   * more until a release wakes it.
+   */
+  async function attemptsOn(key: string): Promise<{
+    count(): number;
+    asleep(attempts: number): Promise<void>;
+    stop(): void;
+  }> {
+    const monitor = await monitorRedis(server.port);
+    const count = (): number => scriptCalls(monitor.commands, ACQUIRE_SCRIPT, `lock:{${key}}`);
+    return {
+      count,
+      async asleep(attempts) {
+        assert.ok(
+          await eventually(() => count() >= attempts),
+          `${count()} of ${attempts} attempts`,
+        );
+      },
+      stop: () => monitor.stop(),
+    };
+  }
+
   it('processes take their turns in the order they began to wait: a release names the one that waited longest, and only it tries', async () => {
     const key = uniqueKey();
     const turns = `lock:{${key}}:turns`;
@@ -251,6 +275,7 @@ describe('waiting for a held lock', () => {
     const apps = await Promise.all(
       ['a', 'b', 'c'].map(() => startNonPollingApp({ connection: server.url })),
     );
+    const attempts = await attemptsOn(key);
     const order: string[] = [];
     try {
       const waiting: Promise<void>[] = [];
@@ -269,23 +294,20 @@ describe('waiting for a held lock', () => {
             { acquireTimeout: 5_000 },
           ),
         );
-        await sleep(50); // queued (its attempt failed) before the next one asks
+        // Queued (its attempt failed, and once more once subscribed) before the next one asks.
+        await attempts.asleep(2 * waiting.length);
       }
       assert.equal(await redis.zcard(turns), 3, 'three processes queued');
-      const monitor = await monitorRedis(server.port);
-      try {
-        await held.release();
-        await Promise.all(waiting);
-        await sleep(20);
-        // One attempt per release, by the process it named. Waking every process at each
-        // release would cost 3 + 2 + 1.
-        assert.equal(scriptCalls(monitor.commands, ACQUIRE_SCRIPT, `lock:{${key}}`), 3);
-      } finally {
-        monitor.stop();
-      }
+      await held.release();
+      await Promise.all(waiting);
+      await sleep(20);
+      // One attempt per release, by the process it named. Waking every process at each release
+      // would cost 3 + 2 + 1.
+      assert.equal(attempts.count(), 6 + 3);
       assert.deepEqual(order, ['c', 'a', 'b']);
       assert.equal(await redis.exists(turns), 0, 'the queue is gone with its last waiter');
     } finally {
+      attempts.stop();
       await Promise.all(apps.map((app) => app.close()));
     }
   });
@@ -297,41 +319,40 @@ describe('waiting for a held lock', () => {
     const apps = await Promise.all(
       [0, 1].map((handoffTurn) => startNonPollingApp({ connection: server.url, handoffTurn })),
     );
+    const attempts = await attemptsOn(key);
+    const listener = new Redis(server.port, '127.0.0.1');
     try {
       const held = await holder.acquire(key, { ttl: 30_000 });
       const impatient = apps[1].locks.acquire(key, { acquireTimeout: 200 });
       await assert.rejects(impatient, LockAcquireTimeoutError);
       const patient = apps[0].locks.acquire(key, { acquireTimeout: 5_000 });
-      await sleep(50);
+      await attempts.asleep(attempts.count() + 2);
       assert.equal(await redis.zcard(turns), 1, 'only the patient app is queued');
       await held.release();
-      const next = await patient;
+      let lock = await patient;
       // Named, a process that is gone (crashed while queued): nobody else heard the release, so
       // the releaser's own waiter goes at once. One that heard it but does not take its turn (its
-      // event loop stalled): the releaser's waiter holds back a while, then takes it.
-      const listener = new Redis(server.port, '127.0.0.1');
-      try {
-        let lock = next;
-        for (const listening of [false, true]) {
-          if (listening) await listener.subscribe(`lock:{${key}}:released`);
-          const again = apps[0].locks.acquire(key, { acquireTimeout: 5_000 });
-          await sleep(50);
-          await redis.zadd(turns, 0, 'gone');
-          const released = performance.now();
-          await lock.release();
-          lock = await again;
-          const waited = performance.now() - released;
-          assert.ok(
-            listening ? waited >= 40 && waited < 1_000 : waited < 40,
-            `${listening ? 'heard' : 'gone'}: took its turn back after ${waited} ms`,
-          );
-          assert.equal(await redis.zscore(turns, 'gone'), null, 'named once, out of the queue');
-        }
+      // event loop stalled): the releaser's waiter holds back a while (50 ms), then takes it.
+      // Either way it is not left to its next poll (a minute away) or its deadline (5 s).
+      for (const listening of [false, true]) {
+        if (listening) await listener.subscribe(`lock:{${key}}:released`);
+        const again = apps[0].locks.acquire(key, { acquireTimeout: 5_000 });
+        await attempts.asleep(attempts.count() + 2);
+        await redis.zadd(turns, 0, 'gone');
+        const released = performance.now();
         await lock.release();
-      } finally {
-        listener.disconnect();
+        lock = await again;
+        const waited = performance.now() - released;
+        assert.ok(
+          waited < 2_500 && (!listening || waited >= 40),
+          `${listening ? 'heard' : 'gone'}: took its turn back after ${waited} ms`,
+        );
+        assert.equal(await redis.zscore(turns, 'gone'), null, 'named once, out of the queue');
       }
+      await lock.release();
     } finally {
+      listener.disconnect();
+      attempts.stop();
       await Promise.all(apps.map((app) => app.close()));
     }
   });
