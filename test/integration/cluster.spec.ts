@@ -219,7 +219,7 @@ describe('on Redis Cluster', () => {
 
   it("a master's connection lost: a lease it confirmed before is not passed on in the process, so an heir never starts below a fence another app got from a failed-over master", async () => {
     const key = uniqueKey();
-    const { held, assertHeirAfter } = await heldWithHeir(app.locks, key);
+    const { held, assertHeirAfter } = await heldWithHeir(app.locks, key, clients[1]);
     // Every master drops the app's connection (as a killed master's would close), and the key is
     // gone (as from a replica promoted before it had the lock): another app takes it.
     for (const node of clients[0].nodes('master')) {

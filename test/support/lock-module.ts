@@ -213,13 +213,17 @@ export async function assertOwnTokenKeepsFence(
 export async function heldWithHeir(
   locks: LockService,
   key: string,
+  /** A client of the same Redis, to see the heir's process queued (`P{K}:turns`). */
+  redis: Pick<Redis, 'exists'>,
 ): Promise<{ held: Lock; assertHeirAfter(intruder: Lock, mustGet: boolean): Promise<void> }> {
   const held = await locks.acquire(key, { ttl: 30_000 });
   const settled = locks.acquire(key, { ttl: 30_000, acquireTimeout: 10_000 }).then(
     (lock) => ({ lock, at: performance.now() }),
     (error: unknown) => ({ error, at: performance.now() }),
   );
-  await sleep(150); // queued and asleep
+  // Its attempt found the key held; then it subscribes and tries once more, and sleeps.
+  assert.ok(await eventually(async () => (await redis.exists(`lock:{${key}}:turns`)) === 1));
+  await sleep(150);
   return {
     held,
     async assertHeirAfter(intruder, mustGet) {
