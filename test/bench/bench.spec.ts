@@ -11,15 +11,23 @@ import { it } from 'node:test';
 import { CONTENDERS } from './contenders.js';
 
 const runner = fileURLToPath(new URL('./run-bench.js', import.meta.url));
+const scriptCost = fileURLToPath(new URL('./run-script-cost.js', import.meta.url));
 
-it('a smoke run of `npm run bench` covers every workload and contender, with no lost update', async () => {
-  const child = spawn(process.execPath, [runner, '--smoke', '--rounds', '1', '--report', '-'], {
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
+/** Runs a benchmark script to its end; its exit code and everything it printed. */
+async function run(
+  script: string,
+  args: string[],
+): Promise<{ code: number | null; output: string }> {
+  const child = spawn(process.execPath, [script, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
   let output = '';
   child.stdout.on('data', (chunk: Buffer) => (output += chunk.toString()));
   child.stderr.on('data', (chunk: Buffer) => (output += chunk.toString()));
   const code = await new Promise<number | null>((resolve) => child.once('exit', resolve));
+  return { code, output };
+}
+
+it('a smoke run of `npm run bench` covers every workload and contender, with no lost update', async () => {
+  const { code, output } = await run(runner, ['--smoke', '--rounds', '1', '--report', '-']);
   assert.equal(code, 0, output.slice(-2_000));
 
   const report = output.slice(output.indexOf('# Benchmark report'));
@@ -60,4 +68,16 @@ it('a smoke run of `npm run bench` covers every workload and contender, with no 
     .filter((line) => /^\| (a different SKU|one hot SKU)/.test(line));
   assert.equal(httpRows.length, 6);
   for (const row of httpRows) assert.equal(row.split('|').at(-2)!.trim(), '0.00', row);
+});
+
+it('`npm run bench:scripts` measures every step, each of which took and released the key', async () => {
+  // Every pair checks its replies (the key taken, then released by its owner): a step that did
+  // not do what its row says stops the run with a non-zero exit.
+  const { code, output } = await run(scriptCost, ['--rounds', '2', '--pairs', '200']);
+  assert.equal(code, 0, output.slice(-2_000));
+  const rows = output.split('\n').filter((line) => /^\| .+ \| [\d.]+× \|/.test(line));
+  assert.equal(rows.length, 7, output);
+  assert.match(rows[0], /^\| hand-written minimum.* \| 1\.00× \|/);
+  assert.match(rows[6], /^\| the library/);
+  assert.doesNotMatch(output, /NaN|undefined/);
 });
