@@ -400,6 +400,21 @@ describe('LockService on a single Redis', () => {
       }
     });
 
+    it('leave a counter written by hand without a TTL without one, and stay above it', async () => {
+      const key = uniqueKey();
+      const ahead = 8_000_000_000_000_000;
+      await redis.set(COUNTER, String(ahead));
+      try {
+        const lock = await locks.acquire(key, { ttl: 1_000 });
+        assert.equal(lock.fence, ahead + 1);
+        // PEXPIRE … GT leaves a key without a TTL as it is: it outlives every lock, as a fence needs.
+        assert.equal(await redis.pttl(COUNTER), -1);
+        await lock.release();
+      } finally {
+        await redis.del(COUNTER); // back to the clock for the other tests
+      }
+    });
+
     it('a resent grant (a reply lost with its connection) takes a new block; a caller token keeps its fence; a resent pass-on is answered the same, a resent handoff with a new block', async () => {
       const key = uniqueKey();
       // A counter of this test's own (the scripts take any name for it).
