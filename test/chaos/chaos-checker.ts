@@ -309,17 +309,20 @@ export function check(record: ScenarioRecord): ScenarioFigures {
 
 /**
  * The believing holders a section may not enter beside: every one for a plain or write lock, the
- * writers for a read lock; for a semaphore place, all of them once as many as its own limit hold
- * the key (limits differ from caller to caller: each is admitted while fewer than its own hold it),
- * of which the oldest grants are the ones it displaced.
+ * writers for a read lock; for a semaphore place, those granted before it (a lower fence) once as
+ * many as its own limit hold the key (limits differ from caller to caller: each is admitted while
+ * fewer than its own hold it), of which the oldest grants are the ones it displaced. A place
+ * granted after it answers for itself, by its own limit: a grant whose reply came back late
+ * enters after places that were granted beside it by their larger limits.
  */
 function conflicts(section: Section, believing: Section[]): Section[] {
   const { shape } = section;
   if (shape === 'read') return believing.filter((s) => s.shape === 'write');
   if (typeof shape !== 'object') return believing;
-  if (believing.length < shape.limit) return [];
-  const oldest = [...believing].sort((a, b) => a.fence - b.fence);
-  return oldest.slice(0, believing.length - shape.limit + 1);
+  const before = believing.filter((s) => s.fence < section.fence);
+  if (before.length < shape.limit) return [];
+  const oldest = before.sort((a, b) => a.fence - b.fence);
+  return oldest.slice(0, before.length - shape.limit + 1);
 }
 
 /**

@@ -191,6 +191,12 @@ describe('chaos checker', () => {
     assert.equal(over.lost, 1, 'the oldest place is the one taken');
     // Places are granted side by side: fences entering out of order are no regression.
     assert.equal(check(places([3, 3, 3], [2, 1, 3])).fenceRegressions, 0);
+    // A limit-2 place granted first (fence 1) whose reply came back late enters beside two places
+    // of limit 3 granted after it (seen in the chaos control phase on a Cluster): each was admitted
+    // while fewer than its own limit held the key.
+    assert.equal(check(places([3, 3, 2], [2, 3, 1])).overlaps, 0);
+    // The same late entry when it was granted last is one too many for its limit.
+    assert.equal(check(places([3, 3, 2], [1, 2, 3])).overlaps, 1);
   });
 
   it('read and write locks: readers side by side, a writer alone, fences above every writer', () => {
