@@ -17,6 +17,7 @@ import { parseArgs } from 'node:util';
 import { LockService } from '../../lib/index.js';
 import { ACQUIRE_SCRIPT, FENCE_STRIDE, RELEASE_SCRIPT } from '../../lib/redis/lock.scripts.js';
 import { freshToken } from '../../lib/utils/token.js';
+import { percentile } from '../chaos/chaos-checker.js';
 import { startRedis } from '../support/redis-server.js';
 
 const { values } = parseArgs({
@@ -218,11 +219,7 @@ for (let round = 0; round < rounds; round++) {
   for (const [index, m] of measured) results[index].push({ ...m, ratio: m.pairsPerSec / minimum });
   process.stderr.write(`round ${round + 1} of ${rounds} done\n`);
 }
-const median = (values: number[]): number => {
-  const sorted = [...values].sort((a, b) => a - b);
-  const middle = sorted.length >> 1;
-  return sorted.length % 2 ? sorted[middle] : (sorted[middle - 1] + sorted[middle]) / 2;
-};
+const median = (values: number[]): number => percentile(values, 50);
 const lines = [
   `${pairs.toLocaleString('en')} sequential pairs per row and round, ${rounds} rounds, medians:`,
   '',
