@@ -3,6 +3,7 @@ import type {
   HandoffClaim,
   ReleaseSubscription,
 } from '../interfaces/lock-backend.interface.js';
+import { onAnyAbort } from '../utils/abort-listeners.js';
 
 /** A waiter taken out of the queue to be handed the lock by a release in this process. */
 export interface Heir {
@@ -127,7 +128,7 @@ export class ChannelSubscription implements ReleaseSubscription, Partial<Heir> {
         if (this.current !== current) return false;
         this.current = undefined;
         clearTimeout(timer);
-        for (const signal of signals) signal?.removeEventListener('abort', onAbort);
+        stopWatching();
         this.dequeue(waiter);
         return true;
       };
@@ -136,11 +137,10 @@ export class ChannelSubscription implements ReleaseSubscription, Partial<Heir> {
         end: (outcome) => finish() && (resolve(outcome), true),
         reserved: () => sleep(until - performance.now()),
       };
-      const onAbort = function (this: AbortSignal): void {
-        if (finish()) reject(this.reason as Error);
-      };
       this.current = current;
-      for (const signal of signals) signal?.addEventListener('abort', onAbort, { once: true });
+      const stopWatching = onAnyAbort(signals, (reason) => {
+        if (finish()) reject(reason);
+      });
       // Back in the queue after a failed attempt: in its place by arrival, not at the end.
       let at = waiters.length;
       while (at > 0 && waiters[at - 1].arrival > this.arrival) at--;

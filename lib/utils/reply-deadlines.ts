@@ -1,4 +1,5 @@
 import { LinkedList, type Linked } from './linked-list.js';
+import { onAbort } from './abort-listeners.js';
 import { abandon, DEADLINE } from './within.js';
 
 interface Pending extends Linked<Pending> {
@@ -36,13 +37,13 @@ export class ReplyDeadlines {
       return abandon(promise, fail ? fail(signal.reason) : (signal.reason as Error));
     }
     return new Promise<T>((resolve, reject) => {
-      let onAbort: (() => void) | undefined;
+      let stopWatching: (() => void) | undefined;
       const entry: Pending = {
         due: performance.now() + this.ms,
         interruptible,
         reject: (reason) => {
           if (!this.pending.remove(entry)) return;
-          if (onAbort) signal!.removeEventListener('abort', onAbort);
+          stopWatching?.();
           reject(fail ? fail(reason) : (reason as Error));
         },
         prev: undefined,
@@ -50,14 +51,11 @@ export class ReplyDeadlines {
       };
       this.pending.push(entry);
       this.timer ??= this.arm(this.ms);
-      if (signal) {
-        onAbort = () => entry.reject(signal.reason as Error);
-        signal.addEventListener('abort', onAbort, { once: true });
-      }
+      if (signal) stopWatching = onAbort(signal, entry.reject);
       promise.then(
         (value) => {
           if (!this.pending.remove(entry)) return;
-          if (onAbort) signal!.removeEventListener('abort', onAbort);
+          stopWatching?.();
           resolve(value);
         },
         (error: unknown) => entry.reject(error as Error),

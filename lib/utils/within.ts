@@ -1,3 +1,5 @@
+import { onAnyAbort } from './abort-listeners.js';
+
 /** Rejection reason of `within()` when the time ran out (internal, never escapes the library). */
 export const DEADLINE = new Error('deadline');
 
@@ -13,17 +15,13 @@ export function within<T>(
   const aborted = signals.find((signal) => signal?.aborted);
   if (aborted) return abandon(promise, aborted.reason as Error);
   return new Promise<T>((resolve, reject) => {
-    const onAbort = function (this: AbortSignal): void {
-      cleanup();
-      reject(this.reason as Error);
-    };
     const timer =
       ms === undefined ? undefined : setTimeout(() => (cleanup(), reject(DEADLINE)), ms);
+    const stopWatching = onAnyAbort(signals, (reason) => (cleanup(), reject(reason)));
     const cleanup = (): void => {
       clearTimeout(timer);
-      for (const signal of signals) signal?.removeEventListener('abort', onAbort);
+      stopWatching();
     };
-    for (const signal of signals) signal?.addEventListener('abort', onAbort, { once: true });
     promise.then(
       (value) => (cleanup(), resolve(value)),
       (error: unknown) => (cleanup(), reject(error as Error)),

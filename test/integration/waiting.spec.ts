@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
+import { getEventListeners } from 'node:events';
 import type { Socket } from 'node:net';
 import { Redis } from 'ioredis';
 import {
@@ -755,6 +756,39 @@ describe('waiting for a held lock', () => {
       'an already aborted signal fails at once',
     );
     await held.release();
+  });
+
+  it('a wait adds no listener per waiter to a shared signal: 40 callers on one key, with one AbortSignal, warn of no leak', async () => {
+    const key = uniqueKey();
+    const held = await holder.acquire(key, { ttl: 30_000 });
+    const warnings: Error[] = [];
+    const onWarning = (warning: Error): void => void warnings.push(warning);
+    process.on('warning', onWarning);
+    try {
+      const controller = new AbortController();
+      const waits = Array.from({ length: 40 }, () =>
+        waiter.acquire(key, { acquireTimeout: 10_000, signal: controller.signal }),
+      );
+      // Every caller is waiting (the first polls, the others sleep in the queue).
+      await sleep(200);
+      assert.ok(
+        getEventListeners(controller.signal, 'abort').length <= 1,
+        `${getEventListeners(controller.signal, 'abort').length} listeners on one shared signal`,
+      );
+      controller.abort();
+      const outcomes = await Promise.allSettled(waits);
+      assert.ok(outcomes.every((outcome) => outcome.status === 'rejected'));
+      // Node reports a listener leak on the next tick.
+      await sleep(10);
+      assert.deepEqual(
+        warnings.map((warning) => warning.name),
+        [],
+        warnings.map(String).join('; '),
+      );
+    } finally {
+      process.off('warning', onWarning);
+      await held.release();
+    }
   });
 
   it('an aborted waiter does not swallow the wake-up meant for the next one', async () => {
