@@ -251,11 +251,12 @@ function lockOnCall(
 
 /**
  * `onBusy: 'skip'`: a call whose own lock was taken by another holder (the method never ran)
- * resolves `undefined`, said at debug level; any other failure, a Redis that does not answer
- * included, or a lock timeout from inside the method, passes on.
+ * resolves `undefined`, said at debug level; any other failure passes on: a Redis that does not
+ * answer, a lock nobody else held but that came too late (`busy: false`), or a lock timeout from
+ * inside the method.
  */
 function skipWhenBusy(error: unknown, ran: boolean, method: string): undefined {
-  if (ran || !(error instanceof LockAcquireTimeoutError)) throw error;
+  if (ran || !(error instanceof LockAcquireTimeoutError) || !error.busy) throw error;
   logger.debug(`${method} skipped: lock "${error.key}" is held by another holder`);
   return undefined;
 }

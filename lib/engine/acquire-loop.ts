@@ -25,8 +25,13 @@ import type { LockHandle } from './lock.handle.js';
 import { assertReentry } from './lock.reentry.js';
 import type { KeyHold } from './multi-key-lock.handle.js';
 
-/** What a caller that queues behind this process's waiters starts from: no attempt made yet. */
-const QUEUED: AcquireAttempt = { acquired: false, retryAfter: undefined };
+/**
+ * What a caller that queues behind this process's waiters starts from: no attempt made yet (they
+ * wait because the key is held).
+ */
+const QUEUED: AcquireAttempt = { acquired: false, retryAfter: undefined, held: true };
+/** A grant whose reply came after its lease had run out: a failed attempt, nobody else's fault. */
+const TOO_LATE: AcquireAttempt = { acquired: false, retryAfter: undefined, held: false };
 
 /**
  * The one acquire loop behind acquire(), tryAcquire(), using(), @WithLock and lead(): attempts,
@@ -40,7 +45,8 @@ export class AcquireLoop {
    * Takes `key`. `given`: the options as the caller wrote them, checked here (the one check of a
    * call's key and options) unless they come `resolved` already, from a call that checked them (a
    * nested call may only repeat the hold's options, so they travel along); `ownToken`: the token
-   * of a multi-key acquisition (generated there, so not the caller's own).
+   * of a multi-key acquisition this call is part of (generated there, so not the caller's own;
+   * that call reports its own timeout, so this one emits no `timeout` event).
    */
   async obtain(
     key: string,
@@ -74,6 +80,8 @@ export class AcquireLoop {
     let subscription: ReleaseSubscription | undefined;
     let handle: LockHandle | undefined;
     let signals: (AbortSignal | undefined)[] | undefined;
+    /** Whether this call already waited for an undo of this process's own (see below). */
+    let waitedForUndo = false;
     // Callers in this process already wait for the key: queue behind them instead of trying at
     // once, so that a holder that releases and asks again cannot barge in ahead of the waiter its
     // release wakes (see Waiting in the README).
@@ -110,15 +118,22 @@ export class AcquireLoop {
           // stalled process): no use to the caller, and Redis lets the key go any moment. Undone
           // (not with the caller's own token, which may hold the lock already), and counted as a
           // failed attempt: the caller never gets a lock whose lease is over.
-          if (opts.token === undefined) replies.undoing(backend.release(key, token, shape));
-          attempt = { acquired: false, retryAfter: undefined };
+          // A lock passed on in the process is released after its own token write, still in
+          // flight: sent before it, the release would find the predecessor's token and leave the
+          // heir's lock in Redis for its TTL.
+          if (opts.token === undefined) {
+            const swap = handoff?.swap;
+            const release = (): Promise<boolean> => backend.release(key, token, shape);
+            replies.undoing([key], swap ? swap.then(release, release) : release());
+          }
+          attempt = TOO_LATE;
         }
         if (attempt.acquired) {
           handle = holdGranted(this.parts, key, token, attempt, sentAt, opts, handoff);
           reportAcquired(this.parts, handle, started);
           if (this.parts.stopping.aborted) {
             // Granted while shutdown began: shutdown has already swept the held locks.
-            await handle.abandon().catch(() => false);
+            await handle.abandon(true).catch(() => false);
             throw new RedisLockShutdownError(key);
           }
           return handle;
@@ -126,9 +141,22 @@ export class AcquireLoop {
         // Woken for nothing: the next waiter may take what this one could not (a semaphore's
         // place for a higher limit, a read lock behind a writer's wait).
         if (shape !== PLAIN && attempt !== QUEUED) subscription?.passOnWake();
-        const remaining = deadline - performance.now();
-        if (remaining <= 0) return this.timedOut(key, started, opts, mode, attempt.retryAfter);
         signals ??= [opts.signal, this.parts.stopping];
+        const undos = attempt.held && !waitedForUndo ? replies.undosOf(key) : undefined;
+        if (undos) {
+          // The key may be held by this process's own abandoned attempt: one given up on (no
+          // reply within commandTimeout, a shutdown, a signal) whose grant came after all, or
+          // came too late, and is being undone (after Redis restarted, the attempts queued while
+          // it was down are sent at once). Not busy: once the undo is answered (within
+          // commandTimeout), one more attempt, past the deadline if need be.
+          waitedForUndo = true;
+          await within(undos, commandTimeout, signals).catch(ignoreDeadline);
+          continue;
+        }
+        const remaining = deadline - performance.now();
+        if (remaining <= 0) {
+          return this.timedOut(key, started, opts, mode, attempt, ownToken !== undefined);
+        }
         if (!subscription) {
           // Subscribe, then try again at once: a release between the failed attempt and the
           // subscription would otherwise go unnoticed until the timer. A subscription that is
@@ -193,8 +221,9 @@ export class AcquireLoop {
       if (view) return view;
       const remaining = deadline - performance.now();
       if (remaining <= 0) {
-        const left = Math.max(0, held.expiresAt - performance.now());
-        return this.timedOut(key, started, opts, mode, left);
+        const retryAfter = Math.max(0, held.expiresAt - performance.now());
+        const last: AcquireAttempt = { acquired: false, retryAfter, held: true };
+        return this.timedOut(key, started, opts, mode, last, ownToken !== undefined);
       }
       await within(held.turnChanged(), Math.ceil(remaining), signals).catch((error: unknown) => {
         if (error !== DEADLINE) throw this.waitEnded(key, opts.signal, error);
@@ -228,7 +257,7 @@ export class AcquireLoop {
     return replies.acquisition(pending, opts.signal, (error) => {
       const failure = replies.failure(key, 'acquire', opts.signal, error);
       if (opts.token === undefined) {
-        replies.undoLateGrant(failure, pending, (late) =>
+        replies.undoLateGrant([key], failure, pending, (late) =>
           late.acquired ? backend.release(key, token, opts.shape) : undefined,
         );
       }
@@ -237,21 +266,30 @@ export class AcquireLoop {
   }
 
   /**
-   * A wait that ran out of time: the `timeout` event, then `null` for `tryAcquire()`, else a
-   * `LockAcquireTimeoutError` (`retryAfter`: how long the holder's lease still runs, if known).
+   * A wait that ran out of time (`last`: its last attempt): the `timeout` event (unless the call is
+   * `part` of a multi-key acquisition, which reports its own), then `null` for `tryAcquire()`, else
+   * a `LockAcquireTimeoutError` (`retryAfter`: how long the holder's lease still runs, if known;
+   * `busy`: whether another holder had the key).
    */
   private timedOut(
     key: string,
     started: number,
     opts: ResolvedAcquireOptions,
     mode: AcquireMode,
-    retryAfter: number | undefined,
+    last: Extract<AcquireAttempt, { acquired: false }>,
+    part: boolean,
   ): null {
     const { events } = this.parts;
     const waitedMs = performance.now() - started;
-    if (events.observed) events.emit({ type: 'timeout', key, waitedMs });
+    if (events.observed && !part) events.emit({ type: 'timeout', key, waitedMs });
     if (mode === 'tryAcquire') return null;
-    throw new LockAcquireTimeoutError(key, waitedMs, opts.acquireTimeout, retryAfter);
+    throw new LockAcquireTimeoutError(
+      key,
+      waitedMs,
+      opts.acquireTimeout,
+      last.retryAfter,
+      last.held,
+    );
   }
 
   /** What a wait ended by the caller's signal or by shutdown rejects with (else `error`). */

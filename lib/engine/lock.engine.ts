@@ -7,6 +7,7 @@ import { resolveCallOptions, type AcquireMode } from '../options/acquire-options
 import { type ResolvedModuleOptions } from '../options/module-options.js';
 import { createLockBackend } from '../redis/lock-backend.factory.js';
 import { LinkedList } from '../utils/linked-list.js';
+import { ignoreDeadline, within } from '../utils/within.js';
 import { AcquireLoop } from './acquire-loop.js';
 import type { EngineParts } from './engine.parts.js';
 import { runHoldingLock, type ChainLock } from './lock.context.js';
@@ -108,6 +109,15 @@ export class LockEngine {
     return this.parts.replies.reply(key, 'isLocked', this.backend.isLocked(key));
   }
 
+  /**
+   * Settles once no attempt this process gave up on may still hold `key` (its late grant undone),
+   * or after twice `commandTimeout` (a reply, then the undo's).
+   */
+  async undone(key: string): Promise<void> {
+    const undos = this.parts.replies.undosOf(key);
+    if (undos) await within(undos, 2 * this.parts.commandTimeout, []).catch(ignoreDeadline);
+  }
+
   /** Startup (see `LockService.onApplicationBootstrap`); a failure shuts the engine down first. */
   async prepare(): Promise<void> {
     try {
@@ -129,19 +139,25 @@ export class LockEngine {
 
   /**
    * Rejects pending acquisitions, stops watchdogs, releases every held lock (their signals abort
-   * with reason `shutdown`) and closes the connections the engine created, within twice
-   * `commandTimeout`: releases that get no reply are logged and their locks expire after their TTL.
+   * with reason `shutdown`) and closes the connections the engine created, all within one
+   * deadline of twice `commandTimeout`: an attempt in flight may be granted up to `commandTimeout`
+   * late, and its undo takes another. Everything sent before it closes a connection — those undos,
+   * the releases of held locks, releases still in flight (a hand-over to a waiter this shutdown
+   * rejected, and that waiter's own release of what it was handed) — is waited for, up to the
+   * deadline; then QUIT in what time is left, or, with none left, the connections are dropped.
+   * Releases that get no reply are logged, and their locks expire after their TTL.
    */
   async shutdown(): Promise<void> {
     if (this.stopping.signal.aborted) return;
+    const deadline = performance.now() + 2 * this.parts.commandTimeout;
     this.stopping.abort(new RedisLockShutdownError('*'));
     // The grants of attempts shutdown interrupted, undone before the connections close.
-    const undone = this.parts.replies.interrupt(this.stopping.signal.reason as Error);
+    this.parts.replies.interrupt(this.stopping.signal.reason as Error);
     this.stopWatchingReconnects();
     const locks = this.parts.held.toArray();
     const [results] = await Promise.all([
       Promise.allSettled(locks.map((lock) => lock.abandon())),
-      undone,
+      this.parts.replies.undone(deadline),
     ]);
     results.forEach((result, i) => {
       if (result.status === 'rejected') {
@@ -150,7 +166,7 @@ export class LockEngine {
         );
       }
     });
-    await this.backend.close();
+    await this.backend.close(deadline);
     this.events.complete();
   }
 
@@ -176,8 +192,8 @@ export class LockEngine {
         ? `Locks ${lock.keys.map((key) => `"${key}" (fence ${lock.fences[key]})`).join(', ')}`
         : `Lock "${lock.key}" (fence ${lock.fence})`;
     try {
+      if (undo) return void (await lock.undo());
       const released = await lock.release();
-      if (undo) return;
       // Read without creating the signal, which nobody may have asked for.
       const lost = lock.lossReason;
       if (lost) {

@@ -4,7 +4,13 @@ import type { Lock } from '../interfaces/lock.interface.js';
 import { PLAIN, ttlProblem } from '../options/checks.js';
 import type { Linked } from '../utils/linked-list.js';
 import { Lease, type LeaseOwner } from './lock.lease.js';
-import { LockReentry } from './lock.reentry.js';
+import {
+  cutViews,
+  enterHold,
+  levelTaken,
+  type LockReentry,
+  type ReentryLevel,
+} from './lock.reentry.js';
 
 /** What a handle needs from the service that created it. */
 export interface LockOwnerHooks extends LeaseOwner {
@@ -16,7 +22,7 @@ export interface LockOwnerHooks extends LeaseOwner {
  * A held lock: the `Lock` API over its lease (see `Lease`), its place among the locks its service
  * holds, `holdAtLeast`, and the turns of the calls nested in its holder's flow (see `enter()`).
  */
-export class LockHandle extends Lease implements Lock, Linked<LockHandle> {
+export class LockHandle extends Lease implements Lock, Linked<LockHandle>, ReentryLevel {
   /** @internal Neighbours among the locks its service holds (see `LinkedList`). */
   prev: LockHandle | undefined = undefined;
   /** @internal */
@@ -25,8 +31,8 @@ export class LockHandle extends Lease implements Lock, Linked<LockHandle> {
   holdAtLeast = 0;
   /** Until when (`performance.now()`) a release only shortens the key's TTL (see `releaseInRedis`). */
   private holdUntil = 0;
-  /** The view of this hold that a call nested in its flow has open, if any (see `enter()`). */
-  private inner: LockReentry | undefined;
+  /** @internal The view a call nested in its holder's flow took last (see `ReentryLevel`). */
+  inner: LockReentry | undefined = undefined;
   /** Calls waiting for their turn to re-enter (see `turnChanged()`). */
   private turn: { promise: Promise<void>; resolve: () => void } | undefined;
 
@@ -81,10 +87,7 @@ export class LockHandle extends Lease implements Lock, Linked<LockHandle> {
    * @throws LockLostError if the lease is over
    */
   enter(): LockReentry | undefined {
-    if (!this.stillHeld())
-      throw this.endReason ?? new LockLostError(this.key, this.token, 'not-held');
-    if (this.inner && !this.inner.released) return undefined;
-    return (this.inner = new LockReentry(this));
+    return enterHold(this);
   }
 
   /** @internal Settles when a view of this hold ends, or the hold does: a turn may be free. */
@@ -119,7 +122,19 @@ export class LockHandle extends Lease implements Lock, Linked<LockHandle> {
     // stays silent about an overrun just because the release came first.
     this.checkExpiry();
     if (this.settle('released')) this.reportRelease(false);
+    // A view still inside (a fork that outlived its section, a forgotten nested acquire()) is
+    // told: the lock it re-entered is over.
+    if (levelTaken(this)) cutViews(this, new LockLostError(this.key, this.token, 'released'));
     return this.releaseInRedis();
+  }
+
+  /**
+   * @internal Gives back a lock no work ran under (a partial acquisition of several keys, a grant
+   * that came as shutdown began): deleted at once, whatever `holdAtLeast` asked of a finished job.
+   */
+  undo(): Promise<boolean> {
+    this.holdUntil = 0;
+    return this.release();
   }
 
   async extend(ttl: number = this.ttl): Promise<void> {
@@ -149,10 +164,12 @@ export class LockHandle extends Lease implements Lock, Linked<LockHandle> {
 
   /**
    * Ends the lease because the module shuts down: releases it in Redis and aborts `signal`, so
-   * work still running learns that it no longer holds the lock.
+   * work still running learns that it no longer holds the lock. `undo`: no work ran under it (a
+   * grant that came as shutdown began): deleted, whatever `holdAtLeast` asked.
    */
-  async abandon(): Promise<boolean> {
+  async abandon(undo = false): Promise<boolean> {
     if (this.state !== 'held') return false;
+    if (undo) this.holdUntil = 0;
     this.settle('released');
     this.reportRelease(true);
     this.end(new LockLostError(this.key, this.token, 'shutdown'));
@@ -192,6 +209,11 @@ export class LockHandle extends Lease implements Lock, Linked<LockHandle> {
     if (!events.observed) return;
     const heldMs = performance.now() - this.acquiredAt;
     events.emit({ type: 'released', key: this.key, fence: this.fence, heldMs, shutdown });
+  }
+
+  protected override end(reason: LockLostError): void {
+    super.end(reason);
+    cutViews(this, reason);
   }
 
   protected settled(wasHeld: boolean): void {

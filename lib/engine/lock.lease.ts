@@ -240,7 +240,7 @@ export abstract class Lease implements HeldLease {
     this.lose(this.autoExtend ? 'unconfirmed' : 'expired', this.lastExtendError);
   }
 
-  protected lose(reason: Exclude<LockLostReason, 'shutdown'>, cause?: unknown): void {
+  protected lose(reason: Exclude<LockLostReason, 'shutdown' | 'released'>, cause?: unknown): void {
     if (this.state !== 'held') return;
     this.settle('lost');
     const { events } = this.owner;

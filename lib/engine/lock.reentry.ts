@@ -20,21 +20,66 @@ export interface ReentrantHold extends Lock {
 }
 
 /**
- * A re-entry of a held lock by a call nested in its holder's flow: a view of the outer hold, not
- * a second one. It reads the outer lock's fence, lease and `signal`; its `release()` ends only the
- * view (`true` once if the lock is still held, then `false`) and never touches Redis; extending it
- * extends the outer lock while the view is open. The outer holder's release ends the lock, however
- * many views were forgotten.
- *
- * One view at a time per level: while a call nested in a flow (the holder's, or a view's) is
- * inside, another one nested in the same flow — a fork of it: a promise run side by side, a timer
- * — gets no view and waits its turn (`turnChanged()`), as two requests would. A call nested in the
- * view's own flow re-enters the view (`enter()`), so straight nesting never waits.
+ * A level calls can be nested in: a hold (`LockHandle`) or a view of it. "A level is taken while
+ * any call nested in it is inside; the hold's end aborts what is still inside": one call at a
+ * time gets a view one level down (`inner`), and a level stays taken while that view, or any view
+ * nested in it, is open, even after the view itself ended. Since a level is given to one call at
+ * a time, a hold's open views form one chain from it through `inner`, which is all the structure
+ * there is: `levelTaken` walks it, `enterLevel` extends it, `cutViews` ends it.
  */
-export class LockReentry implements Lock {
-  private ended = false;
-  /** The view that a call nested in this view's flow has open, if any. */
-  private inner: LockReentry | undefined;
+export interface ReentryLevel {
+  /** The view a call nested in this level's flow took last (open, or ended). */
+  inner: LockReentry | undefined;
+}
+
+/** Whether a call nested in `level` is inside: a view below it not ended. */
+export function levelTaken(level: ReentryLevel): boolean {
+  for (let view = level.inner; view; view = view.inner) if (!view.ended) return true;
+  return false;
+}
+
+/** A view one level below `level` for the calling flow, or `undefined` while it is taken. */
+function enterLevel(level: ReentryLevel, hold: ReentrantHold): LockReentry | undefined {
+  if (!hold.stillHeld()) {
+    throw hold.lossReason ?? new LockLostError(hold.key, hold.token, 'not-held');
+  }
+  if (levelTaken(level)) return undefined;
+  return (level.inner = new LockReentry(hold));
+}
+
+/** The hold ended (`reason`): every view still inside it learns it through its `signal`. */
+export function cutViews(hold: ReentryLevel, reason: LockLostError): void {
+  for (let view = hold.inner; view; view = view.inner) view.cut(reason);
+}
+
+/** Re-enters `hold` from a call nested in its holder's own flow (see `ReentryLevel`). */
+export function enterHold(hold: ReentrantHold & ReentryLevel): LockReentry | undefined {
+  return enterLevel(hold, hold);
+}
+
+/**
+ * A re-entry of a held lock by a call nested in its holder's flow: a view of the outer hold, not
+ * a second one. It reads the outer lock's fence and lease; its `release()` ends only the view
+ * (`true` once if the lock is still held, then `false`) and never touches Redis; extending it
+ * extends the outer lock while the view is open. The outer holder's release ends the lock, however
+ * many views were forgotten, and aborts the `signal` of every view still inside (reason
+ * `released`; a lost hold aborts them with its own reason): a view's signal is its own, so that
+ * a call that outlived its section is told, while the section's own signal says nothing of it.
+ *
+ * One view at a time per level (see `ReentryLevel`): while a call nested in a flow (the
+ * holder's, or a view's) is inside, another one nested in the same flow — a fork of it: a promise
+ * run side by side, a timer — gets no view and waits its turn (`turnChanged()`), as two requests
+ * would. A call nested in the view's own flow re-enters the view (`enter()`), so straight nesting
+ * never waits.
+ */
+export class LockReentry implements Lock, ReentryLevel {
+  /** @internal See `ReentryLevel`. */
+  inner: LockReentry | undefined = undefined;
+  /** @internal This view's own `release()` came. */
+  ended = false;
+  /** Why the hold ended while this view was still inside, if it did. */
+  private cutShort: LockLostError | undefined;
+  private controller: AbortController | undefined;
 
   constructor(private readonly hold: ReentrantHold) {}
 
@@ -62,8 +107,18 @@ export class LockReentry implements Lock {
     return this.hold.expiresAt;
   }
 
+  /**
+   * Aborts when the hold ends while this view is inside (`cut`): released by its outer holder, or
+   * lost. Created when first read; reading the hold's own signal arms the hold's expiry timer.
+   */
   get signal(): AbortSignal {
-    return this.hold.signal;
+    if (!this.controller) {
+      const controller = (this.controller = new AbortController());
+      void this.hold.signal; // may find the lease over, and cut this view
+      const reason = this.lossReason;
+      if (reason && !this.ended && !controller.signal.aborted) controller.abort(reason);
+    }
+    return this.controller.signal;
   }
 
   /** @internal What the outer lock holds. */
@@ -71,9 +126,9 @@ export class LockReentry implements Lock {
     return this.hold.shape;
   }
 
-  /** @internal Why the outer lock's lease ended early, without creating its signal. */
+  /** @internal Why this view's hold ended early, without creating its signal. */
   get lossReason(): LockLostError | undefined {
-    return this.hold.lossReason;
+    return this.cutShort ?? this.hold.lossReason;
   }
 
   /** True once this view was released, or the outer lock was. */
@@ -107,11 +162,7 @@ export class LockReentry implements Lock {
    * @throws LockLostError if the lease is over
    */
   enter(): LockReentry | undefined {
-    if (!this.hold.stillHeld()) {
-      throw this.hold.lossReason ?? new LockLostError(this.key, this.token, 'not-held');
-    }
-    if (this.inner && !this.inner.released) return undefined;
-    return (this.inner = new LockReentry(this.hold));
+    return enterLevel(this, this.hold);
   }
 
   /** @internal See `LockHandle.turnChanged`. */
@@ -119,17 +170,29 @@ export class LockReentry implements Lock {
     return this.hold.turnChanged();
   }
 
+  /** @internal The hold ended while this view may be inside: see `cutViews`. */
+  cut(reason: LockLostError): void {
+    if (this.ended || this.cutShort) return;
+    this.cutShort = reason;
+    this.controller?.abort(reason);
+  }
+
   /** Ends this view: whether the lock was still held, once; `false` after. Redis is not asked. */
   release(): Promise<boolean> {
     if (this.ended) return Promise.resolve(false);
     this.ended = true;
     this.hold.turnOver(true);
-    return Promise.resolve(this.hold.stillHeld());
+    return Promise.resolve(this.cutShort === undefined && this.hold.stillHeld());
+  }
+
+  /** @internal An undo (no work ran): the same as `release()` for a view. */
+  undo(): Promise<boolean> {
+    return this.release();
   }
 
   extend(ttl?: number): Promise<void> {
-    if (this.released) {
-      return Promise.reject(new LockLostError(this.key, this.token, 'not-held'));
+    if (this.released || this.cutShort) {
+      return Promise.reject(this.cutShort ?? new LockLostError(this.key, this.token, 'not-held'));
     }
     return this.hold.extend(ttl);
   }

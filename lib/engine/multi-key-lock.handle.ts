@@ -74,6 +74,11 @@ export class MultiKeyLock implements Lock {
     return every(this.handles.map((handle) => handle.release()));
   }
 
+  /** @internal Gives back every key after no work ran: see `LockHandle.undo`. */
+  async undo(): Promise<boolean> {
+    return every(this.handles.map((handle) => handle.undo()));
+  }
+
   /** Extends every key. Rejects (`LockLostError`) if any is no longer ours, after trying all. */
   async extend(ttl?: number): Promise<void> {
     await every(this.handles.map((handle) => handle.extend(ttl).then(() => true)));

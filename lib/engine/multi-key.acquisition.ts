@@ -19,15 +19,20 @@ import { MultiKeyLock, type KeyHold } from './multi-key-lock.handle.js';
  * free; otherwise each through the acquire loop, in `keys`' order (sorted: the same for every
  * caller, so no two callers each hold a key the other waits for), with one token and one
  * deadline. Without auto-extension the keys already held would run out meanwhile: the wait for a
- * later key also ends early enough for its reply to land inside their leases (`keyWaitEnd`), and
- * the lock is only returned if every key's lease is still running. Any failure releases what was
- * taken; when Redis fails, without waiting for those releases (they are bounded and logged).
+ * later key then ends early enough for its reply to land inside their leases (`keyWaitEnd`). A
+ * wait cut short so does not end the call: as Redisson's MultiLock does, the keys held are given
+ * back and the whole set is taken again, until `acquireTimeout` — the busy key waited for first,
+ * alone (no key held: it cannot deadlock), then the keys before it with one attempt each (never a
+ * wait while a later key is held), then the rest in order. The lock is only returned if every
+ * key's lease is still running; one that ran out meanwhile (a late reply) also starts the set
+ * again. Any failure releases what was taken; when Redis fails, without waiting for those
+ * releases (they are bounded and logged).
  */
 export class MultiKeyAcquisition {
   constructor(
     private readonly parts: EngineParts,
     private readonly loop: AcquireLoop,
-    /** Releases a lock after no work ran, logging what cannot be released. */
+    /** Gives back a lock after no work ran, logging what cannot be released. */
     private readonly undo: (handle: KeyHold) => Promise<void>,
   ) {}
 
@@ -39,45 +44,93 @@ export class MultiKeyAcquisition {
   ): Promise<MultiKeyLock | null> {
     const token = opts.token ?? freshToken();
     const started = performance.now();
-    const handles: KeyHold[] = [];
-    try {
-      // Free keys in one step where it can be done (not when the chain re-enters some of them).
-      if (
-        opts.shape === PLAIN &&
-        opts.token === undefined &&
-        !keys.some((key) => findChainLock(this.parts.hooks, key))
-      ) {
-        handles.push(...(await this.attemptAll(keys, token, opts, started)));
+    const deadline = started + opts.acquireTimeout;
+    // Free keys in one step where it can be done (not when the chain re-enters some of them).
+    let handles =
+      opts.shape === PLAIN &&
+      opts.token === undefined &&
+      !keys.some((key) => findChainLock(this.parts.hooks, key))
+        ? await this.attemptAll(keys, token, opts, started)
+        : [];
+    /** The key the last round could not get in time, waited for first by the next. */
+    let busy: number | undefined;
+    for (;;) {
+      const round = await this.takeRound(keys, token, opts, given, mode, deadline, handles, busy);
+      handles = [];
+      if (round instanceof MultiKeyLock) return round;
+      const { key, held, retryAfter } = round;
+      // Cut short (by the leases of the keys held, or one attempt while a later key was held),
+      // or a lease that ran out: the whole set again, while there is time.
+      if (mode !== 'tryAcquire' && performance.now() < deadline) {
+        busy = held ? keys.indexOf(key) : undefined;
+        continue;
       }
-      for (const key of keys.slice(handles.length)) {
-        const until = opts.autoExtend
-          ? started + opts.acquireTimeout
-          : Math.min(started + opts.acquireTimeout, this.keyWaitEnd(handles));
+      const waitedMs = performance.now() - started;
+      const { events } = this.parts;
+      if (events.observed) events.emit({ type: 'timeout', key, waitedMs });
+      if (mode === 'tryAcquire') return null;
+      throw new LockAcquireTimeoutError(key, waitedMs, opts.acquireTimeout, retryAfter, held);
+    }
+  }
+
+  /**
+   * One round over the set (see the class comment), on top of `handles` already held (the first
+   * keys, taken in one step): the lock, or, everything given back, the key that stopped it, whether
+   * another holder had it (not for a lease that ran out) and for how long still, if known.
+   */
+  private async takeRound(
+    keys: readonly string[],
+    token: string,
+    opts: ResolvedAcquireOptions,
+    given: AcquireOptions | undefined,
+    mode: AcquireMode,
+    deadline: number,
+    handles: KeyHold[],
+    busy: number | undefined,
+  ): Promise<MultiKeyLock | { key: string; held: boolean; retryAfter?: number }> {
+    const held = new Map<number, KeyHold>(handles.map((handle, i) => [i, handle]));
+    const order =
+      busy === undefined
+        ? keys.map((_, i) => i)
+        : [busy, ...keys.map((_, i) => i).filter((i) => i !== busy)];
+    let key = keys[0];
+    try {
+      for (const i of order) {
+        if (held.has(i)) continue;
+        key = keys[i];
+        // Before the busy key, which is held: one attempt, never a wait.
+        const until =
+          busy !== undefined && i < busy
+            ? performance.now()
+            : opts.autoExtend
+              ? deadline
+              : Math.min(deadline, this.keyWaitEnd([...held.values()]));
         const acquireTimeout = Math.max(0, Math.ceil(until - performance.now()));
         const handle = await this.loop.obtain(key, given, mode, { ...opts, acquireTimeout }, token);
-        if (!handle) break; // tryAcquire: that key is taken
-        handles.push(handle);
+        if (!handle) {
+          await this.releaseAll(held);
+          return { key, held: true }; // tryAcquire: that key is taken
+        }
+        held.set(i, handle);
       }
     } catch (error) {
       if (error instanceof LockBackendError) {
-        void this.releaseAll(handles);
+        void this.releaseAll(held);
         throw error;
       }
-      await this.releaseAll(handles);
+      await this.releaseAll(held);
       if (!(error instanceof LockAcquireTimeoutError)) throw error;
-      // The whole call's wait, against the caller's own acquireTimeout.
-      const waited = performance.now() - started;
-      throw new LockAcquireTimeoutError(error.key, waited, opts.acquireTimeout, error.retryAfterMs);
+      return { key, held: error.busy, retryAfter: error.retryAfterMs };
     }
     // A key whose lease ran out (or was lost) while a later one was being taken: not all held.
     const now = performance.now();
-    const lapsed = handles.find((handle) => handle.lossReason || handle.expiresAt <= now);
-    if (handles.length < keys.length || lapsed) {
-      await this.releaseAll(handles);
-      if (!lapsed || mode === 'tryAcquire') return null;
-      throw new LockAcquireTimeoutError(lapsed.key, now - started, opts.acquireTimeout, undefined);
+    const inOrder = keys.map((_, i) => held.get(i)!);
+    const lapsed = inOrder.find((handle) => handle.lossReason || handle.expiresAt <= now);
+    if (lapsed) {
+      await this.releaseAll(held);
+      return { key: lapsed.key, held: false };
     }
-    return new MultiKeyLock(handles);
+    return new MultiKeyLock(inOrder);
   }
 
   /**
@@ -93,8 +146,8 @@ export class MultiKeyAcquisition {
   }
 
   /** Undoes a partial acquisition (no work ran: a lease that ran out is no news). */
-  private async releaseAll(handles: readonly KeyHold[]): Promise<void> {
-    await Promise.all(handles.map((handle) => this.undo(handle)));
+  private async releaseAll(handles: ReadonlyMap<number, KeyHold>): Promise<void> {
+    await Promise.all([...handles.values()].map((handle) => this.undo(handle)));
   }
 
   /**
@@ -118,7 +171,7 @@ export class MultiKeyAcquisition {
     try {
       fences = await replies.reply(keys[0], 'acquire', pending, opts.signal, true);
     } catch (error) {
-      replies.undoLateGrant(error, pending, (late) =>
+      replies.undoLateGrant(keys, error, pending, (late) =>
         Array.isArray(late)
           ? Promise.all(keys.map((key) => backend.release(key, token)))
           : undefined,
@@ -140,7 +193,7 @@ export class MultiKeyAcquisition {
     for (const handle of handles) reportAcquired(this.parts, handle, started);
     if (this.parts.stopping.aborted) {
       // Granted while shutdown began: shutdown has already swept the held locks.
-      await Promise.all(handles.map((handle) => handle.abandon().catch(() => false)));
+      await Promise.all(handles.map((handle) => handle.abandon(true).catch(() => false)));
       throw new RedisLockShutdownError(keys[0]);
     }
     return handles;

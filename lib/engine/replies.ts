@@ -1,7 +1,8 @@
 import { LockBackendError, type LockOperation } from '../errors/redis-lock.errors.js';
 import type { LockBackend } from '../interfaces/lock-backend.interface.js';
+import { InFlight } from '../utils/in-flight.js';
 import { ReplyDeadlines } from '../utils/reply-deadlines.js';
-import { DEADLINE, ignoreDeadline, within } from '../utils/within.js';
+import { DEADLINE } from '../utils/within.js';
 
 /**
  * Every Redis reply the engine waits for: bounded by `commandTimeout` (one timer for all, see
@@ -10,8 +11,8 @@ import { DEADLINE, ignoreDeadline, within } from '../utils/within.js';
  */
 export class Replies {
   private readonly deadlines: ReplyDeadlines;
-  /** Undos in flight (see `undoing()`). */
-  private readonly undos = new Set<Promise<unknown>>();
+  /** Undos in flight (see `undoing()`), each tagged with a key whose lock it gives back. */
+  private readonly undos = new InFlight<string>();
 
   constructor(
     private readonly backend: LockBackend,
@@ -58,32 +59,41 @@ export class Replies {
    * attempt never leaves a lock behind.
    */
   undoLateGrant<T>(
+    keys: readonly string[],
     failure: unknown,
     pending: Promise<T>,
     undo: (late: T) => Promise<unknown> | undefined,
   ): void {
     if (failure instanceof LockBackendError && !failure.timedOut) return;
-    this.undoing(pending.then(undo));
+    this.undoing(keys, pending.then(undo));
   }
 
   /**
-   * Follows an undo sent on its own (a late grant's release): shutdown waits for it before it
-   * closes the connections, since a release queued behind their QUIT would never run. A failure
-   * is dropped: there was nothing to undo, or the lock expires after its TTL.
+   * Follows an undo sent on its own (a late grant's release, of `keys`): shutdown waits for it
+   * before it closes the connections, since a release queued behind their QUIT would never run,
+   * and an attempt that finds one of `keys` held waits for it (see `undosOf`). A failure is
+   * dropped: there was nothing to undo, or the lock expires after its TTL.
    */
-  undoing(undo: Promise<unknown>): void {
-    const forget = (): void => void this.undos.delete(settled);
-    const settled: Promise<void> = undo.then(forget, forget);
-    this.undos.add(settled);
+  undoing(keys: readonly string[], undo: Promise<unknown>): void {
+    for (const key of keys) void this.undos.track(undo, key);
   }
 
   /**
-   * Shutdown: rejects every pending acquisition reply with `reason`, then waits for the undos in
-   * flight, no longer than an attempt's reply and a release take.
+   * Settles when the undos in flight on `key` have (`undefined` if there are none): until then
+   * the key may be held by this process's own abandoned attempt.
    */
-  async interrupt(reason: Error): Promise<void> {
+  undosOf(key: string): Promise<unknown> | undefined {
+    return this.undos.of(key);
+  }
+
+  /** Shutdown, first step: rejects every pending acquisition reply with `reason`. */
+  interrupt(reason: Error): void {
     this.deadlines.interrupt(reason);
-    await within(Promise.all(this.undos), 2 * this.commandTimeout, []).catch(ignoreDeadline);
+  }
+
+  /** Shutdown: settles when the undos in flight have, or at `deadline` (`performance.now()`). */
+  undone(deadline: number): Promise<void> {
+    return this.undos.drain(deadline);
   }
 
   /** What `reply()` rejects with when `error` ended the wait (see `reply`). */

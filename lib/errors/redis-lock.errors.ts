@@ -68,7 +68,10 @@ export class LockKeyResolutionError extends RedisLockError {
   }
 }
 
-/** The lock was still held by someone else when `acquireTimeout` ran out. */
+/**
+ * The lock was not acquired within `acquireTimeout`: another holder kept it (`busy`), or, rarely,
+ * nobody held it but no grant came in time with lease left (`busy: false`: see the field).
+ */
 export class LockAcquireTimeoutError extends RedisLockError {
   constructor(
     /** The lock key, without the module's `keyPrefix`. */
@@ -79,10 +82,19 @@ export class LockAcquireTimeoutError extends RedisLockError {
     readonly acquireTimeout: number,
     /** How long the current holder's lock still had to live at the last attempt, in ms (`undefined` when unknown). */
     readonly retryAfterMs?: number,
+    /**
+     * Whether another holder had the key when the wait ended: what `onBusy: 'skip'` skips. `false`
+     * when nobody else did, yet no lock came in time: a grant whose reply came after its lease had
+     * run out (a slow Redis or a stalled process), a key of several whose lease ran out before the
+     * last one was taken, a fair waiter behind a queue entry of a caller that no longer asks.
+     */
+    readonly busy = true,
   ) {
     super(
       `Could not acquire lock "${key}" within ${acquireTimeout} ms (waited ${Math.round(waitedMs)} ms): ` +
-        `another holder kept it. Retry later, raise acquireTimeout, or shorten the work done under the lock.`,
+        (busy
+          ? 'another holder kept it. Retry later, raise acquireTimeout, or shorten the work done under the lock.'
+          : 'nobody else held it, but no grant came with lease left in time (Redis slow to answer, a TTL shorter than a round trip, or a fair queue whose first waiter stopped asking). Check Redis latency against the ttl, or raise acquireTimeout.'),
     );
   }
 }
@@ -96,7 +108,12 @@ export type LockLostReason =
   /** The TTL ran out and auto-extension was off. */
   | 'expired'
   /** The module shut down and released the lock while the work was still running. */
-  | 'shutdown';
+  | 'shutdown'
+  /**
+   * A call re-entered a lock held further up its call chain (a nested call, a fork of a section)
+   * and was still inside when the outer holder released it: the work outlived its section.
+   */
+  | 'released';
 
 /**
  * The lock is no longer ours, or may not be. `lock.signal` aborts with this error as its
@@ -128,6 +145,8 @@ const LOST_REASONS: Record<LockLostReason, string> = {
   unconfirmed: 'no extension could be confirmed before its TTL ran out',
   expired: 'its TTL ran out and autoExtend is off',
   shutdown: 'the module shut down and released it',
+  released:
+    'this call re-entered a lock held further up its call chain and was still inside when that holder released it: await the calls you start inside a section, or start them outside it',
 };
 const LOST_ADVICE =
   'Stop the protected work; use the fencing token to make the resource reject stale writers, ' +

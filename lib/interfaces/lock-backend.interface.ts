@@ -16,6 +16,11 @@ export type AcquireAttempt =
       acquired: false;
       /** How long the current holder's lock still lives, in ms; undefined if unknown or no TTL. */
       retryAfter: number | undefined;
+      /**
+       * Whether another holder had the key. False when it was not taken for another reason: a fair
+       * waiter whose turn it is not, a grant whose reply came after its lease had run out.
+       */
+      held: boolean;
     };
 
 /** What a holder takes on a key. */
@@ -178,8 +183,13 @@ export interface LockBackend {
   prepare(): Promise<void>;
   /** Whether Redis answers (PING), with details for a health check. Never rejects. */
   health(): Promise<BackendHealth>;
-  /** Closes the connections this backend owns; never a client the user passed in. */
-  close(): Promise<void>;
+  /**
+   * Closes the connections this backend owns (never a client the user passed in), by `deadline`
+   * (`performance.now()`; none: within `commandTimeout`): first the writes it still has in flight
+   * (releases, hand-overs and what they orphaned), then QUIT, or a hard disconnect once the
+   * deadline has passed.
+   */
+  close(deadline?: number): Promise<void>;
 }
 
 /** What `LockBackend.health()` found. */

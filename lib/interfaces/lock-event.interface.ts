@@ -21,7 +21,7 @@ export type LockEvent =
       key: string;
       fence: number;
       heldMs: number;
-      reason: Exclude<LockLostReason, 'shutdown'>;
+      reason: Exclude<LockLostReason, 'shutdown' | 'released'>;
     }
   /** `acquire()`, `using()` or `@WithLock` gave up after `acquireTimeout`; `tryAcquire()` found it held. */
   | { type: 'timeout'; key: string; waitedMs: number };

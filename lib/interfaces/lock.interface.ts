@@ -39,7 +39,9 @@ export interface Lock {
    * lost: an extension found another owner, no extension was confirmed before the TTL ran out,
    * the TTL ran out with auto-extension off, or a check after a reconnection found the lock gone.
    * Never aborts because of `release()` itself; but a release that comes after the lease ran out
-   * unnoticed (the event loop was frozen or blocked past the expiry) aborts it first.
+   * unnoticed (the event loop was frozen or blocked past the expiry) aborts it first. A re-entry
+   * (a view of a lock held further up the call chain) has a signal of its own, which also aborts
+   * (reason `released`) when that hold ends while the view is still open.
    */
   readonly signal: AbortSignal;
   /**

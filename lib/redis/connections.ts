@@ -65,11 +65,12 @@ function reconnectAfterFailoverRace(client: Redis, name: string, logger: Logger)
 
 /**
  * Ends a connection this library owns: QUIT when it is up (waiting at most `timeoutMs` for the
- * reply, so a frozen Redis cannot hold shutdown hostage), then drop whatever is left.
+ * reply, so a frozen Redis cannot hold shutdown hostage; with no time left, none is sent), then
+ * drop whatever is left.
  */
 export async function closeQuietly(client: Redis | Cluster, timeoutMs: number): Promise<void> {
   closedByUs.add(client);
-  if (client.status === 'ready') {
+  if (client.status === 'ready' && timeoutMs > 0) {
     try {
       await within(client.quit(), timeoutMs, []);
     } catch {

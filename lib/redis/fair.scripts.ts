@@ -25,8 +25,8 @@ if #gone > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now) end
  * counter TTL ms, ARGV[4] how long a waiter's place lasts without another attempt (ms), ARGV[5]
  * '1' for the caller's own token (its fence is recorded). The lock goes only to the head of the queue (or to anyone
  * when nobody queues): a newcomer joins the tail and never takes a free key ahead of those who
- * came first. Returns the fence, or -2 - the holder's remaining TTL, or -1 (free, but not this
- * waiter's turn: it retries when woken or after its pause).
+ * came first. Returns the fence, or -2 - the holder's remaining TTL (-1 without one), or 0 (free,
+ * but not this waiter's turn: it retries when woken or after its pause).
  */
 export const ACQUIRE_FAIR_SCRIPT = `
 ${DROP_GONE_WAITERS}
@@ -50,7 +50,7 @@ else
     for i = 3, 4 do
       if redis.call('PTTL', KEYS[i]) < tonumber(ARGV[4]) then redis.call('PEXPIRE', KEYS[i], ARGV[4]) end
     end
-    if not busy then return -1 end
+    if not busy then return 0 end
     local pttl = redis.call('PTTL', KEYS[1])
     if pttl < 0 then return -1 end
     return -2 - pttl

@@ -15,6 +15,7 @@ import {
   pingHealth,
   serverId,
 } from './connections.js';
+import { InFlight } from '../utils/in-flight.js';
 import { KeyLayout } from './key-layout.js';
 import { ShardedPubSubChoice } from './pub-sub.choice.js';
 import { ReleaseNotifier } from './release.notifier.js';
@@ -44,6 +45,8 @@ export abstract class RedisDeployment {
    * a release names the process whose waiters try next.
    */
   protected readonly processId = randomBytes(8).toString('base64url');
+  /** Writes that closing must not cut off (see `close`): releases, and what they orphaned. */
+  protected readonly writes = new InFlight();
   private readonly stopWatchingLosses: () => void;
 
   constructor(
@@ -118,11 +121,12 @@ export abstract class RedisDeployment {
     return this.layout.releaseChannel(key);
   }
 
-  async close(): Promise<void> {
+  /** See `LockBackend.close`. */
+  async close(deadline = performance.now() + this.commandTimeout): Promise<void> {
     this.stopWatchingLosses();
-    await Promise.all([
-      this.notifier.close(),
-      this.ownsClient ? closeQuietly(this.client, this.commandTimeout) : undefined,
-    ]);
+    const closing = this.notifier.close(deadline);
+    await this.writes.drain(deadline);
+    if (this.ownsClient) await closeQuietly(this.client, deadline - performance.now());
+    await closing;
   }
 }

@@ -138,7 +138,7 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
       const fenceLimit = reserving ? reply + this.stride - 1 : reply;
       return { acquired: true, fence: reply, fenceLimit, validity: this.validity(ttl) };
     }
-    return { acquired: false, retryAfter: reply <= -2 ? -2 - reply : undefined };
+    return { acquired: false, retryAfter: reply <= -2 ? -2 - reply : undefined, held: reply < 0 };
   }
 
   async extend(
@@ -161,13 +161,26 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
     return extended === 1;
   }
 
-  /** See `LockBackend.release`; `message` is what the release announces (see `RELEASE_SCRIPT`). */
-  async release(
+  /**
+   * See `LockBackend.release`; `message` is what the release announces (see `RELEASE_SCRIPT`).
+   * Followed until answered, so that closing waits for it (see `close`).
+   */
+  release(
     key: string,
     token: string,
     shape: LockShape = PLAIN,
     lease?: HeldLease,
     message = '',
+  ): Promise<boolean> {
+    return this.writes.track(this.releaseNow(key, token, shape, lease, message));
+  }
+
+  private async releaseNow(
+    key: string,
+    token: string,
+    shape: LockShape,
+    lease: HeldLease | undefined,
+    message: string,
   ): Promise<boolean> {
     const lockKey = this.layout.lockKey(key);
     const channel = `${lockKey}:released`;
@@ -224,7 +237,7 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
   async undoCopy(key: string, token: string): Promise<boolean> {
     const lockKey = this.layout.lockKey(key);
     const args = [lockKey, this.layout.ownFenceKey(lockKey), token, `${lockKey}:released`, ''];
-    return Number(await this.client.eval(RELEASE_SCRIPT, 2, ...args)) > 0;
+    return Number(await this.writes.track(this.client.eval(RELEASE_SCRIPT, 2, ...args))) > 0;
   }
 
   /**
@@ -285,7 +298,12 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
       );
   }
 
-  async giveUp(key: string, token: string, shape: LockShape): Promise<void> {
+  giveUp(key: string, token: string, shape: LockShape): Promise<void> {
+    return this.writes.track(this.leave(key, token, shape));
+  }
+
+  /** See `giveUp`. */
+  private async leave(key: string, token: string, shape: LockShape): Promise<void> {
     if (shape.fair) {
       await this.fair.release(this.layout.lockKey(key), token, false, '');
     } else if (shape === PLAIN) {

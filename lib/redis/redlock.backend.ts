@@ -134,7 +134,8 @@ export class RedlockBackend implements LockBackend {
     const waits = tally.no.flatMap(({ value }) =>
       !value.acquired && value.retryAfter !== undefined ? [value.retryAfter] : [],
     );
-    return { acquired: false, retryAfter: waits.length > 0 ? Math.min(...waits) : undefined };
+    const held = tally.no.some(({ value }) => !value.acquired && value.held);
+    return { acquired: false, retryAfter: waits.length > 0 ? Math.min(...waits) : undefined, held };
   }
 
   /**
@@ -277,7 +278,10 @@ export class RedlockBackend implements LockBackend {
     return this.notifier.watch(this.nodes[0].releaseChannel(key));
   }
 
-  async close(): Promise<void> {
-    await Promise.all([this.notifier.close(), ...this.nodes.map((node) => node.close())]);
+  async close(deadline = performance.now() + this.commandTimeout): Promise<void> {
+    await Promise.all([
+      this.notifier.close(deadline),
+      ...this.nodes.map((node) => node.close(deadline)),
+    ]);
   }
 }

@@ -128,14 +128,17 @@ export class ReleaseNotifier {
     return this.channels.has(channel);
   }
 
-  /** Closes the subscriber connection. Waiters still sleeping wake on their own timers or signals. */
-  async close(): Promise<void> {
+  /**
+   * Closes the subscriber connection, by `deadline` (`performance.now()`). Waiters still sleeping
+   * wake on their own timers or signals.
+   */
+  async close(deadline = performance.now() + this.commandTimeout): Promise<void> {
     const subscribers = this.subscribers ?? [];
     this.subscribers = undefined;
     for (const state of this.channels.values()) clearTimeout(state.deferred);
     this.channels.clear();
     await Promise.all(
-      subscribers.map((subscriber) => closeQuietly(subscriber, this.commandTimeout)),
+      subscribers.map((subscriber) => closeQuietly(subscriber, deadline - performance.now())),
     );
   }
 

@@ -21,6 +21,14 @@ class Report {
   }
 }
 
+@Injectable()
+class TwoKeyJob {
+  @WithLock({ key: ['{0}', '{1}'], onBusy: 'skip', holdAtLeast: 5_000 })
+  async run(_a: string, _b: string): Promise<string> {
+    return 'ran';
+  }
+}
+
 /** `holdAtLeast`: the key stays taken that long after the grant, however soon it is released. */
 describe('holdAtLeast', () => {
   const env = twoAppsOnOneRedis();
@@ -63,6 +71,33 @@ describe('holdAtLeast', () => {
     for (const key of [a, b]) {
       const pttl = await env.redis.pttl(`lock:{${key}}`);
       assert.ok(pttl > 0 && pttl <= 600, `${key}: PTTL ${pttl}`);
+    }
+  });
+
+  it('a call that got nothing keeps nothing: a partial acquisition of several keys is undone at once', async () => {
+    const [a, b] = [uniqueKey('job:a'), uniqueKey('job:b')];
+    const taken = await env.other.locks.acquire(b, { ttl: 10_000 });
+    try {
+      // `a` is taken first (the keys go in order), then `b` is found busy: `a` is given back.
+      assert.equal(await env.locks.tryAcquire([a, b], { ttl: 10_000, holdAtLeast: 8_000 }), null);
+      assert.equal(
+        await env.redis.exists(`lock:{${a}}`),
+        0,
+        'the undo kept the key for holdAtLeast',
+      );
+      // The same through the decorator: a skipped fire blocks no other job.
+      const app = await startLockModule({ connection: env.server.url }, [TwoKeyJob]);
+      try {
+        assert.equal(await app.module.get(TwoKeyJob).run(a, b), undefined, 'not skipped');
+        assert.equal(await env.redis.exists(`lock:{${a}}`), 0, 'the skip kept the key');
+        const alone = await env.other.locks.tryAcquire(a);
+        assert.ok(alone, 'an unrelated job on the first key alone is blocked');
+        await alone.release();
+      } finally {
+        await app.close();
+      }
+    } finally {
+      await taken.release();
     }
   });
 

@@ -100,6 +100,35 @@ describe('never two live holders', () => {
     });
   });
 
+  it("a lock passed on to a waiter whose continuation comes after its lease ran out is given back after the heir's own token write, never before it", async () => {
+    // Replies are given more time than the event loop is held up below.
+    const app = await startLockModule({ connection: env.server.url, commandTimeout: 5_000 });
+    try {
+      const key = uniqueKey();
+      // Most of the releaser's 2 s lease left, at least half the heir's 1 s TTL: passed on in the
+      // process, with the heir's own token write sent right behind; the heir's lease is its own
+      // TTL's (~990 ms).
+      const releaser = await app.locks.acquire(key, { ttl: 2_000 });
+      const heir = app.locks.acquire(key, { ttl: 1_000, acquireTimeout: 400 });
+      heir.catch(() => {}); // asserted below
+      await subscribed(key);
+      const released = releaser.release();
+      // The heir's continuation runs only after its lease is over: its grant is late, and
+      // undone. Sent before the token write, the undo found the releaser's token, and the write
+      // then left the heir's lock in Redis for a second, held by nobody.
+      const until = performance.now() + 1_100;
+      while (performance.now() < until); // the event loop held up, as on a stalled machine
+      await assert.rejects(heir, LockAcquireTimeoutError);
+      assert.equal(await released, true);
+      assert.ok(
+        await eventually(async () => (await env.redis.exists(`lock:{${key}}`)) === 0, 400),
+        'a lock nobody holds stayed in Redis',
+      );
+    } finally {
+      await app.close();
+    }
+  });
+
   it('shutdown with an attempt in flight leaves nothing: its late grant is undone before the connection closes', async () => {
     const proxy = await FaultProxy.start(() => env.server.port);
     const slow = await startLockModule({

@@ -39,6 +39,14 @@ class Jobs {
   }
 }
 
+@Injectable()
+class ShortJob {
+  @WithLock({ key: 'short:{0}', onBusy: 'skip', ttl: 250 })
+  async run(_name: string): Promise<void> {
+    runs++;
+  }
+}
+
 @Controller('jobs')
 class JobsController {
   @Get(':name')
@@ -156,6 +164,64 @@ describe("@WithLock onBusy: 'skip'", () => {
       assert.equal(runs, 0);
     } finally {
       proxy.heal();
+      await slow.close();
+      await proxy.close();
+    }
+  });
+
+  it("a key held by this process's own abandoned attempt is not busy: a fire after Redis comes back runs (the restart case)", async () => {
+    // As after a restart: attempts sent while Redis could not answer reach it when it is back, and
+    // their grants are undone. A fire that lands between the grant and its undo is not skipped.
+    const proxy = await FaultProxy.start(() => server.port);
+    const slow = await startLockModule(
+      { connection: `redis://127.0.0.1:${proxy.port}`, commandTimeout: 300 },
+      [Jobs],
+    );
+    try {
+      const job = slow.module.get(Jobs);
+      await slow.locks.isLocked(uniqueKey()); // a connection, before the partition
+      const name = uniqueKey('restart');
+      proxy.stall();
+      // The earlier fire: no answer within commandTimeout; its attempt waits in the pipe.
+      await assert.rejects(job.report(name), (error) => error instanceof LockBackendError);
+      runs = 0;
+      proxy.heal();
+      // The next fire is sent right behind it: Redis grants the stale attempt first.
+      assert.equal(await job.report(name), 'done', 'skipped, though nobody else held the key');
+      assert.equal(runs, 1);
+      // And tryAcquire the same way.
+      const other = uniqueKey('restart');
+      proxy.stall();
+      await assert.rejects(slow.locks.tryAcquire(`job:${other}`), LockBackendError);
+      proxy.heal();
+      const lock = await slow.locks.tryAcquire(`job:${other}`);
+      assert.ok(lock, 'tryAcquire found its own abandoned grant busy');
+      await lock.release();
+    } finally {
+      proxy.heal();
+      await slow.close();
+      await proxy.close();
+    }
+  });
+
+  it('a lock nobody else held that came too late is not busy: LockAcquireTimeoutError (busy false), never a silent skip', async () => {
+    const proxy = await FaultProxy.start(() => server.port);
+    const slow = await startLockModule(
+      { connection: `redis://127.0.0.1:${proxy.port}`, commandTimeout: 2_000 },
+      [ShortJob],
+    );
+    try {
+      await slow.locks.isLocked(uniqueKey()); // a connection, before the latency
+      // A 300 ms round trip against a 250 ms TTL: every grant arrives after its lease.
+      proxy.setLatency(150);
+      runs = 0;
+      await assert.rejects(
+        slow.module.get(ShortJob).run(uniqueKey()),
+        (error) => error instanceof LockAcquireTimeoutError && error.busy === false,
+      );
+      assert.equal(runs, 0);
+    } finally {
+      proxy.setLatency(0);
       await slow.close();
       await proxy.close();
     }

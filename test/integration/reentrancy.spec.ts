@@ -7,11 +7,13 @@ import {
   LockAcquireAbortedError,
   LockAcquireTimeoutError,
   LockArgumentError,
+  LockLostError,
   WithLock,
   type LockService,
   type Lock,
 } from '../../lib/index.js';
 import {
+  eventually,
   sleep,
   startLockModule,
   uniqueKey,
@@ -198,6 +200,87 @@ describe('re-entrancy', () => {
         assert.ok(next);
         assert.equal(await next.release(), true);
       });
+    });
+
+    it('a fork started inside a nested section and still inside when it ends keeps that level taken: the next nested call waits for it', async () => {
+      reset();
+      const key = uniqueKey('acct');
+      let forked: Promise<void> | undefined;
+      await locks.using(key, async () => {
+        await locks.using(key, async () => {
+          forked = debitWith(key, 10); // not awaited: outlives this nested section
+          await sleep(1);
+        });
+        await debitWith(key, 20); // the section's next nested call
+        await forked;
+      });
+      assert.equal(ledger.balance, 70, 'a lost update: the fork and the next call overlapped');
+      assert.equal(ledger.mostInside, 1);
+    });
+
+    it("a fork still inside when its section ends is told: its own signal aborts (reason 'released') before anyone else can take the key", async () => {
+      const key = uniqueKey();
+      let forkSignal: AbortSignal | undefined;
+      let release!: () => void;
+      const held = new Promise<void>((resolve) => (release = resolve));
+      let fork: Promise<void> | undefined;
+      let outerSignal: AbortSignal | undefined;
+      await locks.using(key, async (outer) => {
+        outerSignal = outer.signal;
+        fork = locks.using(key, async (lock) => {
+          forkSignal = lock.signal;
+          await held;
+        });
+        await sleep(5);
+      });
+      assert.ok(forkSignal, 'the fork went in');
+      assert.equal(forkSignal.aborted, true, 'the fork runs on with a live signal');
+      assert.equal((forkSignal.reason as LockLostError).reason, 'released');
+      assert.equal(outerSignal!.aborted, false, "the section's own signal is not the fork's");
+      const other = await locks.tryAcquire(key);
+      assert.ok(other, 'the key is free once the section ended');
+      await other.release();
+      release();
+      await fork;
+    });
+
+    it('a forgotten nested acquire() is told when the outer use ends: its signal aborts', async () => {
+      const key = uniqueKey();
+      let view: Lock | undefined;
+      await locks.using(key, async () => {
+        view = await locks.acquire(key); // never released
+      });
+      assert.equal(view!.signal.aborted, true);
+      assert.equal(await view!.release(), false);
+      // Read after the end, the signal is aborted too.
+      let late: Lock | undefined;
+      await locks.using(key, async () => {
+        late = await locks.acquire(key);
+      });
+      assert.equal(late!.signal.aborted, true);
+    });
+
+    it("a leader's fork that outlives its term is told when the term ends", async () => {
+      const key = uniqueKey('leader');
+      let forkSignal: AbortSignal | undefined;
+      let release!: () => void;
+      const held = new Promise<void>((resolve) => (release = resolve));
+      let fork: Promise<void> | undefined;
+      const started = new Promise<void>((resolve) => {
+        const leadership = locks.lead(key, async () => {
+          fork = locks.using(key, async (lock) => {
+            forkSignal = lock.signal;
+            resolve();
+            await held;
+          });
+          await sleep(5);
+          void leadership.stop();
+        });
+      });
+      await started;
+      assert.ok(await eventually(() => forkSignal!.aborted), "the fork's signal never aborted");
+      release();
+      await fork;
     });
 
     it('straight nesting, any depth, never waits', async () => {

@@ -30,7 +30,7 @@ class StandInNode {
 }
 
 const granted: AcquireAttempt = { acquired: true, fence: 7, validity: 10_000 };
-const held: AcquireAttempt = { acquired: false, retryAfter: 100 };
+const held: AcquireAttempt = { acquired: false, retryAfter: 100, held: true };
 const settle = (): Promise<void> => new Promise((resolve) => setImmediate(resolve));
 
 function redlock(nodes: StandInNode[]): RedlockBackend {
