@@ -8,7 +8,7 @@ import {
   RedisLockShutdownError,
 } from './errors/redis-lock.errors.js';
 import type { AcquireOptions, Lock } from './interfaces/lock.interface.js';
-import { outsideLocks } from './engine/lock.context.js';
+import { getCurrentLock, outsideLocks } from './engine/lock.context.js';
 import { ignoreDeadline, within } from './utils/within.js';
 import { leadOptionsProblem } from './options/acquire-options.js';
 
@@ -37,6 +37,11 @@ export interface Leadership {
   /**
    * Stops campaigning: aborts the current term's `signal`, waits for its work to settle, releases
    * the lock at once (the next leader does not wait for the TTL) and resolves. Idempotent.
+   *
+   * Called from the term's own work (a leader that steps down on its own: an error it cannot
+   * handle, a drain), it does not wait for that work, which is what is calling it: it aborts the
+   * term's `signal`, releases the lock and resolves, while the work runs on to its end, no longer
+   * leading (its fence is what refuses its writes once another instance leads).
    */
   stop(): Promise<void>;
 }
@@ -51,12 +56,16 @@ export interface LeadOptions {
   ttl?: number;
 }
 
-/** How a campaign takes the lock and runs a term: `LockService.using()`. */
-export type TermRunner = (
-  key: string,
-  term: (lock: Lock) => Promise<void>,
-  options: AcquireOptions,
-) => Promise<void>;
+/** What a campaign needs of the lock engine. */
+export interface TermRunner {
+  /** Takes the lock and runs a term: `LockService.using()`. */
+  run(key: string, term: (lock: Lock) => Promise<void>, options: AcquireOptions): Promise<void>;
+  /**
+   * Settles once no attempt this process gave up on (a campaign's, stopped while its attempt was
+   * on its way) may still hold `key`: its late grant undone, within a bound.
+   */
+  undone(key: string): Promise<void>;
+}
 
 /**
  * How long one campaign attempt waits for the lock before it starts over. Releases wake it
@@ -82,6 +91,12 @@ export class Campaign implements Leadership {
   private readonly subject = new Subject<boolean>();
   private leading = false;
   private over = false;
+  /** The current term's lock, while it runs. */
+  private termLock: Lock | undefined;
+  /** Ends the current term without waiting for its work: `stop()` from inside that work. */
+  private leaveTerm: (() => void) | undefined;
+  /** The current term's work, or the last one, settled either way: what shutdown waits for. */
+  private working: Promise<void> = Promise.resolve();
   /** Settles when the campaign is over (after `stop()`, or when the module shuts down). */
   readonly done: Promise<void>;
   readonly changes: Observable<boolean> = this.subject.asObservable();
@@ -108,7 +123,15 @@ export class Campaign implements Leadership {
 
   stop(by: 'stop' | 'shutdown' = 'stop'): Promise<void> {
     if (!this.stopper.signal.aborted) this.stopper.abort(new LeadershipStoppedError(this.key, by));
+    // From inside the term's work (its call chain holds the term's lock): never wait for it.
+    const term = this.termLock;
+    if (term && getCurrentLock(this.key)?.token === term.token) this.leaveTerm?.();
     return this.done;
+  }
+
+  /** The current (or last) term's work settled: what shutdown waits for, up to the TTL. */
+  get workSettled(): Promise<void> {
+    return this.working;
   }
 
   private async campaign(): Promise<void> {
@@ -121,7 +144,7 @@ export class Campaign implements Leadership {
     };
     while (!stopped.aborted) {
       try {
-        await this.runTerm(this.key, (lock) => this.term(lock), options);
+        await this.runTerm.run(this.key, (lock) => this.term(lock), options);
       } catch (error) {
         if (stopped.aborted || error instanceof RedisLockShutdownError) break;
         if (error instanceof LockAcquireTimeoutError) continue;
@@ -131,26 +154,42 @@ export class Campaign implements Leadership {
       }
       await sleep(this.pause, undefined, { signal: stopped }).catch(() => undefined);
     }
+    // Stopped while an attempt was on its way: its grant, if it comes, is undone before `stop()`
+    // resolves, so that a stopped campaign holds nothing.
+    await this.runTerm.undone(this.key);
     this.over = true;
     this.subject.complete();
   }
 
-  /** One term: leads until `work` settles or the term's signal aborts, whichever is first. */
+  /**
+   * One term: leads until `work` settles or the term's signal aborts, whichever is first. A grant
+   * that lands after `stop()` (in the same tick) starts no term: the work never runs with its
+   * signal already aborted, and `isLeader` never turns true. A `stop()` from inside the work ends
+   * the term at once (the lock is released by `using()` as the term returns) and leaves the work
+   * to finish on its own.
+   */
   private async term(lock: Lock): Promise<void> {
+    if (this.stopper.signal.aborted) return;
     const signal = AbortSignal.any([lock.signal, this.stopper.signal]);
     const cease = (): void => this.change(false);
     signal.addEventListener('abort', cease, { once: true });
+    this.termLock = lock;
+    const left = new Promise<void>((resolve) => (this.leaveTerm = resolve));
     this.change(true);
+    const term = { key: this.key, fence: lock.fence, signal };
+    // Called at once (a throw becomes a rejection), in this call chain: it holds the term's lock.
+    const work = new Promise((resolve) => resolve(this.work(term))).catch((error: unknown) => {
+      if (signal.aborted) return;
+      this.logger.error(
+        `Leader work for "${this.key}" (term ${lock.fence}) failed; campaigning again: ${String(error)}`,
+        error instanceof Error ? error.stack : undefined,
+      );
+    });
+    this.working = work.then(() => undefined);
     try {
-      await this.work({ key: this.key, fence: lock.fence, signal });
-    } catch (error) {
-      if (!signal.aborted) {
-        this.logger.error(
-          `Leader work for "${this.key}" (term ${lock.fence}) failed; campaigning again: ${String(error)}`,
-          error instanceof Error ? error.stack : undefined,
-        );
-      }
+      await Promise.race([work, left]);
     } finally {
+      this.termLock = this.leaveTerm = undefined;
       signal.removeEventListener('abort', cease);
       this.change(false);
       if (lock.signal.aborted && !this.stopper.signal.aborted) {
@@ -187,20 +226,24 @@ export class Leaderships {
 
   /**
    * Shutdown, first step: stops every leadership, its term's `signal` aborted and its work waited
-   * for, up to the longest leader TTL; a work that ignores its signal longer is logged (its lock
-   * is released with the others when the engine shuts down).
+   * for, up to the longest leader TTL; a work that ignores its signal longer is logged. Their
+   * locks' releases go on in the engine's shutdown, within its one deadline.
    */
   async stopAll(): Promise<void> {
     const campaigns = [...this.campaigns];
     if (campaigns.length === 0) return;
+    for (const campaign of campaigns) void campaign.stop('shutdown');
     const longest = Math.max(...campaigns.map((campaign) => campaign.ttl));
+    const settled = new Set<Campaign>();
     await within(
-      Promise.all(campaigns.map((campaign) => campaign.stop('shutdown'))),
+      Promise.all(
+        campaigns.map((campaign) => campaign.workSettled.then(() => settled.add(campaign))),
+      ),
       longest,
       [],
     ).catch((error: unknown) => {
       ignoreDeadline(error);
-      for (const campaign of campaigns.filter(({ ended }) => !ended)) {
+      for (const campaign of campaigns.filter((each) => !settled.has(each))) {
         this.logger.warn(
           `Leader work for "${campaign.key}" did not return within ${campaign.ttl} ms of its term's signal aborting on shutdown: its lock is released now, and another instance may lead while it still runs (its stale fence is what stops its writes)`,
         );

@@ -55,7 +55,10 @@ export class LockService implements OnApplicationBootstrap, OnModuleDestroy, OnA
     this.engine = new LockEngine(resolved, this.logger);
     this.events = this.engine.events.observable;
     this.leaderships = new Leaderships(
-      (key, term, acquire) => this.engine.using(key, term, acquire),
+      {
+        run: (key, term, acquire) => this.engine.using(key, term, acquire),
+        undone: (key) => this.engine.undone(key),
+      },
       this.logger,
     );
   }

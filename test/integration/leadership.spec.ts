@@ -173,6 +173,58 @@ describe('leadership (lead, @WhileLeader)', () => {
     assert.equal(reasons[1].by, 'stop');
   });
 
+  it('stop() from inside the work settles without waiting for it: the term aborts, the lock is released, and another instance leads', async () => {
+    const key = uniqueKey('leader');
+    let finish!: () => void;
+    const draining = new Promise<void>((resolve) => (finish = resolve));
+    let signal: AbortSignal | undefined;
+    let stoppedInside = false;
+    let workEnded = false;
+    const leadership: Leadership = apps[0].locks.lead(key, async (term) => {
+      signal = term.signal;
+      await leadership.stop(); // steps down on its own, then drains
+      stoppedInside = true;
+      await draining;
+      workEnded = true;
+    });
+    assert.ok(await eventually(() => stoppedInside, 5_000), 'stop() from the work never settled');
+    assert.equal(workEnded, false, 'stop() waited for the work that called it');
+    assert.equal(signal!.aborted, true);
+    assert.equal(leadership.isLeader, false);
+    assert.equal(await redis.exists(`lock:{${key}}`), 0, 'the watchdog kept the key');
+    // Another instance leads, while the old work still drains.
+    const next = apps[1].locks.lead(key, new Terms().leadUntilAborted());
+    assert.ok(await eventually(() => next.isLeader, 5_000));
+    await next.stop();
+    finish();
+    await leadership.stop();
+    assert.equal(workEnded, true);
+  });
+
+  it('a grant that lands after stop() starts no term: the work never runs and isLeader never turns true', async () => {
+    const key = uniqueKey('leader');
+    const changes: boolean[] = [];
+    let ran = false;
+    let leadership: Leadership | undefined;
+    // Stopped the moment the lock is granted, before the term would start.
+    const subscription = apps[0].locks.events.subscribe((event) => {
+      if (event.type === 'acquired' && event.key === key) void leadership?.stop();
+    });
+    try {
+      leadership = apps[0].locks.lead(key, () => {
+        ran = true;
+      });
+      leadership.changes.subscribe((leading) => changes.push(leading));
+      await leadership.stop();
+      assert.equal(ran, false, 'the work ran with its signal already aborted');
+      assert.deepEqual(changes, []);
+      assert.equal(leadership.isLeader, false);
+      assert.equal(await redis.exists(`lock:{${key}}`), 0);
+    } finally {
+      subscription.unsubscribe();
+    }
+  });
+
   it('rejects bad arguments with LockArgumentError, synchronously', () => {
     const locks = apps[0].locks;
     const work = async (): Promise<void> => {};
