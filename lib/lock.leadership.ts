@@ -8,7 +8,7 @@ import {
   RedisLockShutdownError,
 } from './errors/redis-lock.errors.js';
 import type { AcquireOptions, Lock } from './interfaces/lock.interface.js';
-import { getCurrentLock, outsideLocks } from './engine/lock.context.js';
+import { inChainOf, outsideLocks } from './engine/lock.context.js';
 import { ignoreDeadline, within } from './utils/within.js';
 import { leadOptionsProblem } from './options/acquire-options.js';
 
@@ -123,9 +123,10 @@ export class Campaign implements Leadership {
 
   stop(by: 'stop' | 'shutdown' = 'stop'): Promise<void> {
     if (!this.stopper.signal.aborted) this.stopper.abort(new LeadershipStoppedError(this.key, by));
-    // From inside the term's work (its call chain holds the term's lock): never wait for it.
+    // From inside the term's work (its call chain runs under the term's lock, even one released
+    // or lost meanwhile): never wait for it.
     const term = this.termLock;
-    if (term && getCurrentLock(this.key)?.token === term.token) this.leaveTerm?.();
+    if (term && inChainOf(term)) this.leaveTerm?.();
     return this.done;
   }
 

@@ -44,6 +44,14 @@ export function findChainLock(owner: object, key: string): KeyHold | undefined {
   return undefined;
 }
 
+/** Whether the current async call chain runs under `lock` (released since, or not). */
+export function inChainOf(lock: object): boolean {
+  for (let frame = storage.getStore(); frame; frame = frame.parent) {
+    if (frame.lock === lock) return true;
+  }
+  return false;
+}
+
 /**
  * The lock held by the current call chain: the innermost one, or the one on `key` (of a lock on
  * several keys, that key's own, with that key's fence). Lets code running under `using()` or

@@ -4,6 +4,7 @@ import { Injectable, Scope } from '@nestjs/common';
 import { Test } from '@nestjs/testing';
 import { Redis } from 'ioredis';
 import {
+  getCurrentLock,
   LeadershipStoppedError,
   LockArgumentError,
   LockLostError,
@@ -199,6 +200,18 @@ describe('leadership (lead, @WhileLeader)', () => {
     finish();
     await leadership.stop();
     assert.equal(workEnded, true);
+  });
+
+  it("stop() from inside the work does not wait for it either once the term's lock was released behind its back (found by the model suite)", async () => {
+    const key = uniqueKey('leader');
+    let settled = false;
+    const leadership: Leadership = apps[0].locks.lead(key, async () => {
+      await getCurrentLock(key)!.release(); // an operator, a bug
+      await leadership.stop();
+      settled = true;
+    });
+    assert.ok(await eventually(() => settled, 3_000), 'stop() from inside never settled');
+    await leadership.stop();
   });
 
   it('a grant that lands after stop() starts no term: the work never runs and isLeader never turns true', async () => {

@@ -1,0 +1,366 @@
+import assert from 'node:assert/strict';
+import {
+  LockAcquireTimeoutError,
+  LockBackendError,
+  RedisLockShutdownError,
+  type Lock,
+} from '../../lib/index.js';
+import { SLACK_MS } from '../support/timing.js';
+import type { App, Deployment } from './model-deployment.js';
+
+/**
+ * The model the steps of `model-steps.ts` run against: who holds what, in which call tree, and
+ * the invariants checked after every step, at every grant and once a sequence settles:
+ *
+ * - never two live holders of one key: a holder is live from its grant until its signal aborts
+ *   or its release is made (views and forks count); holders of one hold (its views) may be live
+ *   together only along one branch of the call tree (a call and the calls nested in it), never
+ *   in two branches (forks) at once; places of a semaphore never more than its limit;
+ * - fences of a key strictly increase from exclusive holder to holder;
+ * - once things settle, no key in Redis without a live holder (a `holdAtLeast` window aside);
+ * - every call settles within its documented bound, a wait that times out waited its
+ *   `acquireTimeout`, and only documented errors come out;
+ * - no Node warning and no unhandled rejection.
+ */
+
+/** What a holder holds: the plain lock (a writer), a place of SEMAPHORE_LIMIT, or a read lock. */
+export type Shape = 'plain' | 'place' | 'read';
+export const SEMAPHORE_LIMIT = 2;
+
+/** A point of the call tree: a flow (a section's body, a leader's term) or one call made in one. */
+export interface CallNode {
+  readonly id: number;
+  /** The flow the call was made from; `undefined` at the top (outside any lock). */
+  readonly parent: CallNode | undefined;
+}
+
+export interface Held {
+  readonly id: number;
+  readonly app: App;
+  readonly lock: Lock;
+  readonly keys: readonly string[];
+  readonly shape: Shape;
+  /** A re-entry: the token of a holder further up its call tree. */
+  readonly view: boolean;
+  readonly node: CallNode;
+  /** When the model saw it granted (`performance.now()`). */
+  readonly grantedAt: number;
+  readonly holdAtLeast: number;
+  readonly what: string;
+  releases: number;
+  /** A release that got no answer (or found Redis gone): Redis may keep it until its TTL. */
+  unconfirmed: boolean;
+}
+
+/** Engine internals the invariants read (not part of the API). */
+interface Internals {
+  /** Of a hold: its release was made. Of a view: its own, or its hold's. */
+  readonly released: boolean;
+  /** Of a view: its own release was made. */
+  readonly ended?: boolean;
+  readonly swap?: unknown;
+  handleOf?(key: string): Internals | undefined;
+}
+export const internals = (lock: Lock): Internals => lock as unknown as Internals;
+
+export class Model {
+  readonly held: Held[] = [];
+  /** Calls left running (waiters, forks, jobs): each settles within its own bound. */
+  readonly pending: Promise<unknown>[] = [];
+  /** Per key, the highest fence an exclusive holder was granted. */
+  readonly fences = new Map<string, number>();
+  readonly violations: string[] = [];
+  /**
+   * An app was closed while its link to Redis was cut: what it had sent and never heard back
+   * about (an attempt, an undo) reaches Redis when the link heals, after the app is gone, and a
+   * lock it grants stays until its TTL. Such keys are not held by anyone the model knows.
+   */
+  leftBehind = false;
+  private nextId = 0;
+
+  /** k0, k1: plain locks (one key or both), leaders, jobs; k2: a semaphore; k3: read/write. */
+  readonly keys: readonly string[];
+
+  constructor(
+    /** What every key of this sequence starts with. */
+    readonly prefix: string,
+    readonly deployment: Deployment,
+    readonly commandTimeout: number,
+    readonly stalls: { stalled(): number },
+    /** Unhandled rejections and Node warnings seen in this process (shared by all sequences). */
+    private readonly problems: string[],
+  ) {
+    this.keys = [0, 1, 2, 3].map((i) => `${prefix}:k${i}`);
+  }
+
+  node(parent: CallNode | undefined): CallNode {
+    return { id: this.nextId++, parent };
+  }
+
+  /** The holder recorded for `lock`, if any. */
+  heldOf(lock: Lock): Held | undefined {
+    return this.held.find((held) => held.lock === lock);
+  }
+
+  /**
+   * A lock was granted to a call at `node`: checked against every holder the model knows, then
+   * recorded.
+   */
+  granted(
+    app: App,
+    lock: Lock,
+    node: CallNode,
+    ttl: number,
+    what: string,
+    shape: Shape = 'plain',
+    holdAtLeast = 0,
+  ): Held {
+    const now = performance.now();
+    const view = this.holdersAbove(node, lock).length > 0;
+    const name = `${what}: ${view ? 'view' : shape} of ${lock.keys.join('+')} (fence ${lock.fence})`;
+    if (!view) {
+      if (lock.expiresAt < now - 1) {
+        this.violations.push(
+          `${name} granted ${(now - lock.expiresAt).toFixed(1)} ms after its lease ran out`,
+        );
+      }
+      if (lock.expiresAt - now > ttl) {
+        this.violations.push(
+          `${name} believes for ${(lock.expiresAt - now).toFixed(0)} ms, over its TTL of ${ttl}`,
+        );
+      }
+      for (const key of lock.keys) {
+        const fence = lock.fences[key];
+        const last = this.fences.get(key) ?? 0;
+        // Exclusive holders follow one another, so their fences rise in the order seen; places and
+        // read locks overlap, and one app's grant may be seen after a later one of the other's:
+        // their fences are only unique.
+        if (shape === 'plain' && fence <= last) {
+          this.violations.push(`${name}: fence ${fence} of ${key} not above ${last}`);
+        }
+        if (
+          shape !== 'plain' &&
+          this.held.some((other) => !other.view && other.lock.fences[key] === fence)
+        ) {
+          this.violations.push(`${name}: fence ${fence} of ${key} given twice`);
+        }
+        if (shape === 'plain') this.fences.set(key, Math.max(fence, last));
+      }
+    } else if (
+      lock.keys.some((key) => !this.holdersAbove(node, lock).some((h) => h.keys.includes(key)))
+    ) {
+      this.violations.push(`${name} re-entered a key its call tree does not hold`);
+    }
+    const held: Held = {
+      id: this.nextId++,
+      app,
+      lock,
+      keys: lock.keys,
+      shape,
+      view,
+      node,
+      grantedAt: now,
+      holdAtLeast,
+      what,
+      releases: 0,
+      unconfirmed: false,
+    };
+    this.held.push(held);
+    this.checkHolders(`at the grant of ${name}`);
+    return held;
+  }
+
+  /** Holders further up `node`'s call tree with `lock`'s token. */
+  private holdersAbove(node: CallNode, lock: Lock): Held[] {
+    const above: Held[] = [];
+    for (let at = node.parent; at; at = at.parent) {
+      for (const held of this.held) {
+        if (held.node === at && held.lock.token === lock.token) above.push(held);
+      }
+    }
+    return above;
+  }
+
+  /** Whether `held` is live on `key` now (see the class comment). */
+  live(held: Held, key: string, now = performance.now()): boolean {
+    const handle = internals(held.lock).handleOf?.(key) ?? internals(held.lock);
+    const released = held.view && handle.ended !== undefined ? handle.ended : handle.released;
+    return !released && !held.lock.signal.aborted && held.lock.expiresAt > now;
+  }
+
+  /** Never two live holders, nor two live branches of one hold, on any key. */
+  checkHolders(when: string): void {
+    const now = performance.now();
+    for (const key of this.keys) {
+      const holders = this.held.filter(
+        (held) => held.keys.includes(key) && this.live(held, key, now),
+      );
+      const tokens = new Map<string, Held[]>();
+      for (const held of holders) {
+        tokens.set(held.lock.token, [...(tokens.get(held.lock.token) ?? []), held]);
+      }
+      const shapes = [...tokens.values()].map((same) => same[0].shape);
+      const places = shapes.filter((shape) => shape === 'place').length;
+      const writers = shapes.filter((shape) => shape === 'plain').length;
+      const readers = shapes.filter((shape) => shape === 'read').length;
+      if (places > SEMAPHORE_LIMIT)
+        this.violations.push(`${when}: ${places} live places of ${key}`);
+      if (writers > 1 || (writers > 0 && tokens.size > 1)) {
+        this.violations.push(
+          `${when}: ${tokens.size} live holders of ${key} (${writers} writers, ${readers} readers): ${holders.map((h) => `#${h.id} ${h.what}`).join(', ')}`,
+        );
+      }
+      for (const same of tokens.values()) {
+        for (let i = 0; i < same.length; i++) {
+          for (let j = i + 1; j < same.length; j++) {
+            const [a, b] = [same[i], same[j]];
+            if (!above(a.node, b.node) && !above(b.node, a.node)) {
+              this.violations.push(
+                `${when}: two calls of one hold inside ${key} at once, in two branches of its call tree (#${a.id} ${a.what}, #${b.id} ${b.what}, fence ${a.lock.fences[key]})`,
+              );
+            }
+          }
+        }
+      }
+      for (const held of holders) {
+        if (!held.view) continue;
+        const holds = this.held.filter(
+          (other) =>
+            !other.view && other.lock.token === held.lock.token && other.keys.includes(key),
+        );
+        if (holds.length > 0 && !holds.some((hold) => this.live(hold, key, now))) {
+          this.violations.push(
+            `${when}: #${held.id} ${held.what} (a view of ${key}) live after its hold ended`,
+          );
+        }
+      }
+    }
+  }
+
+  /** An acquisition that failed: only the documented errors, a timeout only after its wait. */
+  failed(what: string, error: unknown, app: App, waited?: { ms: number; timeout: number }): void {
+    if (error instanceof LockAcquireTimeoutError) {
+      if (waited && waited.ms < waited.timeout - 2) {
+        this.violations.push(
+          `${what} timed out after ${waited.ms.toFixed(0)} ms, before its acquireTimeout of ${waited.timeout}: ${error.message}`,
+        );
+      }
+      return;
+    }
+    if (error instanceof LockBackendError) return;
+    if (error instanceof RedisLockShutdownError && app.closing) return;
+    this.violations.push(`${what} failed with ${String(error)}`);
+  }
+
+  /**
+   * Runs `call`, checking that it settles within `bound` ms (plus what a loaded machine adds:
+   * `slack`, and the event loop's stalls). One that does not is a violation, and is not waited for
+   * past twice that: the sequence goes on (and fails) instead of hanging.
+   */
+  async bounded<T>(
+    what: string,
+    bound: number,
+    call: () => Promise<T>,
+    slack = SLACK_MS,
+  ): Promise<T | undefined> {
+    const started = performance.now();
+    const limit = (): number => bound + slack + this.stalls.stalled();
+    let timer: NodeJS.Timeout | undefined;
+    const hung = new Promise<'hung'>((resolve) => {
+      timer = setTimeout(() => resolve('hung'), 2 * limit() + 1_000);
+    });
+    try {
+      const outcome = await Promise.race([call(), hung]);
+      if (outcome === 'hung') {
+        this.violations.push(
+          `${what} never settled (waited ${(performance.now() - started).toFixed(0)} ms, bound ${bound})`,
+        );
+        return undefined;
+      }
+      return outcome;
+    } finally {
+      clearTimeout(timer);
+      const took = performance.now() - started;
+      if (
+        took > limit() &&
+        !this.violations.some((line) => line.startsWith(`${what} never settled`))
+      ) {
+        this.violations.push(`${what} took ${took.toFixed(0)} ms, over its bound ${bound}`);
+      }
+    }
+  }
+
+  /** The invariants that hold between steps, against Redis too. */
+  async check(): Promise<void> {
+    this.checkHolders('between steps');
+    const readAt = performance.now();
+    const { deployment } = this;
+    const [owners, ttls] = await Promise.all([
+      Promise.all(this.keys.slice(0, 2).map((key) => deployment.owner(key))),
+      deployment.ttls(this.prefix),
+    ]);
+    for (const [name, ttl] of ttls) if (ttl === -1) this.violations.push(`${name} has no TTL`);
+    const now = performance.now();
+    this.keys.slice(0, 2).forEach((key, i) => {
+      for (const held of this.held) {
+        if (held.view || held.grantedAt >= readAt || !held.keys.includes(key)) continue;
+        if (!this.live(held, key, now)) continue;
+        const handle = internals(held.lock).handleOf?.(key) ?? internals(held.lock);
+        if (handle.swap === undefined && !owners[i].includes(held.lock.token)) {
+          this.violations.push(
+            `live holder #${held.id} ${held.what} of ${key} (fence ${held.lock.fences[key]}) not the owner in Redis (${owners[i].join(', ') || 'nobody'})`,
+          );
+        }
+      }
+    });
+    this.assertClean();
+  }
+
+  assertClean(): void {
+    this.violations.push(...this.problems.splice(0));
+    if (this.violations.length > 0) assert.fail(this.violations.join('\n'));
+  }
+
+  /**
+   * Once things settle: every token Redis holds under a model key is a live holder's, or one whose
+   * release went unanswered, or one `holdAtLeast` keeps. Polled for a while: an abandoned
+   * attempt's late grant is undone within two `commandTimeout`s.
+   */
+  async checkNothingKept(when: string): Promise<void> {
+    const deadline = performance.now() + 2 * this.commandTimeout + 500;
+    let strays: string[] = [];
+    do {
+      strays = [];
+      const now = performance.now();
+      for (const key of this.keys) {
+        for (const token of await this.deployment.owner(key)) {
+          const known = this.held.filter(
+            (held) => held.lock.token === token && held.keys.includes(key),
+          );
+          const kept = known.some(
+            (held) =>
+              this.live(held, key, now) ||
+              held.unconfirmed ||
+              (held.holdAtLeast > 0 && held.grantedAt + held.holdAtLeast + 50 > now),
+          );
+          if (!kept && !(known.length === 0 && this.leftBehind)) {
+            strays.push(
+              known.length === 0
+                ? `${key} held in Redis by a token no holder was given`
+                : `${key} held in Redis by #${known[0].id} ${known[0].what}, no longer live`,
+            );
+          }
+        }
+      }
+      if (strays.length === 0) return;
+      await new Promise((resolve) => setTimeout(resolve, 50));
+    } while (performance.now() < deadline);
+    this.violations.push(...strays.map((stray) => `${when}: ${stray}`));
+  }
+}
+
+/** Whether `a` is `b` or further up its call tree. */
+function above(a: CallNode, b: CallNode): boolean {
+  for (let at: CallNode | undefined = b; at; at = at.parent) if (at === a) return true;
+  return false;
+}

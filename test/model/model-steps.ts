@@ -1,0 +1,1018 @@
+import fc from 'fast-check';
+import {
+  getCurrentLock,
+  LockAcquireTimeoutError,
+  LockBackendError,
+  LockLostError,
+  type AcquireOptions,
+  type Lock,
+  type Leadership,
+} from '../../lib/index.js';
+import type { App, Deployment } from './model-deployment.js';
+import {
+  SEMAPHORE_LIMIT,
+  type CallNode,
+  type Held,
+  type Model,
+  type Shape,
+} from './model-state.js';
+
+/**
+ * The steps of the model-based suite (fast-check `commands`), each one thing an app does: take
+ * locks (one key or two, every shape, `holdAtLeast`, waiting or not), open sections and nest in
+ * them at any depth (awaited, forked side by side, from a timer, forks that outlive their
+ * section, nested `acquire()` views that are forgotten), run `@WithLock` jobs that skip when busy,
+ * campaign for leadership and stop it from outside or from inside its work, close an app at any
+ * moment (with a release or an attempt on its way, its link cut), and slow or cut the link of the
+ * app in slot 0, or make Redis forget its scripts. Each is written as JSON (`toString`), so that a
+ * sequence that failed can be kept and replayed as it is (see `replay`).
+ */
+
+/** The module's default TTL: a nested call leaves it out (it re-enters, or takes the key afresh). */
+export const DEFAULT_TTL = 10_000;
+const KEY_SETS = [[0], [1], [0, 1]] as const;
+const TTLS = [50, 150, 300, 1_000, 30_000] as const;
+
+/** What the steps drive: the apps (one per slot, replaced when closed), flows and leaderships. */
+export interface Real {
+  readonly deployment: Deployment;
+  readonly apps: App[];
+  generations: number;
+  readonly flows: Flow[];
+  readonly leaders: Leader[];
+}
+
+/**
+ * A flow of calls holding a lock: a `using()` section's body, or a leader's term, running what
+ * the steps send it, in its own call chain (so calls it makes are nested in its hold).
+ */
+export class Flow {
+  readonly node: CallNode;
+  held: Held | undefined;
+  /** The nested section it awaits: meanwhile it takes no steps. */
+  inner: Flow | undefined;
+  /** Its body returned (or never started). */
+  ended = false;
+  private readonly queue: (() => Promise<void>)[] = [];
+  private wake: (() => void) | undefined;
+  private closing = false;
+  private opened!: (ok: boolean) => void;
+  readonly started = new Promise<boolean>((resolve) => (this.opened = resolve));
+  /** Settles when the body is over: its section's outcome (an error, or `undefined`). */
+  done: Promise<unknown> = Promise.resolve();
+
+  constructor(
+    readonly app: App,
+    readonly keys: readonly string[],
+    readonly parent: Flow | undefined,
+    model: Model,
+    readonly what: string,
+    /** A leader's term: its signal ends the body, and the bodies of the flows nested in it. */
+    readonly term: AbortSignal | undefined = parent?.term,
+  ) {
+    this.node = model.node(parent?.node);
+  }
+
+  get active(): boolean {
+    return (
+      this.held !== undefined &&
+      !this.ended &&
+      !this.closing &&
+      !this.inner &&
+      !this.app.closing &&
+      !this.term?.aborted
+    );
+  }
+
+  /**
+   * Starts the flow as a `using()` section of `app` on its keys, from the calling chain (so the
+   * section is nested in whatever that chain holds).
+   */
+  open(model: Model, options: AcquireOptions, ttl: number): Promise<unknown> {
+    const key = this.keys.length === 1 ? this.keys[0] : this.keys;
+    this.done = this.app.locks
+      .using(key, (lock) => this.body(model, lock, ttl), options)
+      .then(
+        () => undefined,
+        (error: unknown) => error,
+      )
+      .finally(() => {
+        this.ended = true;
+        this.opened(false);
+      });
+    return this.done;
+  }
+
+  /** The body: records its lock, then runs what it is sent until closed (or its term ends). */
+  async body(model: Model, lock: Lock, ttl: number): Promise<void> {
+    this.held = model.granted(this.app, lock, this.node, ttl, this.what);
+    this.opened(true);
+    const ended = this.term;
+    const onEnd = (): void => this.wake?.();
+    ended?.addEventListener('abort', onEnd);
+    try {
+      for (;;) {
+        const next = this.queue.shift();
+        if (next) await next();
+        else if (this.closing || ended?.aborted) return;
+        else await new Promise<void>((resolve) => (this.wake = resolve));
+      }
+    } finally {
+      ended?.removeEventListener('abort', onEnd);
+    }
+  }
+
+  /** Runs `fn` inside the flow, in its call chain. */
+  run<T>(fn: () => Promise<T>): Promise<T> {
+    return new Promise<T>((resolve, reject) => {
+      this.queue.push(() => fn().then(resolve, reject));
+      this.wake?.();
+    });
+  }
+
+  close(): Promise<unknown> {
+    this.closing = true;
+    this.wake?.();
+    return this.done;
+  }
+}
+
+/** A leadership campaigned for by a step, its current term a `Flow`. */
+export interface Leader {
+  readonly app: App;
+  readonly key: string;
+  readonly leadership: Leadership;
+  term: Flow | undefined;
+  stopped: boolean;
+}
+
+/** A step: one thing an app does, written and read as JSON (`[kind, ...args]`). */
+abstract class Step implements fc.AsyncCommand<Model, Real> {
+  abstract readonly kind: string;
+  abstract readonly args: readonly (string | number | boolean)[];
+  check(_model: Readonly<Model>): boolean {
+    return true;
+  }
+  abstract run(model: Model, real: Real): Promise<void>;
+  toString(): string {
+    return JSON.stringify([this.kind, ...this.args]);
+  }
+}
+
+/** What the steps of `model`'s sequence drive (fast-check's `check` is given the model only). */
+const driven = new WeakMap<object, Real>();
+export const drive = (model: Model, real: Real): void => void driven.set(model, real);
+const realOf = (model: Readonly<Model>): Real => driven.get(model)!;
+
+/** The open flows a step can act in (not waiting on a nested section, not ending). */
+const activeFlows = (real: Real): Flow[] => real.flows.filter((flow) => flow.active);
+
+/** A lock's options for `acquire()` from the top level: one key or both, waiting or not. */
+class AcquireStep extends Step {
+  readonly kind = 'acquire';
+  constructor(
+    readonly slot: number,
+    readonly keySet: number,
+    readonly ttl: number,
+    readonly wait: 'try' | 0 | 300 | 1_500,
+    readonly autoExtend: boolean,
+    readonly holdAtLeast: number,
+  ) {
+    super();
+  }
+  get args() {
+    return [this.slot, this.keySet, this.ttl, this.wait, this.autoExtend, this.holdAtLeast];
+  }
+  async run(model: Model, real: Real): Promise<void> {
+    const keys = KEY_SETS[this.keySet].map((i) => model.keys[i]);
+    const key = keys.length === 1 ? keys[0] : keys;
+    const app = real.apps[this.slot];
+    const holdAtLeast = Math.min(this.holdAtLeast, this.ttl);
+    const options = { ttl: this.ttl, autoExtend: this.autoExtend, holdAtLeast };
+    const what = this.toString();
+    const node = model.node(undefined);
+    const bound = 2 * model.commandTimeout * keys.length;
+    if (this.wait === 'try') {
+      const lock = await model.bounded(what, bound, () =>
+        app.locks.tryAcquire(key, options).catch((error: unknown) => {
+          model.failed(what, error, app);
+          return null;
+        }),
+      );
+      if (lock) model.granted(app, lock, node, this.ttl, what, 'plain', holdAtLeast);
+    } else {
+      const acquireTimeout = this.wait;
+      const started = performance.now();
+      const call = model
+        .bounded(what, acquireTimeout + bound, () =>
+          app.locks.acquire(key, { ...options, acquireTimeout }),
+        )
+        .then(
+          (lock) => lock && model.granted(app, lock, node, this.ttl, what, 'plain', holdAtLeast),
+          (error: unknown) =>
+            model.failed(what, error, app, {
+              ms: performance.now() - started,
+              timeout: acquireTimeout,
+            }),
+        );
+      // A wait is left running (a waiter, in its app's queue); an attempt is awaited.
+      if (acquireTimeout > 0) model.pending.push(call);
+      else await call;
+    }
+    await model.check();
+  }
+}
+
+/** A place in the semaphore (k2), or a read or write lock (k3). */
+class ShapeStep extends Step {
+  readonly kind = 'shape';
+  constructor(
+    readonly slot: number,
+    readonly shape: 'place' | 'read' | 'write',
+    readonly ttl: number,
+    readonly wait: 'try' | 300,
+  ) {
+    super();
+  }
+  get args() {
+    return [this.slot, this.shape, this.ttl, this.wait];
+  }
+  override check(model: Readonly<Model>): boolean {
+    return model.deployment.shapes;
+  }
+  async run(model: Model, real: Real): Promise<void> {
+    const key = model.keys[this.shape === 'place' ? 2 : 3];
+    const options: AcquireOptions =
+      this.shape === 'place'
+        ? { ttl: this.ttl, limit: SEMAPHORE_LIMIT }
+        : { ttl: this.ttl, mode: this.shape };
+    const shape: Shape = this.shape === 'write' ? 'plain' : this.shape;
+    const app = real.apps[this.slot];
+    const what = this.toString();
+    const node = model.node(undefined);
+    if (this.wait === 'try') {
+      const lock = await model.bounded(what, model.commandTimeout, () =>
+        app.locks.tryAcquire(key, options).catch((error: unknown) => {
+          model.failed(what, error, app);
+          return null;
+        }),
+      );
+      if (lock) model.granted(app, lock, node, this.ttl, what, shape);
+    } else {
+      const acquireTimeout = this.wait;
+      const started = performance.now();
+      model.pending.push(
+        model
+          .bounded(what, acquireTimeout + 2 * model.commandTimeout, () =>
+            app.locks.acquire(key, { ...options, acquireTimeout }),
+          )
+          .then(
+            (lock) => lock && model.granted(app, lock, node, this.ttl, what, shape),
+            (error: unknown) =>
+              model.failed(what, error, app, {
+                ms: performance.now() - started,
+                timeout: acquireTimeout,
+              }),
+          ),
+      );
+    }
+    await model.check();
+  }
+}
+
+/** Releases a holder (a lock, a view, a section's hold from outside), maybe twice. */
+class ReleaseStep extends Step {
+  readonly kind = 'release';
+  constructor(
+    readonly pick: number,
+    readonly twice: boolean,
+  ) {
+    super();
+  }
+  get args() {
+    return [this.pick, this.twice];
+  }
+  override check(model: Readonly<Model>): boolean {
+    return model.held.length > 0;
+  }
+  async run(model: Model): Promise<void> {
+    const held = model.held[this.pick % model.held.length];
+    await release(model, held, this.toString(), this.twice ? 2 : 1);
+    await model.check();
+  }
+}
+
+/** Releases `held` `times` times: the second answers `false`; a failure only `LockBackendError`. */
+async function release(model: Model, held: Held, what: string, times = 1): Promise<void> {
+  for (let i = 0; i < times; i++) {
+    const answer = await model.bounded(what, 2 * model.commandTimeout, () =>
+      held.lock.release().catch((error: unknown) => error),
+    );
+    if (answer instanceof LockBackendError) held.unconfirmed = true;
+    else if (answer instanceof Error) {
+      model.violations.push(`release of #${held.id} failed with ${String(answer)}`);
+    }
+    if (held.releases++ > 0 && answer !== false) {
+      model.violations.push(
+        `release ${held.releases} of #${held.id} (${held.view ? 'a view' : 'a lock'}) answered ${String(answer)}`,
+      );
+    }
+  }
+}
+
+class ExtendStep extends Step {
+  readonly kind = 'extend';
+  constructor(
+    readonly pick: number,
+    readonly ttl: number,
+  ) {
+    super();
+  }
+  get args() {
+    return [this.pick, this.ttl];
+  }
+  override check(model: Readonly<Model>): boolean {
+    return model.held.length > 0;
+  }
+  async run(model: Model): Promise<void> {
+    const held = model.held[this.pick % model.held.length];
+    await model.bounded(this.toString(), 2 * model.commandTimeout, () =>
+      held.lock.extend(this.ttl).catch((error: unknown) => {
+        if (!(error instanceof LockLostError || error instanceof LockBackendError)) {
+          model.violations.push(`extend of #${held.id} failed with ${String(error)}`);
+        }
+      }),
+    );
+    await model.check();
+  }
+}
+
+class SleepStep extends Step {
+  readonly kind = 'sleep';
+  constructor(readonly ms: number) {
+    super();
+  }
+  get args() {
+    return [this.ms];
+  }
+  async run(model: Model): Promise<void> {
+    await new Promise((resolve) => setTimeout(resolve, this.ms));
+    await model.check();
+  }
+}
+
+/** Slot 0's link to Redis slowed (each way), or back to normal. */
+class LatencyStep extends Step {
+  readonly kind = 'latency';
+  constructor(readonly ms: number) {
+    super();
+  }
+  get args() {
+    return [this.ms];
+  }
+  async run(model: Model, real: Real): Promise<void> {
+    real.deployment.latency(this.ms);
+    await model.check();
+  }
+}
+
+/** A partition of slot 0 from Redis: nothing crosses for `ms`, then everything sent arrives. */
+class StallStep extends Step {
+  readonly kind = 'stall';
+  constructor(readonly ms: number) {
+    super();
+  }
+  get args() {
+    return [this.ms];
+  }
+  async run(model: Model, real: Real): Promise<void> {
+    real.deployment.stall();
+    await new Promise((resolve) => setTimeout(resolve, this.ms));
+    real.deployment.heal();
+    await model.check();
+  }
+}
+
+/** Redis forgets its scripts (as after a restart or a failover): they are loaded again. */
+class FlushScriptsStep extends Step {
+  readonly kind = 'flush';
+  readonly args = [];
+  async run(model: Model, real: Real): Promise<void> {
+    await real.deployment.flushScripts();
+    await model.check();
+  }
+}
+
+/** A `using()` section at the top level, left open for the steps to nest in. */
+class OpenStep extends Step {
+  readonly kind = 'open';
+  constructor(
+    readonly slot: number,
+    readonly keySet: number,
+    readonly ttl: number,
+    readonly autoExtend: boolean,
+  ) {
+    super();
+  }
+  get args() {
+    return [this.slot, this.keySet, this.ttl, this.autoExtend];
+  }
+  async run(model: Model, real: Real): Promise<void> {
+    const keys = KEY_SETS[this.keySet].map((i) => model.keys[i]);
+    const app = real.apps[this.slot];
+    const what = this.toString();
+    const flow = new Flow(app, keys, undefined, model, what);
+    real.flows.push(flow);
+    const options = { ttl: this.ttl, acquireTimeout: 0, autoExtend: this.autoExtend };
+    const started = performance.now();
+    void flow.open(model, options, this.ttl).then((error) => {
+      if (error !== undefined && flow.held === undefined) {
+        model.failed(what, error, app, { ms: performance.now() - started, timeout: 0 });
+      }
+    });
+    await model.bounded(what, 2 * model.commandTimeout * keys.length, () => flow.started);
+    await model.check();
+  }
+}
+
+/**
+ * In an open flow: a nested `using()` section it awaits (straight nesting: the flow takes no steps
+ * until it closes), or a nested `acquire()` whose view is left open (forgotten, unless a release
+ * step picks it).
+ */
+class NestStep extends Step {
+  readonly kind = 'nest';
+  constructor(
+    readonly pick: number,
+    readonly how: 'using' | 'acquire',
+    readonly wait: 0 | 300,
+  ) {
+    super();
+  }
+  get args() {
+    return [this.pick, this.how, this.wait];
+  }
+  override check(model: Readonly<Model>): boolean {
+    return activeFlows(realOf(model)).length > 0;
+  }
+  async run(model: Model, real: Real): Promise<void> {
+    const flows = activeFlows(real);
+    const parent = flows[this.pick % flows.length];
+    const what = `${this.toString()} in ${parent.what}`;
+    const { app } = parent;
+    const key = parent.keys.length === 1 ? parent.keys[0] : parent.keys;
+    const options = { acquireTimeout: this.wait };
+    if (this.how === 'using') {
+      const child = new Flow(app, parent.keys, parent, model, what);
+      real.flows.push(child);
+      void parent.run(async () => {
+        const straight = straightNesting(model, child.node, parent.keys);
+        parent.inner = child;
+        const started = performance.now();
+        const error = await child.open(model, options, DEFAULT_TTL);
+        parent.inner = undefined;
+        // Re-entering a hold that was lost throws its LockLostError.
+        if (error !== undefined && child.held === undefined && !(error instanceof LockLostError)) {
+          const waited = { ms: performance.now() - started, timeout: this.wait };
+          if (error instanceof LockAcquireTimeoutError && straight) {
+            model.violations.push(`${what}: straight nesting waited: ${error.message}`);
+          }
+          model.failed(what, error, app, waited);
+        }
+      });
+      await model.bounded(what, this.wait + 2 * model.commandTimeout, () => child.started);
+    } else {
+      const node = model.node(parent.node);
+      await model.bounded(what, this.wait + 2 * model.commandTimeout, () =>
+        parent.run(async () => {
+          const straight = straightNesting(model, node, parent.keys);
+          const started = performance.now();
+          try {
+            const lock = await app.locks.acquire(key, options);
+            model.granted(app, lock, node, DEFAULT_TTL, what);
+          } catch (error) {
+            if (error instanceof LockAcquireTimeoutError && straight) {
+              model.violations.push(`${what}: straight nesting waited: ${error.message}`);
+            }
+            if (!(error instanceof LockLostError)) {
+              model.failed(what, error, app, {
+                ms: performance.now() - started,
+                timeout: this.wait,
+              });
+            }
+          }
+        }),
+      );
+    }
+    await model.check();
+  }
+}
+
+/**
+ * Whether a call at `node` on `keys` nests straight in live holds: every live holder of those keys
+ * with its holds' token is a caller of it. Then it must never wait (a fork, a forgotten view or a
+ * call still inside elsewhere in the tree makes it wait its turn instead).
+ */
+function straightNesting(model: Model, node: CallNode, keys: readonly string[]): boolean {
+  const now = performance.now();
+  const callers = new Set<CallNode>();
+  for (let at = node.parent; at; at = at.parent) callers.add(at);
+  const holds = model.held.filter(
+    (held) => callers.has(held.node) && keys.every((key) => held.keys.includes(key)),
+  );
+  if (!holds.some((hold) => keys.every((key) => model.live(hold, key, now)))) return false;
+  const tokens = new Set(holds.map((hold) => hold.lock.token));
+  return model.held.every(
+    (held) =>
+      !tokens.has(held.lock.token) ||
+      callers.has(held.node) ||
+      !held.keys.some((key) => keys.includes(key) && model.live(held, key, now)),
+  );
+}
+
+/**
+ * Calls forked inside an open flow: `count` nested `using()` run side by side, each inside for a
+ * moment, maybe one more from a timer that the flow does not wait for, and maybe one that stays
+ * open (a flow of its own, not awaited: it may outlive its parent).
+ */
+class ForkStep extends Step {
+  readonly kind = 'fork';
+  constructor(
+    readonly pick: number,
+    readonly count: number,
+    readonly timer: boolean,
+    readonly open: boolean,
+  ) {
+    super();
+  }
+  get args() {
+    return [this.pick, this.count, this.timer, this.open];
+  }
+  override check(model: Readonly<Model>): boolean {
+    return activeFlows(realOf(model)).length > 0;
+  }
+  async run(model: Model, real: Real): Promise<void> {
+    const flows = activeFlows(real);
+    const parent = flows[this.pick % flows.length];
+    const what = `${this.toString()} in ${parent.what}`;
+    const { app } = parent;
+    const key = parent.keys.length === 1 ? parent.keys[0] : parent.keys;
+    const options = { acquireTimeout: 1_000 };
+    const fork = (): Promise<void> => {
+      const node = model.node(parent.node);
+      const started = performance.now();
+      return app.locks
+        .using(
+          key,
+          async (lock) => {
+            model.granted(app, lock, node, DEFAULT_TTL, `${what} (fork)`);
+            await new Promise((resolve) => setTimeout(resolve, 15));
+          },
+          options,
+        )
+        .catch((error: unknown) => {
+          if (!(error instanceof LockLostError)) {
+            model.failed(`${what} (fork)`, error, app, {
+              ms: performance.now() - started,
+              timeout: options.acquireTimeout,
+            });
+          }
+        });
+    };
+    const bound = options.acquireTimeout + 3 * model.commandTimeout;
+    let child: Flow | undefined;
+    await model.bounded(what, bound, () =>
+      parent.run(async () => {
+        if (this.timer) {
+          const later = new Promise<void>((resolve) => setTimeout(() => resolve(fork()), 0));
+          model.pending.push(model.bounded(`${what} (timer)`, bound, () => later));
+        }
+        if (this.open) {
+          const flow = (child = new Flow(app, parent.keys, parent, model, `${what} (open fork)`));
+          real.flows.push(flow);
+          const started = performance.now();
+          void flow.open(model, options, DEFAULT_TTL).then((error) => {
+            if (
+              error !== undefined &&
+              flow.held === undefined &&
+              !(error instanceof LockLostError)
+            ) {
+              model.failed(flow.what, error, app, {
+                ms: performance.now() - started,
+                timeout: options.acquireTimeout,
+              });
+            }
+          });
+        }
+        await Promise.all(Array.from({ length: this.count }, fork));
+      }),
+    );
+    const opened = child;
+    if (opened) await model.bounded(`${what} (open fork)`, bound, () => opened.started);
+    await model.check();
+  }
+}
+
+/** Ends an open flow's body: its section releases (or its term ends, and the campaign goes on). */
+class CloseFlowStep extends Step {
+  readonly kind = 'close';
+  constructor(readonly pick: number) {
+    super();
+  }
+  get args() {
+    return [this.pick];
+  }
+  override check(model: Readonly<Model>): boolean {
+    return activeFlows(realOf(model)).length > 0;
+  }
+  async run(model: Model, real: Real): Promise<void> {
+    const flows = activeFlows(real);
+    const flow = flows[this.pick % flows.length];
+    await closeFlow(model, flow, `${this.toString()}: ${flow.what}`);
+    await model.check();
+  }
+}
+
+async function closeFlow(model: Model, flow: Flow, what: string): Promise<void> {
+  const error = await model.bounded(what, 2 * model.commandTimeout, () => flow.close());
+  if (
+    error instanceof Error &&
+    !(error instanceof LockBackendError || error instanceof LockLostError)
+  ) {
+    model.violations.push(`${what}: the section ended with ${String(error)}`);
+  }
+}
+
+/**
+ * A scheduled job's fire: a `@WithLock` method with `onBusy: 'skip'`, on one key or both, with
+ * or without `holdAtLeast`; its body is inside for `holdMs`.
+ */
+class JobStep extends Step {
+  readonly kind = 'job';
+  constructor(
+    readonly slot: number,
+    readonly keySet: number,
+    readonly hold: boolean,
+    readonly holdMs: number,
+  ) {
+    super();
+  }
+  get args() {
+    return [this.slot, this.keySet, this.hold, this.holdMs];
+  }
+  async run(model: Model, real: Real): Promise<void> {
+    const keys = KEY_SETS[this.keySet].map((i) => model.keys[i]);
+    const app = real.apps[this.slot];
+    const what = this.toString();
+    const node = model.node(undefined);
+    const holdAtLeast = this.hold || keys.length > 1 ? 200 : 0;
+    const body = async (): Promise<void> => {
+      model.granted(app, getCurrentLock()!, node, 1_000, what, 'plain', holdAtLeast);
+      await new Promise((resolve) => setTimeout(resolve, this.holdMs));
+    };
+    const fire = (): Promise<unknown> =>
+      keys.length > 1
+        ? app.jobs.both(keys[0], keys[1], body)
+        : this.hold
+          ? app.jobs.oneHeld(keys[0], body)
+          : app.jobs.one(keys[0], body);
+    model.pending.push(
+      model
+        .bounded(what, this.holdMs + 2 * model.commandTimeout * keys.length, fire)
+        .catch((error: unknown) => model.failed(what, error, app)),
+    );
+    await new Promise((resolve) => setTimeout(resolve, 5));
+    await model.check();
+  }
+}
+
+/** Campaigns for leadership of k0 or k1; each term is a flow the steps can act in. */
+class LeadStep extends Step {
+  readonly kind = 'lead';
+  constructor(
+    readonly slot: number,
+    readonly key: number,
+  ) {
+    super();
+  }
+  get args() {
+    return [this.slot, this.key];
+  }
+  async run(model: Model, real: Real): Promise<void> {
+    const app = real.apps[this.slot];
+    const key = model.keys[this.key];
+    const what = this.toString();
+    const leader: Leader = {
+      app,
+      key,
+      stopped: false,
+      term: undefined,
+      leadership: app.locks.lead(
+        key,
+        async ({ signal }) => {
+          const flow = new Flow(app, [key], undefined, model, `${what} term`, signal);
+          real.flows.push(flow);
+          leader.term = flow;
+          flow.done = flow.body(model, getCurrentLock(key)!, 1_000);
+          await flow.done;
+          flow.ended = true;
+        },
+        { ttl: 1_000 },
+      ),
+    };
+    real.leaders.push(leader);
+    await new Promise((resolve) => setTimeout(resolve, 20));
+    await model.check();
+  }
+}
+
+/**
+ * Stops a leadership: from outside, or from inside its current term's work (a leader stepping
+ * down on its own), which must not wait for that work.
+ */
+class StopLeaderStep extends Step {
+  readonly kind = 'stop';
+  constructor(
+    readonly pick: number,
+    readonly inside: boolean,
+  ) {
+    super();
+  }
+  get args() {
+    return [this.pick, this.inside];
+  }
+  override check(model: Readonly<Model>): boolean {
+    return realOf(model).leaders.some((leader) => !leader.stopped && !leader.app.closing);
+  }
+  async run(model: Model, real: Real): Promise<void> {
+    const leaders = real.leaders.filter((leader) => !leader.stopped && !leader.app.closing);
+    const leader = leaders[this.pick % leaders.length];
+    leader.stopped = true;
+    const term = leader.term;
+    const what = `${this.toString()}: ${leader.key}`;
+    if (this.inside && term?.active) {
+      await model.bounded(what, 2 * model.commandTimeout, () =>
+        term.run(() => leader.leadership.stop()),
+      );
+    } else {
+      await stopLeader(model, leader, what);
+    }
+    await model.check();
+  }
+}
+
+/** `stop()` from outside: the term's work (which ends at its signal) and one release, bounded. */
+function stopLeader(model: Model, leader: Leader, what: string): Promise<unknown> {
+  leader.stopped = true;
+  return model.bounded(what, 4 * model.commandTimeout, () => leader.leadership.stop());
+}
+
+/**
+ * Closes an app (and starts a new one in its slot): maybe with a release of one of its locks
+ * made in the same tick, an attempt on its way, its link cut. Within twice `commandTimeout`,
+ * whatever is in flight; afterwards, nothing of it is live and nothing it sent stays in Redis.
+ */
+class CloseAppStep extends Step {
+  readonly kind = 'closeApp';
+  constructor(
+    readonly slot: number,
+    readonly releasePick: number,
+    readonly attempt: boolean,
+    readonly stall: boolean,
+  ) {
+    super();
+  }
+  get args() {
+    return [this.slot, this.releasePick, this.attempt, this.stall];
+  }
+  async run(model: Model, real: Real): Promise<void> {
+    const app = real.apps[this.slot];
+    const what = this.toString();
+    if (this.attempt) {
+      const key = model.keys[0];
+      const node = model.node(undefined);
+      model.pending.push(
+        app.locks.tryAcquire(key, { ttl: 30_000 }).then(
+          (lock) => lock && model.granted(app, lock, node, 30_000, `${what} (attempt)`),
+          (error: unknown) => model.failed(`${what} (attempt)`, error, app),
+        ),
+      );
+    }
+    const stall = this.stall && this.slot === 0;
+    if (stall) real.deployment.stall();
+    const mine = model.held.filter((held) => held.app === app);
+    if (this.releasePick >= 0 && mine.length > 0) {
+      const held = mine[this.releasePick % mine.length];
+      model.pending.push(release(model, held, `${what} (release)`));
+    }
+    // On a cut link, what shutdown releases (or undoes) may get no answer: kept until its TTL.
+    if (this.slot === 0 && real.deployment.stalled) {
+      for (const held of mine) held.unconfirmed = true;
+      model.leftBehind = true;
+    }
+    // One deadline (2 x commandTimeout) after the leaders' work, which here ends at its signal.
+    await model.bounded(what, 2 * model.commandTimeout + 50, () => app.close(), 150);
+    if (stall) real.deployment.heal();
+    for (const leader of real.leaders) if (leader.app === app) leader.stopped = true;
+    for (const flow of [...real.flows].reverse()) {
+      if (flow.app === app && !flow.ended) await closeFlow(model, flow, `${what}: ${flow.what}`);
+    }
+    real.apps[this.slot] = await real.deployment.startApp(this.slot, ++real.generations);
+    await model.check();
+  }
+}
+
+/** A crowd on one key in one app: a dozen callers wait at once (a listener per waiter would warn). */
+class CrowdStep extends Step {
+  readonly kind = 'crowd';
+  constructor(
+    readonly slot: number,
+    readonly key: number,
+  ) {
+    super();
+  }
+  get args() {
+    return [this.slot, this.key];
+  }
+  async run(model: Model, real: Real): Promise<void> {
+    const app = real.apps[this.slot];
+    const key = model.keys[this.key];
+    const what = this.toString();
+    const signal = new AbortController().signal; // shared by the crowd
+    await Promise.all(
+      Array.from({ length: 12 }, async () => {
+        const node = model.node(undefined);
+        const started = performance.now();
+        const options = { ttl: 1_000, acquireTimeout: 60, signal };
+        const lock = await model.bounded(what, 60 + 2 * model.commandTimeout, () =>
+          app.locks.acquire(key, options).catch((error: unknown) => {
+            model.failed(what, error, app, { ms: performance.now() - started, timeout: 60 });
+            return null;
+          }),
+        );
+        if (!lock) return;
+        const held = model.granted(app, lock, node, 1_000, what);
+        await release(model, held, `${what} (release)`);
+      }),
+    );
+    await model.check();
+  }
+}
+
+/** Every step, with its arguments drawn as fast-check arbitraries, and how often each comes. */
+const STEPS: [fc.Arbitrary<Step>, number][] = [
+  [
+    fc
+      .tuple(
+        fc.integer({ min: 0, max: 1 }),
+        fc.integer({ min: 0, max: KEY_SETS.length - 1 }),
+        fc.constantFrom(...TTLS),
+        fc.constantFrom('try' as const, 0 as const, 300 as const, 1_500 as const),
+        fc.boolean(),
+        fc.constantFrom(0, 0, 100),
+      )
+      .map((args) => new AcquireStep(...args)),
+    4,
+  ],
+  [fc.tuple(fc.nat(), fc.boolean()).map((args) => new ReleaseStep(...args)), 3],
+  [fc.tuple(fc.nat(), fc.constantFrom(150, 1_000)).map((args) => new ExtendStep(...args)), 1],
+  [fc.constantFrom(10, 100, 320).map((ms) => new SleepStep(ms)), 2],
+  [fc.constantFrom(0, 0, 150).map((ms) => new LatencyStep(ms)), 1],
+  [fc.constantFrom(100, 400).map((ms) => new StallStep(ms)), 1],
+  [fc.constant(new FlushScriptsStep()), 1],
+  [
+    fc
+      .tuple(
+        fc.integer({ min: 0, max: 1 }),
+        fc.integer({ min: 0, max: KEY_SETS.length - 1 }),
+        fc.constantFrom(...TTLS),
+        fc.constantFrom(true, true, false),
+      )
+      .map((args) => new OpenStep(...args)),
+    3,
+  ],
+  [
+    fc
+      .tuple(
+        fc.nat(),
+        fc.constantFrom('using' as const, 'using' as const, 'acquire' as const),
+        fc.constantFrom(0 as const, 300 as const),
+      )
+      .map((args) => new NestStep(...args)),
+    4,
+  ],
+  [
+    fc
+      .tuple(fc.nat(), fc.integer({ min: 0, max: 3 }), fc.boolean(), fc.boolean())
+      .map((args) => new ForkStep(...args)),
+    3,
+  ],
+  [fc.nat().map((pick) => new CloseFlowStep(pick)), 3],
+  [
+    fc
+      .tuple(
+        fc.integer({ min: 0, max: 1 }),
+        fc.integer({ min: 0, max: KEY_SETS.length - 1 }),
+        fc.boolean(),
+        fc.constantFrom(0, 50),
+      )
+      .map((args) => new JobStep(...args)),
+    2,
+  ],
+  [
+    fc
+      .tuple(fc.integer({ min: 0, max: 1 }), fc.integer({ min: 0, max: 1 }))
+      .map((args) => new LeadStep(...args)),
+    1,
+  ],
+  [fc.tuple(fc.nat(), fc.boolean()).map((args) => new StopLeaderStep(...args)), 1],
+  [
+    fc
+      .tuple(
+        fc.integer({ min: 0, max: 1 }),
+        fc.integer({ min: -1, max: 20 }),
+        fc.boolean(),
+        fc.boolean(),
+      )
+      .map((args) => new CloseAppStep(...args)),
+    1,
+  ],
+  [
+    fc
+      .tuple(
+        fc.integer({ min: 0, max: 1 }),
+        fc.constantFrom('place' as const, 'read' as const, 'write' as const),
+        fc.constantFrom(150, 1_000, 30_000),
+        fc.constantFrom('try' as const, 300 as const),
+      )
+      .map((args) => new ShapeStep(...args)),
+    2,
+  ],
+  [
+    fc
+      .tuple(fc.integer({ min: 0, max: 1 }), fc.integer({ min: 0, max: 1 }))
+      .map((args) => new CrowdStep(...args)),
+    1,
+  ],
+];
+
+/** The arbitrary of one step, each kind as often as its weight says. */
+export const steps: fc.Arbitrary<Step>[] = STEPS.flatMap(([arbitrary, weight]) =>
+  Array.from({ length: weight }, () => arbitrary),
+);
+
+/** Builds a step from its JSON (`toString()`), to replay a kept sequence. */
+export function replay(json: readonly unknown[]): Step {
+  const [kind, ...args] = json;
+  const kinds: Record<string, new (...args: never[]) => Step> = {
+    acquire: AcquireStep,
+    shape: ShapeStep,
+    release: ReleaseStep,
+    extend: ExtendStep,
+    sleep: SleepStep,
+    latency: LatencyStep,
+    stall: StallStep,
+    flush: FlushScriptsStep,
+    open: OpenStep,
+    nest: NestStep,
+    fork: ForkStep,
+    close: CloseFlowStep,
+    job: JobStep,
+    lead: LeadStep,
+    stop: StopLeaderStep,
+    closeApp: CloseAppStep,
+    crowd: CrowdStep,
+  };
+  const step = kinds[kind as string];
+  if (!step) throw new Error(`no model step "${String(kind)}"`);
+  return Reflect.construct(step, args) as Step;
+}
+
+/**
+ * Ends a sequence: leaderships stopped, flows closed, every call settled; then nothing may be in
+ * Redis without a live holder; then every lock released, and nothing left at all.
+ */
+export async function settle(model: Model, real: Real): Promise<void> {
+  real.deployment.latency(0);
+  real.deployment.heal();
+  for (const leader of real.leaders) {
+    if (!leader.stopped) await stopLeader(model, leader, `settle: stop ${leader.key}`);
+  }
+  for (const flow of [...real.flows].reverse()) {
+    if (!flow.ended) await closeFlow(model, flow, `settle: close ${flow.what}`);
+  }
+  await Promise.all(model.pending);
+  model.checkHolders('once settled');
+  await model.checkNothingKept('once settled');
+  for (const held of model.held) {
+    if (!held.app.closing && held.releases === 0)
+      await release(model, held, `settle: release #${held.id}`);
+  }
+  await model.checkNothingKept('after every release');
+  for (const app of real.apps) {
+    await model.bounded(`settle: close app ${app.slot}`, 2 * model.commandTimeout + 50, () =>
+      app.close(),
+    );
+  }
+  model.assertClean();
+}

@@ -1,0 +1,115 @@
+import { readFileSync } from 'node:fs';
+import { after, before, describe, it } from 'node:test';
+import fc from 'fast-check';
+import { uniqueKey } from '../support/lock-module.js';
+import { watchStalls } from '../support/timing.js';
+import type { Deployment } from './model-deployment.js';
+import { Model } from './model-state.js';
+import { drive, replay, settle, steps, type Real } from './model-steps.js';
+
+/**
+ * `MODEL_RUNS` random sequences (default 12) of up to `MODEL_STEPS` steps (default 40), after
+ * every kept sequence of `model-corpus.json` (each one that found a bug, replayed as it is);
+ * `MODEL_SEED` replays one random run (fast-check prints the seed, and the shrunk sequence as
+ * JSON lines to keep in the corpus). `MODEL_SHRINK=0` stops at the first failure.
+ */
+const RUNS = Number(process.env.MODEL_RUNS ?? 12);
+const STEPS = Number(process.env.MODEL_STEPS ?? 40);
+const SEED = process.env.MODEL_SEED === undefined ? undefined : Number(process.env.MODEL_SEED);
+
+/** A kept sequence: what it found, and its steps as JSON. */
+interface Kept {
+  readonly found: string;
+  readonly steps: readonly (readonly unknown[])[];
+}
+const corpus = JSON.parse(
+  readFileSync(new URL('../../../test/model/model-corpus.json', import.meta.url), 'utf8'),
+) as Kept[];
+
+/**
+ * The model-based suite on one deployment: the kept sequences, then random ones. Each sequence
+ * gets keys of its own and two fresh apps (so that nothing a failed one left behind leaks into
+ * the next), and ends with `settle`.
+ */
+export function modelSuite(name: string, start: () => Promise<Deployment>): void {
+  describe(`the lock against a model (fast-check): ${name}`, () => {
+    let deployment: Deployment;
+    const problems: string[] = [];
+    const onRejection = (reason: unknown): void =>
+      void problems.push(`unhandled rejection: ${String(reason)}`);
+    const onWarning = (warning: Error): void =>
+      void problems.push(`Node warning: ${warning.name}: ${warning.message}`);
+
+    before(async () => {
+      deployment = await start();
+      process.on('unhandledRejection', onRejection);
+      process.on('warning', onWarning);
+    });
+    after(async () => {
+      process.off('unhandledRejection', onRejection);
+      process.off('warning', onWarning);
+      await deployment?.stop();
+    });
+
+    const totals = { sequences: 0, steps: 0, grants: 0, views: 0 };
+    async function runSequence(sequence: Iterable<fc.AsyncCommand<Model, Real>>): Promise<void> {
+      const stalls = watchStalls();
+      const model = new Model(
+        uniqueKey('model'),
+        deployment,
+        deployment.commandTimeout,
+        stalls,
+        problems,
+      );
+      const real: Real = {
+        deployment,
+        apps: [await deployment.startApp(0, 0), await deployment.startApp(1, 1)],
+        generations: 1,
+        flows: [],
+        leaders: [],
+      };
+      drive(model, real);
+      try {
+        await fc.asyncModelRun(() => ({ model, real }), sequence);
+      } finally {
+        try {
+          await settle(model, real);
+        } finally {
+          stalls.stop();
+          totals.sequences++;
+          totals.steps += [...sequence].length;
+          totals.grants += model.held.filter((held) => !held.view).length;
+          totals.views += model.held.filter((held) => held.view).length;
+        }
+      }
+    }
+
+    it(`replays the ${corpus.length} kept sequences`, async () => {
+      for (const kept of corpus) {
+        await runSequence(kept.steps.map(replay)).catch((error: unknown) => {
+          throw new Error(`kept sequence (${kept.found}) failed: ${String(error)}`, {
+            cause: error,
+          });
+        });
+      }
+    });
+
+    it(`holds on ${RUNS} random sequences of up to ${STEPS} steps`, async (t) => {
+      try {
+        await fc.assert(
+          fc.asyncProperty(fc.commands(steps, { maxCommands: STEPS, size: 'max' }), runSequence),
+          {
+            numRuns: RUNS,
+            seed: SEED,
+            endOnFailure: process.env.MODEL_SHRINK === '0',
+            includeErrorInReport: true,
+          },
+        );
+      } finally {
+        t.diagnostic(
+          `${totals.sequences} sequences (kept and shrinking included), ${totals.steps} steps, ${totals.grants} locks granted, ${totals.views} re-entries`,
+        );
+      }
+    });
+  });
+}
