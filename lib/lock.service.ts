@@ -168,6 +168,14 @@ export class LockService implements OnApplicationBootstrap, OnModuleDestroy, OnA
   }
 
   /**
+   * @internal Stops `leaderships` as shutdown does (see `onModuleDestroy`): a `@WhileLeader`
+   * provider's, before its own `onModuleDestroy`.
+   */
+  stopLeaderships(leaderships: readonly Leadership[]): Promise<void> {
+    return this.leaderships.stopAll(leaderships);
+  }
+
+  /**
    * Shutdown, first step: every leadership (`lead()`, `@WhileLeader`) is stopped, its term's
    * `signal` aborted and its work waited for, up to the longest leader TTL; then released, so the
    * next leader starts at once. A work that ignores its signal longer is logged, and its lock is

@@ -77,6 +77,7 @@ const COMPAT = [
   'integration/with-lock.spec.js',
   'integration/with-lock-streams.spec.js',
   'integration/on-busy.spec.js',
+  'integration/leadership.spec.js',
 ];
 
 const { values } = parseArgs({

@@ -1,5 +1,5 @@
 import { RedisLockConfigurationError } from '../errors/redis-lock.errors.js';
-import type { LeadOptions } from '../lock.leadership.js';
+import type { Leadership, LeadOptions } from '../lock.leadership.js';
 import { LockService } from '../lock.service.js';
 import { assertKey } from '../options/checks.js';
 import { leadOptionsProblem } from '../options/acquire-options.js';
@@ -7,6 +7,11 @@ import { injectLockService, lockServiceIn } from './lock-service.injection.js';
 
 /** On a class: its `@WhileLeader` methods. */
 const LEADER_METHODS = Symbol('nestjs-redis-lock:leader-methods');
+/** On a class's prototype once its `onModuleDestroy` stops its leaderships first. */
+const STOPS_LEADERS = Symbol('nestjs-redis-lock:stops-leaders');
+
+/** The leaderships of each instance's `@WhileLeader` methods. */
+const leading = new WeakMap<object, readonly Leadership[]>();
 
 interface LeaderMethod {
   readonly name: string | symbol;
@@ -67,8 +72,36 @@ export function WhileLeader(key: string, options?: LeadOptions): MethodDecorator
       target.constructor,
     );
     injectLockService(target);
+    stopLeadersFirst(target);
     return descriptor;
   };
+}
+
+/**
+ * Makes the class's `onModuleDestroy` stop its instance's leaderships first (their work waited
+ * for, up to the longest leader TTL), then do what it did (its own, or its parent class's): Nest
+ * destroys what an instance depends on after the instance itself (NestJS 12 orders a module's
+ * providers by their dependencies, and modules from the root outward), so nothing the leader's work
+ * uses is torn down while it still runs, whichever module the lock module is in or whether it is
+ * global. (`LockService.onModuleDestroy` runs after every module nearer the root than its own.)
+ */
+function stopLeadersFirst(prototype: object): void {
+  if (Object.prototype.hasOwnProperty.call(prototype, STOPS_LEADERS)) return;
+  Object.defineProperty(prototype, STOPS_LEADERS, { value: true });
+  const own = Object.getOwnPropertyDescriptor(prototype, 'onModuleDestroy')?.value as
+    | ((...args: unknown[]) => unknown)
+    | undefined;
+  const parent = Object.getPrototypeOf(prototype) as { onModuleDestroy?: unknown } | null;
+  Object.defineProperty(prototype, 'onModuleDestroy', {
+    configurable: true,
+    writable: true,
+    value: async function onModuleDestroy(this: object, ...args: unknown[]): Promise<void> {
+      const leaderships = leading.get(this);
+      if (leaderships) await lockServiceIn(this)?.stopLeaderships(leaderships);
+      const then = own ?? parent?.onModuleDestroy;
+      if (typeof then === 'function') await (then as (...a: unknown[]) => unknown).apply(this, args);
+    },
+  });
 }
 
 /**
@@ -81,10 +114,11 @@ export function startLeaderMethods(instance: unknown, locks: LockService): numbe
   const methods = Reflect.getMetadata(LEADER_METHODS, instance.constructor) as
     LeaderMethod[] | undefined;
   if (methods === undefined || lockServiceIn(instance) !== locks) return 0;
-  for (const { name, key, options } of methods) {
+  const leaderships = methods.map(({ name, key, options }) => {
     const method = (instance as Record<string | symbol, (term: unknown) => unknown>)[name];
-    locks.lead(key, (term) => method.call(instance, term), options);
-  }
+    return locks.lead(key, (term) => method.call(instance, term), options);
+  });
+  leading.set(instance, leaderships);
   return methods.length;
 }
 

@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
-import { Injectable, Scope } from '@nestjs/common';
+import { Injectable, Module, Scope } from '@nestjs/common';
 import { Test } from '@nestjs/testing';
 import { Redis } from 'ioredis';
 import {
@@ -20,6 +20,7 @@ import { FaultProxy } from '../support/fault-proxy.js';
 import {
   eventually,
   LogCapture,
+  sleep,
   startLockModule,
   uniqueKey,
   type LockModuleFixture,
@@ -352,6 +353,53 @@ describe('@WhileLeader', () => {
     } finally {
       await first.close();
       await second.close();
+    }
+  });
+
+  it('stops a leader before anything it depends on is destroyed: lock module global or not, leader in the root module or a feature module', async () => {
+    for (const layout of ['global', 'imported', 'feature'] as const) {
+      const key = uniqueKey('leader:db');
+      /** A database the leader writes to, closed in its own onModuleDestroy. */
+      @Injectable()
+      class Db {
+        open = true;
+        readonly late: number[] = [];
+        write(fence: number): void {
+          if (!this.open) this.late.push(fence);
+        }
+        async onModuleDestroy(): Promise<void> {
+          this.open = false;
+          await sleep(30); // closing a pool takes a moment
+        }
+      }
+      @Injectable()
+      class Writer {
+        constructor(readonly db: Db) {}
+        @WhileLeader(key, { ttl: 5_000 })
+        async lead({ fence, signal }: LeaderTerm): Promise<void> {
+          while (!signal.aborted) {
+            this.db.write(fence);
+            await new Promise((resolve) => setTimeout(resolve, 2));
+          }
+        }
+      }
+      const lockModule = RedisLockModule.forRoot({
+        connection: server.url,
+        isGlobal: layout !== 'imported',
+      });
+      @Module({ providers: [Db, Writer] })
+      class Feature {}
+      const module = await Test.createTestingModule(
+        layout === 'feature'
+          ? { imports: [lockModule, Feature] }
+          : { imports: [lockModule], providers: [Db, Writer] },
+      ).compile();
+      await module.init();
+      const db = module.get(Db);
+      const leading = await eventually(async () => module.get(LockService).isLocked(key));
+      assert.ok(leading, `${layout}: never led`);
+      await module.close();
+      assert.deepEqual(db.late, [], `${layout}: the leader wrote after its database was closed`);
     }
   });
 
