@@ -82,6 +82,8 @@ export class AcquireLoop {
     let signals: (AbortSignal | undefined)[] | undefined;
     /** Whether this call already waited for an undo of this process's own (see below). */
     let waitedForUndo = false;
+    /** The last attempt sent, as Redis answers it: a give-up goes after it (see `finally`). */
+    let sent: Promise<AcquireAttempt> | undefined;
     // Callers in this process already wait for the key: queue behind them instead of trying at
     // once, so that a holder that releases and asks again cannot barge in ahead of the waiter its
     // release wakes (see Waiting in the README).
@@ -110,7 +112,8 @@ export class AcquireLoop {
           sentAt = handoff.sentAt;
         } else {
           this.throwIfStopped(key, opts.signal);
-          attempt = queueFirst ? QUEUED : await this.attempt(key, token, opts);
+          if (queueFirst) attempt = QUEUED;
+          else attempt = await this.attempt(key, token, opts, (sending) => (sent = sending));
           queueFirst = false;
         }
         if (attempt.acquired && sentAt + attempt.validity <= performance.now()) {
@@ -180,8 +183,12 @@ export class AcquireLoop {
       subscription?.dispose(handle !== undefined, shape.mode === 'read');
       if (!handle && opts.acquireTimeout > 0 && (shape.fair || shape === PLAIN)) {
         // A waiter that gives up leaves nothing: a fair one leaves the queue at once (the next in
-        // line is told), a writer takes back its mark on read locks.
-        backend.giveUp(key, token, shape).catch(() => {
+        // line is told), a writer takes back its mark on read locks, its process the queue of
+        // waiting processes. Once its last attempt is answered: one still on its way (a reply
+        // given up on; one sent again after NOSCRIPT, as after a restart) would queue it, or mark
+        // it, again behind the give-up.
+        const leave = (): Promise<void> => backend.giveUp(key, token, shape);
+        (sent ? sent.then(leave, leave) : leave()).catch(() => {
           // Its place, or its mark, lapses by itself within the queue's stay.
         });
       }
@@ -244,6 +251,8 @@ export class AcquireLoop {
     key: string,
     token: string,
     opts: ResolvedAcquireOptions,
+    /** Told of the attempt as sent, before its reply is bounded. */
+    sending?: (pending: Promise<AcquireAttempt>) => void,
   ): Promise<AcquireAttempt> {
     const { backend, replies } = this.parts;
     const pending = backend.tryAcquire(
@@ -254,6 +263,7 @@ export class AcquireLoop {
       opts.acquireTimeout > 0,
       opts.token === undefined,
     );
+    sending?.(pending);
     return replies.acquisition(pending, opts.signal, (error) => {
       const failure = replies.failure(key, 'acquire', opts.signal, error);
       if (opts.token === undefined) {

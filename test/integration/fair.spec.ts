@@ -2,13 +2,15 @@ import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { Redis } from 'ioredis';
 import {
+  LockAcquireAbortedError,
   LockAcquireTimeoutError,
   LockArgumentError,
   RedisLockConfigurationError,
   WithLock,
   type LockService,
 } from '../../lib/index.js';
-import { ACQUIRE_FAIR_SCRIPT } from '../../lib/redis/fair.scripts.js';
+import { ACQUIRE_FAIR_SCRIPT, RELEASE_FAIR_SCRIPT } from '../../lib/redis/fair.scripts.js';
+import { FaultProxy } from '../support/fault-proxy.js';
 import {
   eventually,
   sleep,
@@ -134,6 +136,47 @@ describe('fair locks (fair: true)', () => {
     assertWithin(performance.now() - releasedAt, 0, watch, 'the wait after the release');
     watch.stop();
     await lock.release();
+  });
+
+  it('a waiter that gives up while its attempt is on the NOSCRIPT detour (lost scripts) leaves the queue after that attempt, not before it', async () => {
+    const key = uniqueKey('turns');
+    const proxy = await FaultProxy.start(() => server.port);
+    const slow = await startLockModule({
+      connection: `redis://127.0.0.1:${proxy.port}`,
+      fenceRetention: 0,
+    });
+    try {
+      const holder = await locksOf(0).acquire(key, fair);
+      // Redis lost its scripts; the give-up's own was loaded again since (another client used it).
+      await redis.script('FLUSH');
+      await redis.script('LOAD', RELEASE_FAIR_SCRIPT);
+      proxy.setLatency(50);
+      const controller = new AbortController();
+      // Its attempt: EVALSHA, NOSCRIPT 100 ms later, then EVAL; it gives up in between.
+      const quitter = slow.locks.acquire(key, {
+        ...fair,
+        acquireTimeout: 5_000,
+        signal: controller.signal,
+      });
+      setTimeout(() => controller.abort(), 30);
+      await assert.rejects(quitter, LockAcquireAbortedError);
+      await sleep(400); // the re-sent attempt and the give-up are both answered by now
+      const patient = locksOf(1).acquire(key, { ...fair, acquireTimeout: 10_000 });
+      await sleep(100);
+      const watch = watchStalls();
+      const releasedAt = performance.now();
+      await holder.release();
+      const lock = await patient;
+      // Behind a place the re-sent attempt took again after the give-up, it would wait out
+      // that place's stay (4.1 s).
+      assertWithin(performance.now() - releasedAt, 0, watch, 'the wait after the release');
+      watch.stop();
+      await lock.release();
+    } finally {
+      proxy.setLatency(0);
+      await slow.close();
+      await proxy.close();
+    }
   });
 
   it('a waiter that died stops counting once its stay lapses (the Redis clock), and the next gets the key', async () => {
