@@ -85,6 +85,11 @@ export class Quorum<N> {
     return { replies, decided } satisfies Round<T>;
   }
 
+  /** `reply`, bounded by `commandTimeout` as every reply of a round is. */
+  bounded<T>(reply: Promise<T>): Promise<T> {
+    return this.deadlines.bound(reply);
+  }
+
   /** The error of a round too few nodes answered to decide. */
   failure(tally: Tally<unknown>): LockQuorumError {
     return new LockQuorumError(

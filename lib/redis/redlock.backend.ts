@@ -58,6 +58,11 @@ export class RedlockBackend implements LockBackend {
    */
   private readonly attempts = new Map<string, number>();
   private attemptCount = 0;
+  /**
+   * The copies extensions may still write back, by `key \0 token`: cancelled when the holder's
+   * release begins (see `extend`).
+   */
+  private readonly writeBacks = new Map<string, Set<{ cancelled: boolean }>>();
 
   constructor(
     private readonly nodes: readonly RedisLockBackend[],
@@ -182,6 +187,12 @@ export class RedlockBackend implements LockBackend {
    * if the key is free there). So the restarts that can take a majority from a holder must fall
    * within one extension interval, not anywhere in a lease that auto-extension keeps for as long
    * as the work runs (a leader's whole term).
+   *
+   * A copy is written back only while the holder still holds: not once its release has begun
+   * (a node that answers after `release()` resolved would otherwise put the released lock back
+   * for a whole TTL, and the next holder would get only the other nodes), and only for what is
+   * left of the holder's lease from this extension (none once it is over), never a full TTL
+   * counted from when the late reply lands.
    */
   async extend(key: string, token: string, ttl: number): Promise<boolean> {
     const sentAt = performance.now();
@@ -190,18 +201,35 @@ export class RedlockBackend implements LockBackend {
       (extended) => extended,
     );
     const held = this.votes.verdict(await round.decided);
-    if (held) {
-      round.replies.forEach((reply, i) => {
-        reply
-          .then((extended) =>
-            extended || performance.now() - sentAt > this.commandTimeout
-              ? false
-              : this.nodes[i].restoreCopy(key, token, ttl),
-          )
-          .catch(() => false); // a node that fails now is counted out at the next round
-      });
-    }
+    if (held) this.restoreForgotten(key, token, sentAt + this.validity(ttl), round.replies);
     return held;
+  }
+
+  /** See `extend`: `until` is the end of the holder's lease (`performance.now()`). */
+  private restoreForgotten(
+    key: string,
+    token: string,
+    until: number,
+    replies: readonly Promise<boolean>[],
+  ): void {
+    const id = `${key}\0${token}`;
+    const pending = { cancelled: false };
+    const all = this.writeBacks.get(id) ?? new Set();
+    this.writeBacks.set(id, all.add(pending));
+    const restored = replies.map((reply, i) =>
+      this.votes
+        .bounded(reply)
+        .then((extended) => {
+          const left = Math.floor(until - performance.now());
+          if (extended || pending.cancelled || left <= 0) return false;
+          return this.nodes[i].restoreCopy(key, token, left);
+        })
+        .catch(() => false), // a node that fails now is counted out at the next round
+    );
+    void Promise.all(restored).then(() => {
+      all.delete(pending);
+      if (all.size === 0 && this.writeBacks.get(id) === all) this.writeBacks.delete(id);
+    });
   }
 
   /**
@@ -209,6 +237,10 @@ export class RedlockBackend implements LockBackend {
    * Nodes that answer later (or never: their copy expires after its TTL) do not hold it up.
    */
   async release(key: string, token: string): Promise<boolean> {
+    // No copy is written back once the release has begun (see `extend`).
+    const id = `${key}\0${token}`;
+    for (const pending of this.writeBacks.get(id) ?? []) pending.cancelled = true;
+    this.writeBacks.delete(id);
     const message = `${this.id}:${++this.releases}`;
     const tally = await this.votes.ask(
       (node) => node.release(key, token, PLAIN, undefined, message),

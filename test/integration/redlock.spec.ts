@@ -351,6 +351,32 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     assert.ok(await eventually(async () => (await holders(key, lock.token)) === 0));
   });
 
+  it('an extension never writes a copy back once the release has begun, nor for longer than the lease', async () => {
+    const key = uniqueKey();
+    const lock = await locks.acquire(key, { ttl: 10_000 });
+    assert.ok(await eventually(async () => (await holders(key, lock.token)) === NODES));
+    // Node 0 forgot the lock (as a node restarted empty) and answers slowly: its extension
+    // reply comes after the release resolved.
+    await direct[0].del(`lock:{${key}}`);
+    await pausing([0], async () => {
+      await lock.extend();
+      assert.equal(await lock.release(), true);
+      await sleep(300);
+    });
+    // Its late "not held" reply came; no copy of the released lock was written back.
+    await sleep(200);
+    assert.equal(await direct[0].exists(`lock:{${key}}`), 0, 'a copy of a released lock');
+    // A copy written back before the release lasts no longer than the holder's lease.
+    const next = await locks.acquire(key, { ttl: 2_000 });
+    await direct[1].del(`lock:{${key}}`);
+    await next.extend(2_000);
+    assert.ok(await eventually(async () => (await direct[1].get(`lock:{${key}}`)) === next.token));
+    const pttl = await direct[1].pttl(`lock:{${key}}`);
+    const lease = next.expiresAt - performance.now();
+    assert.ok(pttl <= lease + 5, `the copy lives ${pttl} ms, the lease ${lease.toFixed(0)} ms`);
+    await next.release();
+  });
+
   it('control: 3 processes incrementing without the lock lose updates; under it the count is exact', async () => {
     const target = `redlock:${servers.map((server) => server.port).join(',')}`;
     const read = (counter: string): Promise<string | null> => direct[0].get(counter);
