@@ -127,7 +127,7 @@ export abstract class Lease implements HeldLease {
     const extended = await reply(
       this.key,
       'extend',
-      backend.extend(this.key, this.token, ttl, this.shape),
+      backend.extend(this.key, this.token, ttl, this.shape, this.fence),
     );
     // The lease ran out before Redis confirmed: lost, as if the expiry timer had fired first.
     this.checkExpiry();

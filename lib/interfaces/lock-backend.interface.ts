@@ -11,6 +11,11 @@ export type AcquireAttempt =
       fenceLimit?: number;
       /** How long the lock is known to be valid, counted from when the attempt was sent, in ms. */
       validity: number;
+      /**
+       * Redlock mode, a caller's own token on one node: whether the token held the lock there with
+       * its fence recorded (the fence it was granted before), rather than a new fence.
+       */
+      renewed?: boolean;
     }
   | {
       acquired: false;
@@ -150,8 +155,17 @@ export interface LockBackend {
    * writer renews its own at its next attempt).
    */
   giveUp(key: string, token: string, shape: LockShape): Promise<void>;
-  /** Resets the TTL. Resolves false when the token no longer holds the key. */
-  extend(key: string, token: string, ttl: number, shape?: LockShape): Promise<boolean>;
+  /**
+   * Resets the TTL. Resolves false when the token no longer holds the key. `fence`: the holder's
+   * (Redlock mode records it with a copy it writes back).
+   */
+  extend(
+    key: string,
+    token: string,
+    ttl: number,
+    shape?: LockShape,
+    fence?: number,
+  ): Promise<boolean>;
   /**
    * Gives the lock up: to the first waiter of this process if it takes handoffs (see
    * `watchReleases`; only a plain lock), otherwise deletes it and wakes waiters. Resolves

@@ -11,6 +11,7 @@ import {
   HANDOFF_UNRESERVED_SCRIPT,
   DROP_MARK_SCRIPT,
   PASS_ON_SCRIPT,
+  ACQUIRE_OWN_TOKEN_REDLOCK_SCRIPT,
   RAISE_FENCE_SCRIPT,
   RELEASE_SCRIPT,
   RELEASE_SHARDED_SCRIPT,
@@ -115,12 +116,16 @@ export interface LockCommands {
   redisLockAcquireAll(...args: LockScriptArgs): Promise<number[] | number>;
   redisLockReleaseFair: FairReleaseCommand;
   redisLockReleaseFairSharded: FairReleaseCommand;
+  /** Redlock, a caller's own token: `[fence, renewed]` when granted, else a number. */
+  redisLockAcquireOwnTokenRedlock(...args: LockScriptArgs): Promise<number | [number, number]>;
   redisLockRaiseFence(
     lockKey: string,
     counterKey: string,
+    recordKey: string,
     token: string,
     fence: number,
     counterTtl: number,
+    own: 0 | 1,
   ): Promise<number>;
   redisLockHandoff: HandoffCommand;
   redisLockHandoffUnreserved: HandoffCommand;
@@ -148,7 +153,8 @@ export function defineLockCommands(client: Redis | Cluster): LockCommands {
     redisLockHandoff: { numberOfKeys: 2, lua: HANDOFF_SCRIPT },
     redisLockHandoffUnreserved: { numberOfKeys: 2, lua: HANDOFF_UNRESERVED_SCRIPT },
     redisLockPassOn: { numberOfKeys: 2, lua: PASS_ON_SCRIPT },
-    redisLockRaiseFence: { numberOfKeys: 2, lua: RAISE_FENCE_SCRIPT },
+    redisLockRaiseFence: { numberOfKeys: 3, lua: RAISE_FENCE_SCRIPT },
+    redisLockAcquireOwnTokenRedlock: { numberOfKeys: 3, lua: ACQUIRE_OWN_TOKEN_REDLOCK_SCRIPT },
   };
   // Each family's scripts take 3 keys (see `shapeKeys`, `plainKeys`, `releaseKeys`).
   const family = (names: readonly string[], luas: readonly string[]): void =>

@@ -67,9 +67,9 @@ else
   redis.call('PEXPIRE', ${counter}, ${counterTtl})
 end`;
 };
-export const NEXT_FENCE = (counterTtl: string, stride = 1, after = ''): string => `
+export const NEXT_FENCE = (counterTtl: string, stride = 1, after = '', tagged = false): string => `
 ${FENCE_OF('KEYS[2]', counterTtl, stride)}${after}
-return fence
+return ${tagged ? '{ fence, 0 }' : 'fence'}
 `;
 
 /**
@@ -172,12 +172,12 @@ redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])`;
  * goes on to a new fence). KEYS[1] lock key, KEYS[2] fence counter; ARGV[2] ttl ms, ARGV[3] fence
  * counter TTL ms.
  */
-export const RENEW_OWN = (record: string): string => `
+export const RENEW_OWN = (record: string, tagged = false): string => `
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 local held = redis.call('GET', ${record})
 if held then
   redis.call('PEXPIRE', ${record}, ARGV[2])${KEEP_COUNTER('KEYS[2]', 'ARGV[3]')}
-  return tonumber(held)
+  return ${tagged ? '{ tonumber(held), 1 }' : 'tonumber(held)'}
 end`;
 
 /** Writes an own token's new fence down in `record` (see RENEW_OWN), for as long as its lock. */
@@ -224,7 +224,13 @@ end`;
  * free key costs SET NX + TIME + SET GET + PEXPIRE GT of the counter (see FENCE_OF). A key held
  * by readers: see WRITER_AFTER_READERS.
  */
-const ACQUIRE = (renewOwn: string, stride: number, record = '', turns = false): string => `
+const ACQUIRE = (
+  renewOwn: string,
+  stride: number,
+  record = '',
+  turns = false,
+  tagged = false,
+): string => `
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   if redis.pcall('GET', KEYS[1]) == ARGV[1] then
     ${renewOwn}
@@ -236,7 +242,7 @@ if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
     ${WRITER_AFTER_READERS}
   end
 end
-${NEXT_FENCE('ARGV[3]', stride, record)}`;
+${NEXT_FENCE('ARGV[3]', stride, record, tagged)}`;
 
 /**
  * The plain lock for a token this library generated: takes a block of `FENCE_STRIDE` fences and
@@ -252,6 +258,20 @@ export const ACQUIRE_UNRESERVED_SCRIPT = ACQUIRE(RENEW_RESENT, 1, '', true);
  * re-acquiring with the token that holds the lock returns the same fence (see `ACQUIRE`).
  */
 export const ACQUIRE_OWN_TOKEN_SCRIPT = ACQUIRE(RENEW_OWN('KEYS[3]'), 1, RECORD_OWN('KEYS[3]'));
+
+/**
+ * Redlock mode, the caller's own token on one node: as `ACQUIRE_OWN_TOKEN_SCRIPT`, but a grant
+ * answers `{ fence, renewed }`, 1 when the token held the lock here with its fence recorded (the
+ * fence it was granted before), 0 for a new fence: a re-acquisition keeps the recorded fence, and
+ * the nodes that granted anew are brought to it (see `RAISE_FENCE_SCRIPT`).
+ */
+export const ACQUIRE_OWN_TOKEN_REDLOCK_SCRIPT = ACQUIRE(
+  RENEW_OWN('KEYS[3]', true),
+  1,
+  RECORD_OWN('KEYS[3]'),
+  false,
+  true,
+);
 
 /**
  * KEYS[1] lock key, KEYS[2] fence counter; ARGV[1] releasing token, ARGV[2] heir's token, ARGV[3]
@@ -309,19 +329,36 @@ return 1
 
 /**
  * Redlock mode, after a majority of nodes granted the lock with different fences (KEYS[1] lock
- * key, KEYS[2] fence counter; ARGV[1] token, ARGV[2] the highest of those fences, ARGV[3] the
- * fence counter's TTL ms): where the token holds the lock, raises the node's counter to that
- * fence, so that every later holder, whose majority shares a node with this one's, gets a higher
- * fence. Returns 1 where the token holds the lock, 0 elsewhere (nothing changed).
+ * key, KEYS[2] fence counter, KEYS[3] the own token's fence record; ARGV[1] token, ARGV[2] the
+ * holder's fence, ARGV[3] the fence counter's TTL ms, ARGV[4] '1' for a caller's own token): where
+ * the token holds the lock, raises the node's counter to that fence, so that every later holder,
+ * whose majority shares a node with this one's, gets a higher fence, and for an own token writes
+ * the fence down as its record (for as long as the lock), so that a re-acquisition on any of
+ * these nodes answers it. Returns 1 where the token holds the lock, 0 elsewhere (nothing changed).
  */
 export const RAISE_FENCE_SCRIPT = `
 if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if ARGV[4] == '1' then
+  redis.call('SET', KEYS[3], ARGV[2], 'PX', math.max(redis.call('PTTL', KEYS[1]), 1))
+end
 local counter = redis.call('GET', KEYS[2])
 if not counter then
   redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
   return 1
 end
 if tonumber(counter) < tonumber(ARGV[2]) then redis.call('SET', KEYS[2], ARGV[2], 'KEEPTTL') end${KEEP_COUNTER('KEYS[2]', 'ARGV[3]')}
+return 1
+`;
+
+/**
+ * Redlock mode: writes a holder's copy back on a node that forgot it (KEYS[1] lock key, KEYS[2]
+ * the own token's fence record; ARGV[1] token, ARGV[2] ms, ARGV[3] the holder's fence): only where
+ * the key is free, with the fence recorded, so that a re-acquisition with an own token answers it
+ * there too. Sent with EVAL, never EVALSHA (see `RedisLockBackend.restoreCopy`).
+ */
+export const RESTORE_COPY_SCRIPT = `
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end
+redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[2])
 return 1
 `;
 

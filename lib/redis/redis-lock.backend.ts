@@ -10,7 +10,7 @@ import type {
 } from '../interfaces/lock-backend.interface.js';
 import { DEFAULT_DRIFT_FACTOR } from '../options/defaults.js';
 import { PLAIN } from '../options/checks.js';
-import { FENCE_STRIDE, RELEASE_SCRIPT } from './lock.scripts.js';
+import { FENCE_STRIDE, RELEASE_SCRIPT, RESTORE_COPY_SCRIPT } from './lock.scripts.js';
 import { FairQueue } from './fair-queue.js';
 import { InProcessHandoff, passable } from './handoff.js';
 import {
@@ -69,10 +69,17 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
     /** Whether this backend created the client, and so must close it. */
     ownsClient: boolean,
     logger: Logger,
+    /**
+     * One node of a Redlock deployment (see `RedlockBackend`): no lock is passed on in the process
+     * there (so no block of fences is reserved), no process joins a key's queue of waiting
+     * processes, and a caller's own token is granted with its record's tag (see
+     * `ACQUIRE_OWN_TOKEN_REDLOCK_SCRIPT`).
+     */
+    private readonly redlockNode = false,
   ) {
     super(client, options, ownsClient, logger);
     ({ fenceRetention: this.fenceRetention, replicaAck: this.replicaAck } = options);
-    this.stride = this.replicaAck || this.fenceRetention === 0 ? 1 : FENCE_STRIDE;
+    this.stride = this.replicaAck || this.fenceRetention === 0 || redlockNode ? 1 : FENCE_STRIDE;
     const { retryInterval = 1_000, retryJitter = 50 } = options.defaults ?? {};
     this.queueStay = 2 * (retryInterval + retryJitter + this.commandTimeout);
     this.commands = defineLockCommands(client);
@@ -108,7 +115,7 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
     const queueStay = queue ? this.queueStay : 0;
     const counterTtl = this.counterTtl(ttl);
     // A generated token's plain lock that will wait joins the key's queue of waiting processes.
-    const waiting = reserve && shape === PLAIN ? this.processId : undefined;
+    const waiting = reserve && shape === PLAIN && !this.redlockNode ? this.processId : undefined;
     const args = acquireArgs(
       this.layout,
       lockKey,
@@ -123,7 +130,7 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
     const reserving = reserve && familyOf(shape) === 0 && !shape.fair && this.stride > 1;
     const command = acquireCommand(shape, reserve, reserving);
     this.batcher?.beforeSend();
-    let reply: number;
+    let reply: number | [number, number];
     if (this.replicaAck) {
       let acknowledged: number;
       [reply, acknowledged] = await replicated(this.client, this.replicaAck, command, args);
@@ -131,8 +138,14 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
         await this.release(key, token, shape).catch(() => false); // else it expires after its TTL
         throw unreplicated(key, 'acquire', acknowledged, this.replicaAck);
       }
+    } else if (this.redlockNode && !reserve) {
+      reply = await this.commands.redisLockAcquireOwnTokenRedlock(...args);
     } else {
       reply = await this.commands[command](...args);
+    }
+    if (Array.isArray(reply)) {
+      const [fence, renewed] = reply;
+      return { acquired: true, fence, validity: this.validity(ttl), renewed: renewed === 1 };
     }
     if (reply > 0) {
       const fenceLimit = reserving ? reply + this.stride - 1 : reply;
@@ -242,27 +255,37 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
 
   /**
    * Redlock mode: writes `token`'s copy of the lock on this node for `ttl` if the key is free here
-   * (the node restarted empty while a majority kept the lock; see `RedlockBackend.extend`).
-   * `SET NX`, not a script: a node that lost its scripts would answer `NOSCRIPT` and get the
-   * script re-sent later, behind whatever happened meanwhile.
+   * (the node restarted empty while a majority kept the lock; see `RedlockBackend.extend`), with
+   * its `fence` recorded (see `RESTORE_COPY_SCRIPT`). Sent with `EVAL`, never `EVALSHA`: a node
+   * that lost its scripts would answer `NOSCRIPT` and get the script re-sent later, behind whatever
+   * happened meanwhile.
    */
-  async restoreCopy(key: string, token: string, ttl: number): Promise<boolean> {
-    return (await this.client.set(this.layout.lockKey(key), token, 'PX', ttl, 'NX')) === 'OK';
+  async restoreCopy(key: string, token: string, ttl: number, fence: number): Promise<boolean> {
+    const lockKey = this.layout.lockKey(key);
+    const args = [lockKey, this.layout.ownFenceKey(lockKey), token, ttl, fence];
+    return Number(await this.writes.track(this.client.eval(RESTORE_COPY_SCRIPT, 2, ...args))) === 1;
   }
 
   /**
    * Redlock mode: raises this node's fence counter of `key` to at least `fence` if `token` holds
-   * the lock here (see `RAISE_FENCE_SCRIPT`). Resolves whether it does.
+   * the lock here, and for a caller's `own` token records that fence (see `RAISE_FENCE_SCRIPT`).
+   * Resolves whether it does.
    */
-  async raiseFence(key: string, token: string, fence: number, ttl: number): Promise<boolean> {
+  async raiseFence(
+    key: string,
+    token: string,
+    fence: number,
+    ttl: number,
+    own: boolean,
+  ): Promise<boolean> {
     const lockKey = this.layout.lockKey(key);
     this.batcher?.beforeSend();
     const raised = await this.commands.redisLockRaiseFence(
-      lockKey,
-      this.layout.counterKey(lockKey),
+      ...plainKeys(this.layout, lockKey),
       token,
       fence,
       this.counterTtl(ttl),
+      own ? 1 : 0,
     );
     return raised === 1;
   }

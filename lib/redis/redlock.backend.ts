@@ -6,6 +6,7 @@ import type {
   AcquireAttempt,
   BackendHealth,
   LockBackend,
+  LockShape,
   ReleaseSubscription,
 } from '../interfaces/lock-backend.interface.js';
 import { isRedisClient } from '../options/checks.js';
@@ -99,7 +100,9 @@ export class RedlockBackend implements LockBackend {
       `Redlock mode: ${nodes.length} nodes, a lock needs ${Math.floor(nodes.length / 2) + 1} of them.`,
     );
     return new RedlockBackend(
-      clients.map(({ client, owned }) => new RedisLockBackend(client, options, owned, logger)),
+      clients.map(
+        ({ client, owned }) => new RedisLockBackend(client, options, owned, logger, true),
+      ),
       clients.map(({ client }) => client),
       driftFactor,
       options.commandTimeout,
@@ -111,23 +114,38 @@ export class RedlockBackend implements LockBackend {
     return ttl - ttl * this.driftFactor - 2;
   }
 
-  async tryAcquire(key: string, token: string, ttl: number): Promise<AcquireAttempt> {
+  /**
+   * One attempt on every node (`fresh`: a token this library generated). The holder's fence is the
+   * highest the majority answered, or, for a caller's own token that already held the lock, the
+   * fence it was granted then (recorded on the nodes where it held it; nodes that granted it anew
+   * are brought to it by the second round), so that re-acquiring with one's own token keeps the
+   * fence, whichever majority answers.
+   */
+  async tryAcquire(
+    key: string,
+    token: string,
+    ttl: number,
+    _shape?: LockShape,
+    _queue?: boolean,
+    fresh = false,
+  ): Promise<AcquireAttempt> {
     const sentAt = performance.now();
     const id = `${key}\0${token}`;
     const attempt = ++this.attemptCount;
     this.attempts.set(id, attempt);
     const round = this.votes.ask(
-      (node) => node.tryAcquire(key, token, ttl),
+      (node) => node.tryAcquire(key, token, ttl, PLAIN, true, fresh),
       (reply) => reply.acquired,
     );
     const tally = await round.decided;
     if (tally.yes.length >= this.quorum) {
-      const fences = tally.yes.map(({ value }) => (value.acquired ? value.fence : 0));
-      const fence = Math.max(...fences);
-      const agreed = fences.filter((each) => each === fence).length >= this.quorum;
+      const grants = tally.yes.flatMap(({ value }) => (value.acquired ? [value] : []));
+      const renewed = grants.filter((grant) => grant.renewed).map((grant) => grant.fence);
+      const fence = Math.max(...(renewed.length > 0 ? renewed : grants.map((g) => g.fence)));
+      const agreed = grants.filter((grant) => grant.fence === fence).length >= this.quorum;
       const validity = this.validity(ttl);
       if (
-        (agreed || (await this.raiseFences(key, token, fence, ttl))) &&
+        (agreed || (await this.raiseFences(key, token, fence, ttl, !fresh))) &&
         performance.now() - sentAt < validity
       ) {
         if (this.attempts.get(id) === attempt) this.attempts.delete(id);
@@ -171,10 +189,13 @@ export class RedlockBackend implements LockBackend {
     });
   }
 
-  /** The second round of an acquisition: resolves whether a majority now counts at least `fence`. */
-  private async raiseFences(key: string, token: string, fence: number, ttl: number) {
+  /**
+   * The second round of an acquisition: resolves whether a majority now counts at least `fence`
+   * (and, for a caller's `own` token, has it recorded).
+   */
+  private async raiseFences(key: string, token: string, fence: number, ttl: number, own: boolean) {
     const round = this.votes.ask(
-      (node) => node.raiseFence(key, token, fence, ttl),
+      (node) => node.raiseFence(key, token, fence, ttl, own),
       (raised) => raised,
     );
     return (await round.decided).yes.length >= this.quorum;
@@ -194,21 +215,31 @@ export class RedlockBackend implements LockBackend {
    * left of the holder's lease from this extension (none once it is over), never a full TTL
    * counted from when the late reply lands.
    */
-  async extend(key: string, token: string, ttl: number): Promise<boolean> {
+  async extend(
+    key: string,
+    token: string,
+    ttl: number,
+    _shape?: LockShape,
+    fence = 0,
+  ): Promise<boolean> {
     const sentAt = performance.now();
     const round = this.votes.ask(
       (node) => node.extend(key, token, ttl),
       (extended) => extended,
     );
     const held = this.votes.verdict(await round.decided);
-    if (held) this.restoreForgotten(key, token, sentAt + this.validity(ttl), round.replies);
+    if (held) this.restoreForgotten(key, token, fence, sentAt + this.validity(ttl), round.replies);
     return held;
   }
 
-  /** See `extend`: `until` is the end of the holder's lease (`performance.now()`). */
+  /**
+   * See `extend`: `until` is the end of the holder's lease (`performance.now()`); a copy written
+   * back records the holder's `fence`.
+   */
   private restoreForgotten(
     key: string,
     token: string,
+    fence: number,
     until: number,
     replies: readonly Promise<boolean>[],
   ): void {
@@ -222,7 +253,7 @@ export class RedlockBackend implements LockBackend {
         .then((extended) => {
           const left = Math.floor(until - performance.now());
           if (extended || pending.cancelled || left <= 0) return false;
-          return this.nodes[i].restoreCopy(key, token, left);
+          return this.nodes[i].restoreCopy(key, token, left, fence);
         })
         .catch(() => false), // a node that fails now is counted out at the next round
     );

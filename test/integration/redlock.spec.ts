@@ -377,6 +377,39 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     await next.release();
   });
 
+  it("re-acquiring with one's own token keeps the fence whichever majority answers, also with the node that set it late", async () => {
+    const key = uniqueKey();
+    // Node 0's counter is far ahead: it sets the fence, the second round brings the others to it.
+    const [seconds] = await direct[0].time();
+    await direct[0].set(
+      'lock:{}:counter',
+      String((Number(seconds) + 1_000) * 1_000_000),
+      'PX',
+      60_000,
+    );
+    const first = await locks.acquire(key, { token: 'mine', ttl: 10_000 });
+    assert.ok(await eventually(async () => (await holders(key, 'mine')) === NODES));
+    // Node 0 answers late: the others' records decide.
+    const again = await pausing([0], () => locks.acquire(key, { token: 'mine', ttl: 10_000 }));
+    assert.equal(again.fence, first.fence, 'the fence changed with the majority that answered');
+    // A node that forgot the lock gets it back at the next extension, its fence recorded with it.
+    await direct[1].del(`lock:{${key}}`, `lock:{${key}}:fence`);
+    await again.extend(10_000);
+    assert.ok(await eventually(async () => (await direct[1].get(`lock:{${key}}`)) === 'mine'));
+    const third = await pausing([0, 2], () => locks.acquire(key, { token: 'mine', ttl: 10_000 }));
+    assert.equal(third.fence, first.fence);
+    assert.equal(await third.release(), true);
+    await direct[0].del('lock:{}:counter');
+  });
+
+  it('generated tokens write no fence record on any node', async () => {
+    const key = uniqueKey();
+    const lock = await locks.acquire(key, { ttl: 10_000 });
+    assert.ok(await eventually(async () => (await holders(key, lock.token)) === NODES));
+    for (const client of direct) assert.equal(await client.exists(`lock:{${key}}:fence`), 0);
+    await lock.release();
+  });
+
   it('control: 3 processes incrementing without the lock lose updates; under it the count is exact', async () => {
     const target = `redlock:${servers.map((server) => server.port).join(',')}`;
     const read = (counter: string): Promise<string | null> => direct[0].get(counter);

@@ -89,7 +89,7 @@ describe('key layout', () => {
         await backend.tryAcquire(k, 't', 1_000);
         await backend.tryAcquire(k, 'g', 1_000, PLAIN, true, true);
         await backend.extend(k, 't', 1_000);
-        await backend.raiseFence(k, 't', 5, 1_000);
+        await backend.raiseFence(k, 't', 5, 1_000, true);
         await backend.release(k, 't');
         for (const shape of [
           { limit: 3, mode: 'write', fair: false },
