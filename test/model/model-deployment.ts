@@ -20,7 +20,7 @@ export class ModelJobs {
     return 'ran';
   }
 
-  @WithLock({ key: ['{0}', '{1}'], onBusy: 'skip', ttl: 1_000, holdAtLeast: 200 })
+  @WithLock({ key: ['{0}', '{1}'], onBusy: 'skip', ttl: 10_000, holdAtLeast: 5_000 })
   async both(_a: string, _b: string, body: () => Promise<void>): Promise<'ran'> {
     await body();
     return 'ran';

@@ -70,6 +70,8 @@ export class Model {
   /** Per key, the highest fence an exclusive holder was granted. */
   readonly fences = new Map<string, number>();
   readonly violations: string[] = [];
+  /** Top-level acquisitions waiting now, by app and keys. */
+  readonly waiting = new Set<{ readonly app: App; readonly keys: readonly string[] }>();
   /**
    * An app was closed while its link to Redis was cut: what it had sent and never heard back
    * about (an attempt, an undo) reaches Redis when the link heals, after the app is gone, and a

@@ -174,7 +174,7 @@ class AcquireStep extends Step {
     readonly slot: number,
     readonly keySet: number,
     readonly ttl: number,
-    readonly wait: 'try' | 0 | 300 | 1_500,
+    readonly wait: 'try' | 0 | 300 | 1_500 | 3_000,
     readonly autoExtend: boolean,
     readonly holdAtLeast: number,
   ) {
@@ -203,6 +203,8 @@ class AcquireStep extends Step {
     } else {
       const acquireTimeout = this.wait;
       const started = performance.now();
+      const waiter = { app, keys };
+      model.waiting.add(waiter);
       const call = model
         .bounded(what, acquireTimeout + bound, () =>
           app.locks.acquire(key, { ...options, acquireTimeout }),
@@ -214,7 +216,8 @@ class AcquireStep extends Step {
               ms: performance.now() - started,
               timeout: acquireTimeout,
             }),
-        );
+        )
+        .finally(() => model.waiting.delete(waiter));
       // A wait is left running (a waiter, in its app's queue); an attempt is awaited.
       if (acquireTimeout > 0) model.pending.push(call);
       else await call;
@@ -665,9 +668,9 @@ class JobStep extends Step {
     const app = real.apps[this.slot];
     const what = this.toString();
     const node = model.node(undefined);
-    const holdAtLeast = this.hold || keys.length > 1 ? 200 : 0;
+    const holdAtLeast = keys.length > 1 ? 5_000 : this.hold ? 200 : 0;
     const body = async (): Promise<void> => {
-      model.granted(app, getCurrentLock()!, node, 1_000, what, 'plain', holdAtLeast);
+      model.granted(app, getCurrentLock()!, node, 10_000, what, 'plain', holdAtLeast);
       await new Promise((resolve) => setTimeout(resolve, this.holdMs));
     };
     const fire = (): Promise<unknown> =>
@@ -801,8 +804,15 @@ class CloseAppStep extends Step {
     const stall = this.stall && this.slot === 0;
     if (stall) real.deployment.stall();
     const mine = model.held.filter((held) => held.app === app);
-    if (this.releasePick >= 0 && mine.length > 0) {
-      const held = mine[this.releasePick % mine.length];
+    // A live hold of this app, one that a waiter of this app waits for if there is one: its
+    // release hands the lock over, in flight as the app closes.
+    const holds = mine.filter((held) => !held.view && held.keys.every((k) => model.live(held, k)));
+    const awaited = holds.filter((held) =>
+      [...model.waiting].some((w) => w.app === app && w.keys.some((k) => held.keys.includes(k))),
+    );
+    const candidates = awaited.length > 0 ? awaited : holds;
+    if (this.releasePick >= 0 && candidates.length > 0) {
+      const held = candidates[this.releasePick % candidates.length];
       model.pending.push(release(model, held, `${what} (release)`));
     }
     // On a cut link, what shutdown releases (or undoes) may get no answer: kept until its TTL.
@@ -867,9 +877,9 @@ const STEPS: [fc.Arbitrary<Step>, number][] = [
         fc.integer({ min: 0, max: 1 }),
         fc.integer({ min: 0, max: KEY_SETS.length - 1 }),
         fc.constantFrom(...TTLS),
-        fc.constantFrom('try' as const, 0 as const, 300 as const, 1_500 as const),
+        fc.constantFrom('try' as const, 0 as const, 300 as const, 1_500 as const, 3_000 as const),
         fc.boolean(),
-        fc.constantFrom(0, 0, 100),
+        fc.constantFrom(0, 0, 100, 5_000),
       )
       .map((args) => new AcquireStep(...args)),
     4,
