@@ -113,7 +113,7 @@ export class AcquireLoop {
         } else {
           this.throwIfStopped(key, opts.signal);
           if (queueFirst) attempt = QUEUED;
-          else attempt = await this.attempt(key, token, opts, (sending) => (sent = sending));
+          else attempt = await this.attempt(key, token, opts, (sending) => void (sent = sending));
           queueFirst = false;
         }
         if (attempt.acquired && sentAt + attempt.validity <= performance.now()) {
