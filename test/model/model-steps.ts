@@ -311,9 +311,11 @@ async function release(model: Model, held: Held, what: string, times = 1): Promi
     const answer = await model.bounded(what, 2 * model.commandTimeout, () =>
       held.lock.release().catch((error: unknown) => error),
     );
-    if (answer instanceof LockBackendError) held.unconfirmed = true;
+    // Only a Redis that did not answer in time may leave the lock in place (until its TTL): a
+    // release cut off by the app's own shutdown, or failing otherwise, is a fault of the library.
+    if (answer instanceof LockBackendError && answer.timedOut) held.unconfirmed = true;
     else if (answer instanceof Error) {
-      model.violations.push(`release of #${held.id} failed with ${String(answer)}`);
+      model.violations.push(`${what}: release of #${held.id} failed with ${String(answer)}`);
     }
     if (held.releases++ > 0 && answer !== false) {
       model.violations.push(
