@@ -89,8 +89,7 @@ function stopLeadersFirst(prototype: object): void {
   if (Object.prototype.hasOwnProperty.call(prototype, STOPS_LEADERS)) return;
   Object.defineProperty(prototype, STOPS_LEADERS, { value: true });
   const own = Object.getOwnPropertyDescriptor(prototype, 'onModuleDestroy')?.value as
-    | ((...args: unknown[]) => unknown)
-    | undefined;
+    ((...args: unknown[]) => unknown) | undefined;
   const parent = Object.getPrototypeOf(prototype) as { onModuleDestroy?: unknown } | null;
   Object.defineProperty(prototype, 'onModuleDestroy', {
     configurable: true,
@@ -99,7 +98,8 @@ function stopLeadersFirst(prototype: object): void {
       const leaderships = leading.get(this);
       if (leaderships) await lockServiceIn(this)?.stopLeaderships(leaderships);
       const then = own ?? parent?.onModuleDestroy;
-      if (typeof then === 'function') await (then as (...a: unknown[]) => unknown).apply(this, args);
+      if (typeof then === 'function')
+        await (then as (...a: unknown[]) => unknown).apply(this, args);
     },
   });
 }

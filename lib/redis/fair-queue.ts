@@ -32,7 +32,7 @@ export class FairQueue {
       token,
       message,
       releasing ? 1 : 0,
-      `${lockKey}:fair:`,
+      this.layout.turnChannels(lockKey),
     );
   }
 }

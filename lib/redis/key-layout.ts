@@ -14,6 +14,12 @@ export class KeyLayout {
     private readonly prefix: string,
     /** On a Cluster the counter is per hash slot, in the lock's slot (see `counterKey`). */
     private readonly cluster = false,
+    /**
+     * The client's own ioredis `keyPrefix`, which ioredis adds to every key but not to channels:
+     * channels get it here, so that they stay in their lock's hash slot (a prefix with a hash tag
+     * of its own puts every key in its slot) and under the same ACL pattern as the keys.
+     */
+    private readonly clientPrefix = '',
   ) {
     this.sharedCounter = `${prefix}{}:counter`;
   }
@@ -70,14 +76,25 @@ export class KeyLayout {
     return [`${lockKey}:queue`, `${lockKey}:queue:stay`];
   }
 
-  /** The channel on which releases of `key` are announced. */
-  releaseChannel(key: string): string {
-    return `${this.lockKey(key)}:released`;
+  /**
+   * The channel on which releases of the lock `lockKey` are announced: `P{K}:released`, after the
+   * client's own `keyPrefix` (see the constructor).
+   */
+  releaseChannel(lockKey: string): string {
+    return `${this.clientPrefix}${lockKey}:released`;
   }
 
-  /** The channel on which a fair waiter (`token`) of `key` hears that it is its turn. */
-  turnChannel(key: string, token: string): string {
-    return `${this.lockKey(key)}:fair:${token}`;
+  /**
+   * What a fair waiter's channel of the lock `lockKey` starts with: its token follows (see
+   * `turnChannel`).
+   */
+  turnChannels(lockKey: string): string {
+    return `${this.clientPrefix}${lockKey}:fair:`;
+  }
+
+  /** The channel on which a fair waiter (`token`) of the lock `lockKey` hears its turn. */
+  turnChannel(lockKey: string, token: string): string {
+    return `${this.turnChannels(lockKey)}${token}`;
   }
 }
 

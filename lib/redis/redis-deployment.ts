@@ -15,6 +15,7 @@ import {
   pingHealth,
   serverId,
 } from './connections.js';
+import { RedisLockConfigurationError } from '../errors/redis-lock.errors.js';
 import { InFlight } from '../utils/in-flight.js';
 import { KeyLayout } from './key-layout.js';
 import { ShardedPubSubChoice } from './pub-sub.choice.js';
@@ -58,7 +59,9 @@ export abstract class RedisDeployment {
     protected readonly logger: Logger,
   ) {
     this.isCluster = (client as { isCluster?: boolean }).isCluster === true;
-    this.layout = new KeyLayout(options.keyPrefix, this.isCluster);
+    const clientPrefix = (client.options as { keyPrefix?: string }).keyPrefix ?? '';
+    if (this.isCluster) assertClusterPrefix(clientPrefix);
+    this.layout = new KeyLayout(options.keyPrefix, this.isCluster, clientPrefix);
     this.commandTimeout = this.replyTimeout = options.commandTimeout;
     this.shardedPubSub = this.isCluster
       ? new ShardedPubSubChoice(client as Cluster, this.commandTimeout, logger).sharded
@@ -112,13 +115,15 @@ export abstract class RedisDeployment {
 
   watchReleases(key: string, claim?: HandoffClaim, turnOf?: string): ReleaseSubscription {
     const channel =
-      turnOf === undefined ? this.releaseChannel(key) : this.layout.turnChannel(key, turnOf);
+      turnOf === undefined
+        ? this.releaseChannel(key)
+        : this.layout.turnChannel(this.layout.lockKey(key), turnOf);
     return this.notifier.watch(channel, claim);
   }
 
   /** The channel on which releases of `key` are announced. */
   releaseChannel(key: string): string {
-    return this.layout.releaseChannel(key);
+    return this.layout.releaseChannel(this.layout.lockKey(key));
   }
 
   /** See `LockBackend.close`. */
@@ -129,4 +134,22 @@ export abstract class RedisDeployment {
     if (this.ownsClient) await closeQuietly(this.client, deadline - performance.now());
     await closing;
   }
+}
+
+/**
+ * A Cluster client's own ioredis `keyPrefix` goes in front of every key ioredis sends: a hash tag
+ * of its own (`{app}:`) puts every lock's keys in that one slot, which works (the channels follow
+ * it, see `KeyLayout`); a brace that opens no complete, non-empty tag within it (`app{`, `{}`)
+ * would take over the lock's own tag, so that a lock's keys land in different slots and every
+ * script fails with CROSSSLOT. Refused at startup, naming it.
+ * @throws RedisLockConfigurationError
+ */
+function assertClusterPrefix(prefix: string): void {
+  const open = prefix.indexOf('{');
+  if (open < 0 || prefix.indexOf('}', open + 1) > open + 1) return;
+  throw new RedisLockConfigurationError(
+    'client.options.keyPrefix',
+    prefix,
+    "on a Cluster, a client's keyPrefix must hold no brace, or one complete hash tag ('{app}:'): this one breaks the hash tags that keep each lock's keys in one slot",
+  );
 }

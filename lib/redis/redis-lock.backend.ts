@@ -196,7 +196,7 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
     message: string,
   ): Promise<boolean> {
     const lockKey = this.layout.lockKey(key);
-    const channel = `${lockKey}:released`;
+    const channel = this.layout.releaseChannel(lockKey);
     // No handoffs with replicaAck (the heir's lock would be granted without WAIT), nor of a
     // semaphore's place or a read lock (the next holder may be any caller; the release wakes one).
     const heir =
@@ -249,7 +249,13 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
    */
   async undoCopy(key: string, token: string): Promise<boolean> {
     const lockKey = this.layout.lockKey(key);
-    const args = [lockKey, this.layout.ownFenceKey(lockKey), token, `${lockKey}:released`, ''];
+    const args = [
+      lockKey,
+      this.layout.ownFenceKey(lockKey),
+      token,
+      this.layout.releaseChannel(lockKey),
+      '',
+    ];
     return Number(await this.writes.track(this.client.eval(RELEASE_SCRIPT, 2, ...args))) > 0;
   }
 

@@ -247,15 +247,16 @@ export class RedlockBackend implements LockBackend {
     const pending = { cancelled: false };
     const all = this.writeBacks.get(id) ?? new Set();
     this.writeBacks.set(id, all.add(pending));
-    const restored = replies.map((reply, i) =>
-      this.votes
-        .bounded(reply)
-        .then((extended) => {
-          const left = Math.floor(until - performance.now());
-          if (extended || pending.cancelled || left <= 0) return false;
-          return this.nodes[i].restoreCopy(key, token, left, fence);
-        })
-        .catch(() => false), // a node that fails now is counted out at the next round
+    const restored = replies.map(
+      (reply, i) =>
+        this.votes
+          .bounded(reply)
+          .then((extended) => {
+            const left = Math.floor(until - performance.now());
+            if (extended || pending.cancelled || left <= 0) return false;
+            return this.nodes[i].restoreCopy(key, token, left, fence);
+          })
+          .catch(() => false), // a node that fails now is counted out at the next round
     );
     void Promise.all(restored).then(() => {
       all.delete(pending);

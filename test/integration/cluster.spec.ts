@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { Cluster } from 'ioredis';
 import { Test } from '@nestjs/testing';
-import { RedisLockModule } from '../../lib/index.js';
+import { RedisLockConfigurationError, RedisLockModule } from '../../lib/index.js';
 import {
   eventually,
   heldWithHeir,
@@ -69,6 +69,54 @@ describe('on Redis Cluster', () => {
     await held.release();
     const lock = await waiting; // woken by the release: its next poll is 60 s away
     await lock.release();
+  });
+
+  it("a client whose own keyPrefix carries a hash tag ('{app}:'): releases succeed and wake waiters, their channels in the keys' slot; a prefix that breaks the tags ('app{') is refused at startup", async () => {
+    const startupNodes = cluster.nodes.map((node) => ({ host: node.host, port: node.port }));
+    const tagged = [0, 1].map(() => new Cluster(startupNodes, { keyPrefix: '{app}:' }));
+    const [one, two] = [
+      await startNonPollingApp({ client: tagged[0] }),
+      await startNonPollingApp({ client: tagged[1] }),
+    ];
+    try {
+      for (let i = 0; i < 10; i++) {
+        const key = uniqueKey(`tagged${i}`);
+        const held = await one.locks.acquire(key, { ttl: 30_000 });
+        const waiting = two.locks.acquire(key, { acquireTimeout: 5_000 });
+        await sleep(50);
+        assert.equal(await held.release(), true, 'the release failed');
+        const next = await waiting; // woken by the release: its next poll is 60 s away
+        assert.ok(next.fence > held.fence);
+        assert.equal(await next.release(), true);
+        assert.equal(await clients[0].exists(`{app}:lock:{${key}}`), 0);
+      }
+      const fair = uniqueKey('tagged-fair');
+      const first = await one.locks.acquire(fair, { fair: true, ttl: 30_000 });
+      const second = two.locks.acquire(fair, { fair: true, acquireTimeout: 5_000 });
+      await sleep(50);
+      await first.release();
+      await (await second).release();
+    } finally {
+      await one.close();
+      await two.close();
+      for (const client of tagged) client.disconnect();
+    }
+    for (const keyPrefix of ['app{', '{}app:', 'x{app']) {
+      const client = new Cluster(startupNodes, { keyPrefix, lazyConnect: true });
+      try {
+        await assert.rejects(
+          Test.createTestingModule({ imports: [RedisLockModule.forRoot({ client })] })
+            .compile()
+            .then((module) => module.init()),
+          (error) =>
+            error instanceof RedisLockConfigurationError &&
+            error.option === 'client.options.keyPrefix',
+          keyPrefix,
+        );
+      } finally {
+        client.disconnect();
+      }
+    }
   });
 
   it('control: 3 processes incrementing without the lock lose updates; under it the count is exact', async () => {
