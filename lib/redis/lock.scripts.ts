@@ -192,11 +192,15 @@ redis.call('SET', ${record}, string.format('%.0f', fence), 'PX', ARGV[2])`;
 const RENEW_RESENT = `
 redis.call('PEXPIRE', KEYS[1], ARGV[2])`;
 
-/** Puts `id` in the queue `turns` at the back (`mode` 'NX': unless it is in it already), for `stay` ms. */
+/**
+ * Puts `id` in the queue `turns` at the back (`mode` 'NX': unless it is in it already), for at
+ * least `stay` ms: the queue's TTL only grows, so a process whose stay is shorter (another
+ * `retryInterval`) never cuts short the places of others.
+ */
 const QUEUE_AT = (mode: 'NX' | '', turns: string, id: string, stay: string): string => `
   local clock = redis.call('TIME')
   redis.call('ZADD', ${turns}, ${mode ? `'${mode}', ` : ''}tonumber(clock[1]) * 1000000 + tonumber(clock[2]), ${id})
-  redis.call('PEXPIRE', ${turns}, ${stay})`;
+  if redis.call('PTTL', ${turns}) < tonumber(${stay}) then redis.call('PEXPIRE', ${turns}, ${stay}) end`;
 
 /**
  * The queue of processes waiting for a plain lock (`turns`, a sorted set: process id → when it

@@ -247,14 +247,14 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
    * release, leaving the lock on fewer nodes than its holder counts. The plain lock only (Redlock
    * offers no other shape) and never with `fenceRetention: 0` (refused with `nodes`).
    */
-  async undoCopy(key: string, token: string): Promise<boolean> {
+  async undoCopy(key: string, token: string, message: string): Promise<boolean> {
     const lockKey = this.layout.lockKey(key);
     const args = [
       lockKey,
       this.layout.ownFenceKey(lockKey),
       token,
       this.layout.releaseChannel(lockKey),
-      '',
+      message,
     ];
     return Number(await this.writes.track(this.client.eval(RELEASE_SCRIPT, 2, ...args))) > 0;
   }

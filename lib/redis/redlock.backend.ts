@@ -163,9 +163,11 @@ export class RedlockBackend implements LockBackend {
 
   /**
    * A failed attempt: releases what it got, on each node as soon as its reply says so, however
-   * late (see `RedisLockBackend.undoCopy`: in order with the next attempt). Not once a later attempt with the same token was sent: that one re-took (by re-entry)
-   * the copies this one left, and keeps or undoes them itself. A late undo of an earlier attempt
-   * would otherwise delete the copy of the lock the later one holds.
+   * late (see `RedisLockBackend.undoCopy`: in order with the next attempt). Not once a later
+   * attempt with the same token was sent: that one re-took (by re-entry) the copies this one left,
+   * and keeps or undoes them itself. A late undo of an earlier attempt would otherwise delete the
+   * copy of the lock the later one holds. Announced as one release (one id on every node), so the
+   * waiters it may concern wake once, not once per node.
    */
   private undo(
     key: string,
@@ -175,10 +177,11 @@ export class RedlockBackend implements LockBackend {
     replies: readonly Promise<AcquireAttempt>[],
   ): void {
     const current = (): boolean => this.attempts.get(id) === attempt;
+    const message = `${this.id}:${++this.releases}`;
     const undone = replies.map((reply, i) =>
       reply
         .then((granted) =>
-          granted.acquired && current() ? this.nodes[i].undoCopy(key, token) : undefined,
+          granted.acquired && current() ? this.nodes[i].undoCopy(key, token, message) : undefined,
         )
         .catch(() => {
           // That copy expires after its TTL.

@@ -499,7 +499,7 @@ describe('LockService on a single Redis', () => {
           next: true,
           owner: null,
         });
-        assert.deepEqual(await retake(() => node.undoCopy(key, 'token')), {
+        assert.deepEqual(await retake(() => node.undoCopy(key, 'token', '')), {
           next: true,
           owner: 'token',
         });

@@ -402,6 +402,30 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     await direct[0].del('lock:{}:counter');
   });
 
+  it("a failed attempt's undo is announced as one release, with one id on every node, not an empty message per node", async () => {
+    const key = uniqueKey();
+    const held = await locks.acquire(key, { ttl: 10_000 });
+    assert.ok(await eventually(async () => (await holders(key, held.token)) === NODES));
+    // Nodes 3 and 4 forgot it: another app's attempt gets those two, not a majority, and undoes them.
+    await direct[3].del(`lock:{${key}}`);
+    await direct[4].del(`lock:{${key}}`);
+    const heard: string[] = [];
+    const listeners = [3, 4].map((i) => direct[i].duplicate().on('error', () => {}));
+    try {
+      for (const listener of listeners) {
+        listener.on('message', (_channel: string, message: string) => heard.push(message));
+        await listener.subscribe(`lock:{${key}}:released`);
+      }
+      assert.equal(await other.locks.tryAcquire(key), null);
+      assert.ok(await eventually(() => heard.length === 2), `heard ${heard.length}`);
+      assert.notEqual(heard[0], '', 'an empty message wakes waiters once per node');
+      assert.equal(heard[0], heard[1]);
+    } finally {
+      for (const listener of listeners) listener.disconnect();
+      await held.release();
+    }
+  });
+
   it('generated tokens write no fence record on any node', async () => {
     const key = uniqueKey();
     const lock = await locks.acquire(key, { ttl: 10_000 });

@@ -361,6 +361,33 @@ describe('waiting for a held lock', () => {
     }
   });
 
+  it("the queue of waiting processes keeps the longest stay: a process that retries more often never cuts another's place short", async () => {
+    const key = uniqueKey();
+    const held = await holder.acquire(key, { ttl: 30_000 });
+    // A process that polls every 60 s stays ~2 min; one that polls every 100 ms, ~2.3 s.
+    const slow = await startNonPollingApp({ connection: server.url });
+    const quick = await startLockModule({
+      connection: server.url,
+      defaults: { retryInterval: 100 },
+    });
+    try {
+      const first = slow.locks.acquire(key, { acquireTimeout: 10_000 });
+      first.catch(() => {});
+      assert.ok(await eventually(async () => (await redis.pttl(`lock:{${key}}:turns`)) > 60_000));
+      const second = quick.locks.acquire(key, { acquireTimeout: 10_000 });
+      second.catch(() => {});
+      assert.ok(await eventually(async () => (await redis.zcard(`lock:{${key}}:turns`)) === 2));
+      const pttl = await redis.pttl(`lock:{${key}}:turns`);
+      assert.ok(pttl > 60_000, `the queue's TTL fell to ${pttl} ms`);
+      await held.release();
+      await (await first).release();
+      await (await second).release();
+    } finally {
+      await slow.close();
+      await quick.close();
+    }
+  });
+
   it('waiters in one process are served in order of arrival, and a releaser that asks again queues behind them', async () => {
     const key = uniqueKey();
     const held = await waiter.acquire(key, { ttl: 30_000 });
