@@ -167,17 +167,41 @@ export async function pingHealth(
 
 const round = (ms: number): number => Math.round(ms * 100) / 100;
 
+/** What `serverInfo` reads of a server: unknown fields are `undefined`. */
+export interface ServerInfo {
+  /** `run_id`: new at every start of redis-server, what tells one server from another. */
+  readonly id: string | undefined;
+  /** `redis_version`. */
+  readonly version: string | undefined;
+}
+
 /**
- * The server's `run_id` (new at every start of redis-server), asked within `commandTimeout`:
- * what tells one server apart from another whatever name it was reached by. `undefined` if it
- * does not answer in time.
+ * The server's `run_id` and version (`INFO server`), asked within `commandTimeout`; both
+ * `undefined` if it does not answer in time.
  */
-export async function serverId(
+export async function serverInfo(
   client: Redis | Cluster,
   commandTimeout: number,
-): Promise<string | undefined> {
+): Promise<ServerInfo> {
   const info = await within(client.info('server'), commandTimeout, []).catch(() => '');
-  return /^run_id:(\w+)/m.exec(info)?.[1];
+  return {
+    id: /^run_id:(\w+)/m.exec(info)?.[1],
+    version: /^redis_version:([\d.]+)/m.exec(info)?.[1],
+  };
+}
+
+/** The oldest Redis the scripts run on: `PEXPIRE … GT` and `SPUBLISH` came with 7.0. */
+const OLDEST = [7, 0];
+
+/**
+ * What is wrong with a server of `version` (see `OLDEST`), or `undefined`: the scripts would fail
+ * at the first lock, with an error that names no version.
+ */
+export function versionProblem(version: string | undefined): string | undefined {
+  if (version === undefined) return undefined;
+  const [major = 0, minor = 0] = version.split('.').map(Number);
+  if (major > OLDEST[0] || (major === OLDEST[0] && minor >= OLDEST[1])) return undefined;
+  return `this library needs Redis ${OLDEST.join('.')} or newer (its scripts use SET … GET from 6.2, PEXPIRE … GT and, on a Cluster, SPUBLISH from 7.0): upgrade the server`;
 }
 
 /**

@@ -13,7 +13,9 @@ import {
   onConnectionLoss,
   onReconnect,
   pingHealth,
-  serverId,
+  serverInfo,
+  versionProblem,
+  type ServerInfo,
 } from './connections.js';
 import { RedisLockConfigurationError } from '../errors/redis-lock.errors.js';
 import { InFlight } from '../utils/in-flight.js';
@@ -79,22 +81,29 @@ export abstract class RedisDeployment {
     });
   }
 
+  /**
+   * Startup, within `commandTimeout`: refuses a server older than the scripts need (see
+   * `versionProblem`; one that does not answer in time is not checked), and on a Cluster asks how
+   * releases are announced.
+   * @throws RedisLockConfigurationError naming the server's version
+   */
   async prepare(): Promise<void> {
-    if (!this.shardedPubSub) return;
-    await this.shardedPubSub().catch((error: unknown) => {
-      this.logger.warn(
-        `Cluster: could not ask the servers how to announce releases at startup (${describeFailure(error, this.commandTimeout)}); deciding at the first lock release or wait.`,
-      );
-    });
+    const [info] = await Promise.all([
+      this.serverInfo(),
+      this.shardedPubSub?.().catch((error: unknown) => {
+        this.logger.warn(
+          `Cluster: could not ask the servers how to announce releases at startup (${describeFailure(error, this.commandTimeout)}); deciding at the first lock release or wait.`,
+        );
+      }),
+    ]);
+    const problem = versionProblem(info.version);
+    if (problem)
+      throw new RedisLockConfigurationError('Redis server', `Redis ${info.version}`, problem);
   }
 
-  /**
-   * The server's `run_id` (new at every start of redis-server), asked within `commandTimeout`:
-   * what tells one server apart from another whatever name it was reached by. `undefined` if it
-   * does not answer in time.
-   */
-  serverId(): Promise<string | undefined> {
-    return serverId(this.client, this.commandTimeout);
+  /** See `serverInfo`. */
+  serverInfo(): Promise<ServerInfo> {
+    return serverInfo(this.client, this.commandTimeout);
   }
 
   health(): Promise<BackendHealth> {

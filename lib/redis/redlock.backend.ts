@@ -12,7 +12,7 @@ import type {
 import { isRedisClient } from '../options/checks.js';
 import { type RedisSource, type ResolvedModuleOptions } from '../options/module-options.js';
 import { freshToken } from '../utils/token.js';
-import { createClient } from './connections.js';
+import { createClient, versionProblem } from './connections.js';
 import { Quorum } from './quorum.js';
 import { RedisLockBackend } from './redis-lock.backend.js';
 import { ReleaseNotifier } from './release.notifier.js';
@@ -296,14 +296,18 @@ export class RedlockBackend implements LockBackend {
 
   /**
    * Startup: refuses two nodes that are one server under two names (`127.0.0.1:6379` and
-   * `localhost:6379`, a DNS alias), whose one vote would count twice: every node is asked its
-   * `run_id` within `commandTimeout`. A node that does not answer then is not checked.
-   * @throws RedisLockConfigurationError naming both nodes
+   * `localhost:6379`, a DNS alias), whose one vote would count twice, and a node older than the
+   * scripts need: every node is asked its `run_id` and version within `commandTimeout`. A node
+   * that does not answer then is not checked.
+   * @throws RedisLockConfigurationError naming the nodes
    */
   async prepare(): Promise<void> {
-    const ids = await Promise.all(this.nodes.map((node) => node.serverId()));
+    const infos = await Promise.all(this.nodes.map((node) => node.serverInfo()));
     const seen = new Map<string, number>();
-    ids.forEach((id, i) => {
+    infos.forEach(({ id, version }, i) => {
+      const problem = versionProblem(version);
+      if (problem)
+        throw new RedisLockConfigurationError(`nodes[${i}]`, `Redis ${version}`, problem);
       if (id === undefined) return;
       const earlier = seen.get(id);
       if (earlier !== undefined) {
