@@ -32,6 +32,12 @@ export interface Waiter {
 
 export interface ChannelState {
   refs: number;
+  /**
+   * How many of the callers watching take turns with other processes: a generated token's plain
+   * lock (`claim`), whose failed attempts put this process in the key's queue of waiting
+   * processes (see `JOIN_TURNS`). Readers, semaphores and a caller's own token never join it.
+   */
+  turnTakers: number;
   /** Releases seen on this channel since it was subscribed. */
   seen: number;
   /** Sleeping waiters in order of arrival: a release wakes the first; only the first polls. */

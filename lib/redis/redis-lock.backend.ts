@@ -217,10 +217,11 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
       const family = familyOf(shape);
       const command = RELEASE_COMMANDS[family][sharded ? 1 : 0];
       if (family === 0) {
-        // Names the next process to try; this one goes to the back of the queue if its callers
-        // still wait (see NAME_NEXT).
+        // Names the next process to try; this one goes to the back of the queue if callers of it
+        // that take turns still wait (see NAME_NEXT), else it leaves it: a reader of it waiting
+        // never joins the queue, and would not take it out again.
         const keys = releaseKeys(this.layout, lockKey);
-        const turn = this.notifier.isWatched(channel)
+        const turn = this.notifier.takesTurns(channel)
           ? [this.processId, this.queueStay]
           : [this.processId];
         reply = await this.commands[command](...keys, token, channel, message, ...turn);

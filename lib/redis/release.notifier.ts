@@ -60,6 +60,7 @@ export class ReleaseNotifier {
     if (!state) {
       state = {
         refs: 0,
+        turnTakers: 0,
         seen: 0,
         waiters: [],
         arrivals: 0,
@@ -73,7 +74,21 @@ export class ReleaseNotifier {
       this.channels.set(channel, state);
     }
     state.refs++;
-    return new ChannelSubscription(state, claim, () => this.unwatch(channel, state));
+    if (claim) state.turnTakers++;
+    const watched = state;
+    return new ChannelSubscription(state, claim, () => {
+      if (claim) watched.turnTakers--;
+      this.unwatch(channel, watched);
+    });
+  }
+
+  /**
+   * Whether callers of this process wait on `channel` that take turns with other processes (see
+   * `ChannelState.turnTakers`): a release then puts this process at the back of the key's queue
+   * of waiting processes (see `NAME_NEXT`), else it leaves it.
+   */
+  takesTurns(channel: string): boolean {
+    return (this.channels.get(channel)?.turnTakers ?? 0) > 0;
   }
 
   /** Whether any channel is watched at all (cheaper to ask first than `isWatched`). */

@@ -164,6 +164,18 @@ describe("read/write locks (mode: 'read')", () => {
     await writer.release();
   });
 
+  it("leaves nothing after mixed use: a writer's release with only a reader of its own process waiting does not queue that process", async () => {
+    const key = uniqueKey('doc');
+    const writer = await env.locks.acquire(key, { ttl: 10_000 });
+    const reader = env.locks.acquire(key, { ...read, acquireTimeout: 5_000 });
+    await sleep(50); // the reader waits (readers never join the queue of waiting processes)
+    await writer.release();
+    await (await reader).release();
+    // Queued by the writer's release, the process would stay there for its stay (~4 s): no
+    // release of a reader takes it out.
+    assert.deepEqual(await env.redis.keys(`lock:{${key}}*`), []);
+  });
+
   it('a plain lock is a writer; semaphores and read locks on one key exclude each other', async () => {
     const key = uniqueKey('doc');
     const reader = await env.locks.acquire(key, read);
