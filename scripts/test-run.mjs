@@ -58,6 +58,8 @@ const BESIDE = [
   'integration/health.spec.js',
   'integration/replica-ack.spec.js',
   'integration/jobs.spec.js',
+  'integration/model-redlock.spec.js',
+  'integration/model-cluster.spec.js',
 ];
 
 /**

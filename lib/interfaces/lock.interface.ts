@@ -104,8 +104,9 @@ export interface AcquireOptions {
   fair?: boolean;
   /**
    * Use this owner token instead of a fresh random one. Acquiring with the token that already
-   * holds the key succeeds (and resets its TTL), so a retry after a lost reply never locks out
-   * its own caller. Keep it secret and unique per holder.
+   * holds the key succeeds, with the same fence, and lengthens its TTL to at least `ttl` (never
+   * shortens it: a handle taken earlier with a longer TTL keeps its lease), so a retry after a
+   * lost reply never locks out its own caller. Keep it secret and unique per holder.
    */
   token?: string;
   /**

@@ -167,16 +167,17 @@ redis.call('DEL', KEYS[1])
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])`;
 
 /**
- * The caller's own token already holds the lock: renews it and returns its fence, unchanged, kept
+ * The caller's own token already holds the lock: renews it (never shorter: a handle of this lock
+ * taken earlier with a longer TTL keeps its lease) and returns its fence, unchanged, kept
  * in `record` (a Lua expression: its key, see `KeyLayout.ownFenceKey`; if it is gone, the script
  * goes on to a new fence). KEYS[1] lock key, KEYS[2] fence counter; ARGV[2] ttl ms, ARGV[3] fence
  * counter TTL ms.
  */
 export const RENEW_OWN = (record: string, tagged = false): string => `
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[2], 'GT')
 local held = redis.call('GET', ${record})
 if held then
-  redis.call('PEXPIRE', ${record}, ARGV[2])${KEEP_COUNTER('KEYS[2]', 'ARGV[3]')}
+  redis.call('PEXPIRE', ${record}, ARGV[2], 'GT')${KEEP_COUNTER('KEYS[2]', 'ARGV[3]')}
   return ${tagged ? '{ tonumber(held), 1 }' : 'tonumber(held)'}
 end`;
 

@@ -11,6 +11,7 @@ import type {
 } from '../interfaces/lock-backend.interface.js';
 import { isRedisClient } from '../options/checks.js';
 import { type RedisSource, type ResolvedModuleOptions } from '../options/module-options.js';
+import { InFlight } from '../utils/in-flight.js';
 import { freshToken } from '../utils/token.js';
 import { createClient, versionProblem } from './connections.js';
 import { Quorum } from './quorum.js';
@@ -64,6 +65,8 @@ export class RedlockBackend implements LockBackend {
    * release begins (see `extend`).
    */
   private readonly writeBacks = new Map<string, Set<{ cancelled: boolean }>>();
+  /** Failed attempts' undos still waiting for a node's reply (see `undo`, `close`). */
+  private readonly undos = new InFlight();
 
   constructor(
     private readonly nodes: readonly RedisLockBackend[],
@@ -187,9 +190,11 @@ export class RedlockBackend implements LockBackend {
           // That copy expires after its TTL.
         }),
     );
-    void Promise.all(undone).then(() => {
-      if (current()) this.attempts.delete(id);
-    });
+    void this.undos.track(
+      Promise.all(undone).then(() => {
+        if (current()) this.attempts.delete(id);
+      }),
+    );
   }
 
   /**
@@ -349,10 +354,13 @@ export class RedlockBackend implements LockBackend {
     return this.notifier.watch(this.nodes[0].releaseChannel(key));
   }
 
+  /**
+   * See `LockBackend.close`: the undos of failed attempts still waiting for a node's reply (an
+   * attempt shutdown interrupted) are waited for first, so that none is sent after its node closed.
+   */
   async close(deadline = performance.now() + this.commandTimeout): Promise<void> {
-    await Promise.all([
-      this.notifier.close(deadline),
-      ...this.nodes.map((node) => node.close(deadline)),
-    ]);
+    const closing = this.notifier.close(deadline);
+    await this.undos.drain(deadline);
+    await Promise.all([closing, ...this.nodes.map((node) => node.close(deadline))]);
   }
 }

@@ -76,7 +76,8 @@ if not had and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[4]) then
   local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
   return -2 - (tonumber(first[2]) - now)
 end
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+-- GT: a token that has a place already keeps the longer lease (a handle taken earlier keeps its).
+redis.call('ZADD', KEYS[1], 'GT', now + tonumber(ARGV[2]), ARGV[1])
 ${KEEP_SET_TTL}
 ${SHARED_FENCE('had', "ARGV[5] == '1'")}`;
 
@@ -158,6 +159,8 @@ end
 ${SCAN_READERS}
 if writer and not mine then return -2 - (writer - now) end
 local expiry = now + tonumber(ARGV[2])
+-- A token reading already keeps the longer lease (a handle taken earlier keeps its).
+if mine then expiry = math.max(expiry, tonumber(redis.call('HGET', KEYS[1], ARGV[1]))) end
 redis.call('HSET', KEYS[1], ARGV[1], expiry)
 if expiry > last then last = expiry end
 redis.call('PEXPIRE', KEYS[1], last - now)

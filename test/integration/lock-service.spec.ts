@@ -339,6 +339,21 @@ describe('LockService on a single Redis', () => {
       await again.release();
       assert.equal(await redis.exists(`lock:{${key}}`), 0);
     });
+
+    it('re-acquiring with a shorter TTL never shortens the lock: a handle taken earlier keeps its lease (found by the model suite), for every shape', async () => {
+      for (const shape of [{}, { limit: 2 }, { mode: 'read' as const }, { fair: true }]) {
+        const key = uniqueKey();
+        const token = uniqueKey('own');
+        const long = await locks.acquire(key, { ...shape, token, ttl: 30_000 });
+        const short = await locks.acquire(key, { ...shape, token, ttl: 300, acquireTimeout: 0 });
+        assert.equal(short.fence, long.fence);
+        await sleep(400);
+        // Another caller is still kept out for the first handle's lease, which it believes in.
+        assert.equal(await locks.tryAcquire(key, { ttl: 1_000 }), null, JSON.stringify(shape));
+        assert.ok(long.expiresAt > performance.now());
+        await long.release();
+      }
+    });
   });
 
   describe('fencing tokens', () => {

@@ -426,6 +426,30 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     }
   });
 
+  it('shutdown waits for the undo of a failed attempt whose copy a paused node grants late (found by the model suite)', async () => {
+    const key = uniqueKey();
+    const held = await other.locks.acquire(key, { ttl: 10_000 });
+    assert.ok(await eventually(async () => (await holders(key, held.token)) === NODES));
+    // Free on nodes 3 and 4: a third app's attempt gets node 4 at once and node 3 when it wakes.
+    await direct[3].del(`lock:{${key}}`);
+    await direct[4].del(`lock:{${key}}`);
+    const third = await startLockModule({ nodes: servers.map((server) => server.url) });
+    let closed = false;
+    try {
+      servers[3].signal('SIGSTOP');
+      assert.equal(await third.locks.tryAcquire(key, { ttl: 30_000 }), null);
+      setTimeout(() => servers[3].signal('SIGCONT'), 300);
+      await third.close();
+      closed = true;
+      assert.equal(await direct[3].exists(`lock:{${key}}`), 0, 'the late copy was never undone');
+      assert.equal(await direct[4].exists(`lock:{${key}}`), 0);
+    } finally {
+      servers[3].signal('SIGCONT');
+      if (!closed) await third.close();
+      await held.release();
+    }
+  });
+
   it('generated tokens write no fence record on any node', async () => {
     const key = uniqueKey();
     const lock = await locks.acquire(key, { ttl: 10_000 });

@@ -48,6 +48,8 @@ export interface Held {
   readonly holdAtLeast: number;
   readonly what: string;
   releases: number;
+  /** When the model first released it (`performance.now()`). */
+  releasedAt?: number;
   /** A release that got no answer (or found Redis gone): Redis may keep it until its TTL. */
   unconfirmed: boolean;
 }
@@ -78,6 +80,8 @@ export class Model {
    * lock it grants stays until its TTL. Such keys are not held by anyone the model knows.
    */
   leftBehind = false;
+  /** A Redlock node was restarted empty in this sequence (once at most: see `RestartNodeStep`). */
+  restarted = false;
   private nextId = 0;
 
   /** k0, k1: plain locks (one key or both), leaders, jobs; k2: a semaphore; k3: read/write. */
@@ -120,6 +124,19 @@ export class Model {
     const now = performance.now();
     const view = this.holdersAbove(node, lock).length > 0;
     const name = `${what}: ${view ? 'view' : shape} of ${lock.keys.join('+')} (fence ${lock.fence})`;
+    // A caller's own token acquired again: the same holder, another handle of its lock.
+    const earlier = view
+      ? []
+      : this.held.filter((other) => !other.view && other.lock.token === lock.token);
+    for (const key of lock.keys) {
+      for (const other of earlier.filter((each) => each.keys.includes(key))) {
+        if (this.live(other, key, now) && other.lock.fences[key] !== lock.fences[key]) {
+          this.violations.push(
+            `${name}: re-acquired with its own token, fence ${lock.fences[key]} of ${key} where its live hold #${other.id} has ${other.lock.fences[key]}`,
+          );
+        }
+      }
+    }
     if (!view) {
       if (lock.expiresAt < now - 1) {
         this.violations.push(
@@ -137,7 +154,8 @@ export class Model {
         // Exclusive holders follow one another, so their fences rise in the order seen; places and
         // read locks overlap, and one app's grant may be seen after a later one of the other's:
         // their fences are only unique.
-        if (shape === 'plain' && fence <= last) {
+        const again = earlier.some((other) => other.lock.fences[key] === fence);
+        if (shape === 'plain' && fence <= last && !again) {
           this.violations.push(`${name}: fence ${fence} of ${key} not above ${last}`);
         }
         if (
@@ -183,11 +201,26 @@ export class Model {
     return above;
   }
 
-  /** Whether `held` is live on `key` now (see the class comment). */
+  /**
+   * Whether `held` is live on `key` now (see the class comment). Handles of one lock (a caller's
+   * own token acquired again) share its release: one released ends those granted before it.
+   */
   live(held: Held, key: string, now = performance.now()): boolean {
     const handle = internals(held.lock).handleOf?.(key) ?? internals(held.lock);
     const released = held.view && handle.ended !== undefined ? handle.ended : handle.released;
-    return !released && !held.lock.signal.aborted && held.lock.expiresAt > now;
+    if (released || held.lock.signal.aborted || held.lock.expiresAt <= now) return false;
+    return (
+      held.view ||
+      !this.held.some(
+        (other) =>
+          other !== held &&
+          !other.view &&
+          other.lock.token === held.lock.token &&
+          other.keys.includes(key) &&
+          other.releasedAt !== undefined &&
+          other.releasedAt >= held.grantedAt,
+      )
+    );
   }
 
   /** Never two live holders, nor two live branches of one hold, on any key. */
@@ -216,6 +249,8 @@ export class Model {
         for (let i = 0; i < same.length; i++) {
           for (let j = i + 1; j < same.length; j++) {
             const [a, b] = [same[i], same[j]];
+            // Two handles of one lock (an own token acquired again) are one holder.
+            if (!a.view && !b.view) continue;
             if (!above(a.node, b.node) && !above(b.node, a.node)) {
               this.violations.push(
                 `${when}: two calls of one hold inside ${key} at once, in two branches of its call tree (#${a.id} ${a.what}, #${b.id} ${b.what}, fence ${a.lock.fences[key]})`,
@@ -335,7 +370,7 @@ export class Model {
       strays = [];
       const now = performance.now();
       for (const key of this.keys) {
-        for (const token of await this.deployment.owner(key)) {
+        for (const token of await this.deployment.copies(key)) {
           const known = this.held.filter(
             (held) => held.lock.token === token && held.keys.includes(key),
           );

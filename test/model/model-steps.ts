@@ -226,12 +226,106 @@ class AcquireStep extends Step {
   }
 }
 
-/** A place in the semaphore (k2), or a read or write lock (k3). */
+/**
+ * `acquire()` of k0 or k1 with a caller's own token (one of two, shared by both apps): acquired
+ * again while it holds the key, it must get the same fence.
+ */
+class AcquireOwnStep extends Step {
+  readonly kind = 'own';
+  constructor(
+    readonly slot: number,
+    readonly key: number,
+    readonly token: number,
+    readonly ttl: number,
+    readonly wait: 0 | 300,
+  ) {
+    super();
+  }
+  get args() {
+    return [this.slot, this.key, this.token, this.ttl, this.wait];
+  }
+  async run(model: Model, real: Real): Promise<void> {
+    const app = real.apps[this.slot];
+    const key = model.keys[this.key];
+    const what = this.toString();
+    const token = `own-${this.token}-${model.prefix}`;
+    const started = performance.now();
+    const lock = await model.bounded(what, this.wait + 2 * model.commandTimeout, () =>
+      app.locks
+        .acquire(key, { token, ttl: this.ttl, acquireTimeout: this.wait })
+        .catch((error: unknown) => {
+          model.failed(what, error, app, { ms: performance.now() - started, timeout: this.wait });
+          return undefined;
+        }),
+    );
+    if (lock) model.granted(app, lock, model.node(undefined), this.ttl, what);
+    await model.check();
+  }
+}
+
+/** A server stops for everyone for a while (`CLIENT PAUSE`): in Redlock mode, one node. */
+class PauseNodeStep extends Step {
+  readonly kind = 'pause';
+  constructor(
+    readonly node: number,
+    readonly ms: number,
+  ) {
+    super();
+  }
+  get args() {
+    return [this.node, this.ms];
+  }
+  async run(model: Model, real: Real): Promise<void> {
+    await real.deployment.pauseNode(this.node % real.deployment.nodes, this.ms);
+    await model.check();
+  }
+}
+
+/**
+ * Redlock mode: a node restarts empty (no persistence), once per sequence, and only while every
+ * live lock has its copy on every node: then each still has a majority, and nobody else may take
+ * it (a second restart, or a lock on two nodes only, is the loss the README says it cannot
+ * prevent). Its scripts and fence counter are gone too.
+ */
+class RestartNodeStep extends Step {
+  readonly kind = 'restart';
+  constructor(readonly node: number) {
+    super();
+  }
+  get args() {
+    return [this.node];
+  }
+  override check(model: Readonly<Model>): boolean {
+    return model.deployment.restartNode !== undefined && !model.restarted;
+  }
+  async run(model: Model, real: Real): Promise<void> {
+    const { deployment } = real;
+    const now = performance.now();
+    for (const key of model.keys) {
+      const live = model.held.filter(
+        (held) => held.keys.includes(key) && model.live(held, key, now),
+      );
+      const copies = await deployment.perNode!(key);
+      if (live.some((held) => copies.some((tokens) => !tokens.includes(held.lock.token)))) {
+        await model.check();
+        return; // a lock on fewer nodes than all: this restart could take its majority
+      }
+    }
+    model.restarted = true;
+    await deployment.restartNode!(this.node % deployment.nodes);
+    await model.check();
+  }
+}
+
+/**
+ * A place in the semaphore (k2), a read or write lock (k3), or a fair lock on k0 (which other
+ * steps take unfairly: fairness binds those who ask for it, exclusion everyone).
+ */
 class ShapeStep extends Step {
   readonly kind = 'shape';
   constructor(
     readonly slot: number,
-    readonly shape: 'place' | 'read' | 'write',
+    readonly shape: 'place' | 'read' | 'write' | 'fair',
     readonly ttl: number,
     readonly wait: 'try' | 300,
   ) {
@@ -244,12 +338,14 @@ class ShapeStep extends Step {
     return model.deployment.shapes;
   }
   async run(model: Model, real: Real): Promise<void> {
-    const key = model.keys[this.shape === 'place' ? 2 : 3];
+    const key = model.keys[{ place: 2, read: 3, write: 3, fair: 0 }[this.shape]];
     const options: AcquireOptions =
       this.shape === 'place'
         ? { ttl: this.ttl, limit: SEMAPHORE_LIMIT }
-        : { ttl: this.ttl, mode: this.shape };
-    const shape: Shape = this.shape === 'write' ? 'plain' : this.shape;
+        : this.shape === 'fair'
+          ? { ttl: this.ttl, fair: true }
+          : { ttl: this.ttl, mode: this.shape };
+    const shape: Shape = this.shape === 'write' || this.shape === 'fair' ? 'plain' : this.shape;
     const app = real.apps[this.slot];
     const what = this.toString();
     const node = model.node(undefined);
@@ -307,6 +403,7 @@ class ReleaseStep extends Step {
 
 /** Releases `held` `times` times: the second answers `false`; a failure only `LockBackendError`. */
 async function release(model: Model, held: Held, what: string, times = 1): Promise<void> {
+  held.releasedAt ??= performance.now();
   for (let i = 0; i < times; i++) {
     const answer = await model.bounded(what, 2 * model.commandTimeout, () =>
       held.lock.release().catch((error: unknown) => error),
@@ -341,6 +438,18 @@ class ExtendStep extends Step {
   }
   async run(model: Model): Promise<void> {
     const held = model.held[this.pick % model.held.length];
+    // One of two live handles of a lock (an own token acquired again): an explicit extension
+    // through one changes the lock for both, and only that one knows its new lease (the README
+    // says so); not what the model checks.
+    const now = performance.now();
+    const aliases = model.held.filter(
+      (other) =>
+        other !== held &&
+        !other.view &&
+        other.lock.token === held.lock.token &&
+        other.keys.some((key) => model.live(other, key, now)),
+    );
+    if (!held.view && aliases.length > 0) return model.check();
     await model.bounded(this.toString(), 2 * model.commandTimeout, () =>
       held.lock.extend(this.ttl).catch((error: unknown) => {
         if (!(error instanceof LockLostError || error instanceof LockBackendError)) {
@@ -817,6 +926,10 @@ class CloseAppStep extends Step {
       const held = candidates[this.releasePick % candidates.length];
       model.pending.push(release(model, held, `${what} (release)`));
     }
+    // Shutdown releases every lock of the app: for a caller's own token, through every handle
+    // of it (another app's too, see `Model.live`).
+    const closingAt = performance.now();
+    for (const held of mine) held.releasedAt ??= closingAt;
     // On a cut link, what shutdown releases (or undoes) may get no answer: kept until its TTL.
     if (this.slot === 0 && real.deployment.stalled) {
       for (const held of mine) held.unconfirmed = true;
@@ -894,6 +1007,25 @@ const STEPS: [fc.Arbitrary<Step>, number][] = [
   [fc.constant(new FlushScriptsStep()), 1],
   [
     fc
+      .tuple(fc.nat({ max: 2 }), fc.constantFrom(100, 400))
+      .map((args) => new PauseNodeStep(...args)),
+    1,
+  ],
+  [fc.nat({ max: 2 }).map((node) => new RestartNodeStep(node)), 1],
+  [
+    fc
+      .tuple(
+        fc.integer({ min: 0, max: 1 }),
+        fc.integer({ min: 0, max: 1 }),
+        fc.integer({ min: 0, max: 1 }),
+        fc.constantFrom(300, 1_000, 30_000),
+        fc.constantFrom(0 as const, 300 as const),
+      )
+      .map((args) => new AcquireOwnStep(...args)),
+    2,
+  ],
+  [
+    fc
       .tuple(
         fc.integer({ min: 0, max: 1 }),
         fc.integer({ min: 0, max: KEY_SETS.length - 1 }),
@@ -953,7 +1085,7 @@ const STEPS: [fc.Arbitrary<Step>, number][] = [
     fc
       .tuple(
         fc.integer({ min: 0, max: 1 }),
-        fc.constantFrom('place' as const, 'read' as const, 'write' as const),
+        fc.constantFrom('place' as const, 'read' as const, 'write' as const, 'fair' as const),
         fc.constantFrom(150, 1_000, 30_000),
         fc.constantFrom('try' as const, 300 as const),
       )
@@ -994,6 +1126,9 @@ export function replay(json: readonly unknown[]): Step {
     stop: StopLeaderStep,
     closeApp: CloseAppStep,
     crowd: CrowdStep,
+    own: AcquireOwnStep,
+    pause: PauseNodeStep,
+    restart: RestartNodeStep,
   };
   const step = kinds[kind as string];
   if (!step) throw new Error(`no model step "${String(kind)}"`);

@@ -13,7 +13,7 @@ import { drive, replay, settle, steps, type Real } from './model-steps.js';
  * `MODEL_SEED` replays one random run (fast-check prints the seed, and the shrunk sequence as
  * JSON lines to keep in the corpus). `MODEL_SHRINK=0` stops at the first failure.
  */
-const RUNS = Number(process.env.MODEL_RUNS ?? 12);
+const RUNS = process.env.MODEL_RUNS === undefined ? undefined : Number(process.env.MODEL_RUNS);
 const STEPS = Number(process.env.MODEL_STEPS ?? 40);
 const SEED = process.env.MODEL_SEED === undefined ? undefined : Number(process.env.MODEL_SEED);
 
@@ -31,7 +31,13 @@ const corpus = JSON.parse(
  * gets keys of its own and two fresh apps (so that nothing a failed one left behind leaks into
  * the next), and ends with `settle`.
  */
-export function modelSuite(name: string, start: () => Promise<Deployment>): void {
+export function modelSuite(
+  name: string,
+  start: () => Promise<Deployment>,
+  /** Random sequences unless `MODEL_RUNS` says (the gate's share of its time). */
+  gateRuns = 12,
+): void {
+  const runs = RUNS ?? gateRuns;
   describe(`the lock against a model (fast-check): ${name}`, () => {
     let deployment: Deployment;
     const problems: string[] = [];
@@ -53,6 +59,7 @@ export function modelSuite(name: string, start: () => Promise<Deployment>): void
 
     const totals = { sequences: 0, steps: 0, grants: 0, views: 0 };
     async function runSequence(sequence: Iterable<fc.AsyncCommand<Model, Real>>): Promise<void> {
+      deployment.begin(totals.sequences);
       const stalls = watchStalls();
       const model = new Model(
         uniqueKey('model'),
@@ -94,12 +101,12 @@ export function modelSuite(name: string, start: () => Promise<Deployment>): void
       }
     });
 
-    it(`holds on ${RUNS} random sequences of up to ${STEPS} steps`, async (t) => {
+    it(`holds on ${runs} random sequences of up to ${STEPS} steps`, async (t) => {
       try {
         await fc.assert(
           fc.asyncProperty(fc.commands(steps, { maxCommands: STEPS, size: 'max' }), runSequence),
           {
-            numRuns: RUNS,
+            numRuns: runs,
             seed: SEED,
             endOnFailure: process.env.MODEL_SHRINK === '0',
             includeErrorInReport: true,
