@@ -3,7 +3,12 @@ import { Cluster, Redis } from 'ioredis';
 import { WithLock, type LockService, type RedisLockModuleOptions } from '../../lib/index.js';
 import { FaultProxy } from '../support/fault-proxy.js';
 import { startLockModule } from '../support/lock-module.js';
-import { startCluster, startRedis, type RedisServer } from '../support/redis-server.js';
+import {
+  startCluster,
+  startRedis,
+  type RedisClusterFixture,
+  type RedisServer,
+} from '../support/redis-server.js';
 
 /** Scheduled jobs as the model runs them: `@WithLock` with `onBusy: 'skip'`, the body the model's. */
 @Injectable()
@@ -129,161 +134,232 @@ async function appOf(
 }
 
 /** Slot 0's link: a proxy in front of each of `ports`, faulted together. */
-async function linkTo(ports: readonly number[]) {
-  const proxies = await Promise.all(ports.map((_, i) => FaultProxy.start(() => ports[i])));
-  let stalled = false;
-  return {
-    proxies,
-    latency: (ms: number) => proxies.forEach((proxy) => proxy.setLatency(ms)),
-    stall: () => {
-      stalled = true;
-      proxies.forEach((proxy) => proxy.stall());
-    },
-    heal: () => {
-      stalled = false;
-      proxies.forEach((proxy) => proxy.heal());
-    },
-    get stalled() {
-      return stalled;
-    },
-    close: async () => {
-      for (const proxy of proxies) {
-        proxy.setLatency(0);
-        proxy.heal();
-      }
-      await Promise.all(proxies.map((proxy) => proxy.close()));
-    },
-  };
+class Link {
+  stalled = false;
+  private constructor(readonly proxies: readonly FaultProxy[]) {}
+
+  static async to(ports: readonly number[]): Promise<Link> {
+    return new Link(await Promise.all(ports.map((port) => FaultProxy.start(() => port))));
+  }
+
+  latency(ms: number): void {
+    for (const proxy of this.proxies) proxy.setLatency(ms);
+  }
+
+  stall(): void {
+    this.stalled = true;
+    for (const proxy of this.proxies) proxy.stall();
+  }
+
+  heal(): void {
+    this.stalled = false;
+    for (const proxy of this.proxies) proxy.heal();
+  }
+
+  async close(): Promise<void> {
+    this.latency(0);
+    this.heal();
+    await Promise.all(this.proxies.map((proxy) => proxy.close()));
+  }
+}
+
+/** Stops `redis` for everyone for `ms` (`CLIENT PAUSE`), and resolves when it is over. */
+async function pause(redis: Redis, ms: number): Promise<void> {
+  await redis.call('CLIENT', 'PAUSE', String(ms), 'ALL');
+  await new Promise((resolve) => setTimeout(resolve, ms));
+}
+
+/** What every deployment shares: slot 0's link, and the client prefix of every other sequence. */
+abstract class Linked implements Deployment {
+  clientPrefix = '';
+  abstract readonly name: string;
+  abstract readonly shapes: boolean;
+  abstract readonly nodes: number;
+
+  constructor(
+    readonly commandTimeout: number,
+    protected readonly link: Link,
+    /** The client `keyPrefix` of every other sequence. */
+    private readonly prefix: string,
+  ) {}
+
+  begin(variant: number): void {
+    this.clientPrefix = variant % 2 === 1 ? this.prefix : '';
+  }
+
+  get stalled(): boolean {
+    return this.link.stalled;
+  }
+
+  latency(ms: number): void {
+    this.link.latency(ms);
+  }
+
+  stall(): void {
+    this.link.stall();
+  }
+
+  heal(): void {
+    this.link.heal();
+  }
+
+  /** The name of a model key's lock in Redis. */
+  protected lockName(key: string): string {
+    return `${this.clientPrefix}lock:{${key}}`;
+  }
+
+  abstract startApp(slot: number, generation: number): Promise<App>;
+  abstract owner(key: string): Promise<string[]>;
+  abstract copies(key: string): Promise<string[]>;
+  abstract ttls(prefix: string): Promise<[string, number][]>;
+  abstract flushScripts(): Promise<void>;
+  abstract pauseNode(node: number, ms: number): Promise<void>;
+  abstract stop(): Promise<void>;
 }
 
 /**
  * One redis-server; slot 0 through a fault proxy, slot 1 direct. Every other sequence, both apps'
  * clients have an ioredis `keyPrefix` of their own (`app:`).
  */
+class Standalone extends Linked {
+  readonly name = 'one Redis';
+  readonly shapes = true;
+  readonly nodes = 1;
+  private readonly redis: Redis;
+
+  constructor(
+    commandTimeout: number,
+    private readonly server: RedisServer,
+    link: Link,
+  ) {
+    super(commandTimeout, link, 'app:');
+    this.redis = new Redis(server.port, '127.0.0.1');
+  }
+
+  startApp(slot: number, generation: number): Promise<App> {
+    const port = slot === 0 ? this.link.proxies[0].port : this.server.port;
+    const keyPrefix = this.clientPrefix || undefined;
+    const connection = { host: '127.0.0.1', port, keyPrefix };
+    return appOf(slot, generation, { connection, commandTimeout: this.commandTimeout });
+  }
+
+  owner(key: string): Promise<string[]> {
+    return tokensOf(this.redis, this.lockName(key));
+  }
+
+  copies(key: string): Promise<string[]> {
+    return this.owner(key);
+  }
+
+  ttls(prefix: string): Promise<[string, number][]> {
+    return keyTtls(this.redis, prefix);
+  }
+
+  async flushScripts(): Promise<void> {
+    await this.redis.script('FLUSH');
+  }
+
+  pauseNode(_node: number, ms: number): Promise<void> {
+    return pause(this.redis, ms);
+  }
+
+  async stop(): Promise<void> {
+    this.redis.disconnect();
+    await this.link.close();
+    await this.server.stop();
+  }
+}
+
 export async function standalone(commandTimeout: number): Promise<Deployment> {
-  const server: RedisServer = await startRedis();
-  const link = await linkTo([server.port]);
-  const redis = new Redis(server.port, '127.0.0.1');
-  let clientPrefix = '';
-  return {
-    name: 'one Redis',
-    shapes: true,
-    commandTimeout,
-    nodes: 1,
-    begin(variant) {
-      clientPrefix = variant % 2 === 1 ? 'app:' : '';
-    },
-    get clientPrefix() {
-      return clientPrefix;
-    },
-    startApp(slot, generation) {
-      const port = slot === 0 ? link.proxies[0].port : server.port;
-      const connection = { host: '127.0.0.1', port, keyPrefix: clientPrefix || undefined };
-      return appOf(slot, generation, { connection, commandTimeout });
-    },
-    owner: (key) => tokensOf(redis, `${clientPrefix}lock:{${key}}`),
-    copies: (key) => tokensOf(redis, `${clientPrefix}lock:{${key}}`),
-    ttls: (prefix) => keyTtls(redis, prefix),
-    latency: link.latency,
-    stall: link.stall,
-    heal: link.heal,
-    get stalled() {
-      return link.stalled;
-    },
-    async flushScripts() {
-      await redis.script('FLUSH');
-    },
-    async pauseNode(_node, ms) {
-      await redis.call('CLIENT', 'PAUSE', String(ms), 'ALL');
-      await new Promise((resolve) => setTimeout(resolve, ms));
-    },
-    async stop() {
-      redis.disconnect();
-      await link.close();
-      await server.stop();
-    },
-  };
+  const server = await startRedis();
+  return new Standalone(commandTimeout, server, await Link.to([server.port]));
 }
 
 /**
- * Redlock mode on three redis-servers: slot 0 reaches the first through a fault proxy. Every
- * other sequence, the nodes' clients have an ioredis `keyPrefix` of their own (`app:`). A node
- * can be paused, or restarted empty.
+ * Redlock mode on three redis-servers: slot 0 reaches the first through a fault proxy. Every other
+ * sequence, the nodes' clients have an ioredis `keyPrefix` of their own (`app:`). A node can be
+ * paused, or restarted empty.
  */
+class Redlock extends Linked {
+  readonly name = 'Redlock, 3 nodes';
+  readonly shapes = false;
+  readonly nodes = 3;
+  private readonly direct: Redis[];
+
+  constructor(
+    commandTimeout: number,
+    private readonly servers: RedisServer[],
+    link: Link,
+  ) {
+    super(commandTimeout, link, 'app:');
+    this.direct = servers.map((server) =>
+      new Redis(server.port, '127.0.0.1').on('error', () => {
+        // A node restarts in some sequences: the test's own client reconnects quietly.
+      }),
+    );
+  }
+
+  startApp(slot: number, generation: number): Promise<App> {
+    const nodes = this.servers.map((server, i) => ({
+      host: '127.0.0.1',
+      port: slot === 0 && i === 0 ? this.link.proxies[0].port : server.port,
+      keyPrefix: this.clientPrefix || undefined,
+    }));
+    return appOf(slot, generation, { nodes, commandTimeout: this.commandTimeout });
+  }
+
+  /** What `read` answers on each node (`undefined` where it fails: a node restarting). */
+  private each<T>(read: (redis: Redis) => Promise<T>): Promise<(T | undefined)[]> {
+    return Promise.all(this.direct.map((redis) => read(redis).catch(() => undefined)));
+  }
+
+  async perNode(key: string): Promise<string[][]> {
+    const held = await this.each((redis) => tokensOf(redis, this.lockName(key)));
+    return held.map((tokens) => tokens ?? []);
+  }
+
+  async owner(key: string): Promise<string[]> {
+    const held = (await this.perNode(key)).flat();
+    return [...new Set(held)].filter((token) => held.filter((t) => t === token).length >= 2);
+  }
+
+  async copies(key: string): Promise<string[]> {
+    return [...new Set((await this.perNode(key)).flat())];
+  }
+
+  async ttls(prefix: string): Promise<[string, number][]> {
+    return (await this.each((redis) => keyTtls(redis, prefix))).flatMap((ttls) => ttls ?? []);
+  }
+
+  async flushScripts(): Promise<void> {
+    await this.each((redis) => redis.script('FLUSH'));
+  }
+
+  pauseNode(node: number, ms: number): Promise<void> {
+    return pause(this.direct[node], ms);
+  }
+
+  async restartNode(node: number): Promise<void> {
+    await this.servers[node].kill();
+    this.servers[node] = await this.servers[node].restart();
+    // The node's clients (the apps', the test's) find it again within their retry strategy.
+    const deadline = performance.now() + 5_000;
+    while ((await this.direct[node].ping().catch(() => '')) !== 'PONG') {
+      if (performance.now() > deadline) throw new Error(`node ${node} did not come back`);
+      await new Promise((resolve) => setTimeout(resolve, 50));
+    }
+  }
+
+  async stop(): Promise<void> {
+    for (const redis of this.direct) redis.disconnect();
+    await this.link.close();
+    await Promise.all(this.servers.map((server) => server.stop()));
+  }
+}
+
 export async function redlock(commandTimeout: number): Promise<Deployment> {
   const servers = await Promise.all([0, 1, 2].map(() => startRedis()));
-  const link = await linkTo([servers[0].port]);
-  const direct = servers.map((server) =>
-    new Redis(server.port, '127.0.0.1').on('error', () => {
-      // A node restarts in some sequences: the test's own client reconnects quietly.
-    }),
-  );
-  let clientPrefix = '';
-  const each = <T>(read: (redis: Redis) => Promise<T>): Promise<(T | undefined)[]> =>
-    Promise.all(direct.map((redis) => read(redis).catch(() => undefined)));
-  const perNode = async (key: string): Promise<string[][]> => {
-    const held = await each((redis) => tokensOf(redis, `${clientPrefix}lock:{${key}}`));
-    return held.map((tokens) => tokens ?? []);
-  };
-  return {
-    name: 'Redlock, 3 nodes',
-    shapes: false,
-    commandTimeout,
-    nodes: 3,
-    begin(variant) {
-      clientPrefix = variant % 2 === 1 ? 'app:' : '';
-    },
-    get clientPrefix() {
-      return clientPrefix;
-    },
-    startApp(slot, generation) {
-      const nodes = servers.map((server, i) => ({
-        host: '127.0.0.1',
-        port: slot === 0 && i === 0 ? link.proxies[0].port : server.port,
-        keyPrefix: clientPrefix || undefined,
-      }));
-      return appOf(slot, generation, { nodes, commandTimeout });
-    },
-    async owner(key) {
-      const held = (await perNode(key)).flat();
-      return [...new Set(held)].filter((token) => held.filter((t) => t === token).length >= 2);
-    },
-    async copies(key) {
-      return [...new Set((await perNode(key)).flat())];
-    },
-    perNode,
-    async ttls(prefix) {
-      return (await each((redis) => keyTtls(redis, prefix))).flatMap((ttls) => ttls ?? []);
-    },
-    latency: link.latency,
-    stall: link.stall,
-    heal: link.heal,
-    get stalled() {
-      return link.stalled;
-    },
-    async flushScripts() {
-      await each((redis) => redis.script('FLUSH'));
-    },
-    async pauseNode(node, ms) {
-      await direct[node].call('CLIENT', 'PAUSE', String(ms), 'ALL');
-      await new Promise((resolve) => setTimeout(resolve, ms));
-    },
-    async restartNode(node) {
-      await servers[node].kill();
-      servers[node] = await servers[node].restart();
-      // The node's clients (the apps', the test's) find it again within their retry strategy.
-      const deadline = performance.now() + 5_000;
-      while ((await direct[node].ping().catch(() => '')) !== 'PONG') {
-        if (performance.now() > deadline) throw new Error(`node ${node} did not come back`);
-        await new Promise((resolve) => setTimeout(resolve, 50));
-      }
-    },
-    async stop() {
-      for (const redis of direct) redis.disconnect();
-      await link.close();
-      await Promise.all(servers.map((server) => server.stop()));
-    },
-  };
+  return new Redlock(commandTimeout, servers, await Link.to([servers[0].port]));
 }
 
 /**
@@ -291,65 +367,79 @@ export async function redlock(commandTimeout: number): Promise<Deployment> {
  * (ioredis `natMap`). Every other sequence, both apps' clients have a `keyPrefix` with a hash tag
  * of its own (`{app}:`, which puts every lock in one slot).
  */
+class ClusterOfThree extends Linked {
+  readonly name = 'Cluster, 3 masters';
+  readonly shapes = true;
+  readonly nodes = 3;
+  private readonly inspect: Cluster;
+  private readonly direct: Redis[];
+
+  constructor(
+    commandTimeout: number,
+    private readonly fixture: RedisClusterFixture,
+    link: Link,
+  ) {
+    super(commandTimeout, link, '{app}:');
+    this.inspect = new Cluster(this.startupNodes);
+    this.direct = fixture.nodes.map((node) => new Redis(node.port, node.host));
+  }
+
+  private get startupNodes(): { host: string; port: number }[] {
+    return this.fixture.nodes.map((node) => ({ host: '127.0.0.1', port: node.port }));
+  }
+
+  startApp(slot: number, generation: number): Promise<App> {
+    const keyPrefix = this.clientPrefix || undefined;
+    const natMap = Object.fromEntries(
+      this.fixture.nodes.map((node, i) => [
+        `127.0.0.1:${node.port}`,
+        { host: '127.0.0.1', port: this.link.proxies[i].port },
+      ]),
+    );
+    const client =
+      slot === 0
+        ? new Cluster(
+            this.link.proxies.map((proxy) => ({ host: '127.0.0.1', port: proxy.port })),
+            { natMap, keyPrefix },
+          )
+        : new Cluster(this.startupNodes, { keyPrefix });
+    const options = { client, commandTimeout: this.commandTimeout };
+    return appOf(slot, generation, options, () => client.disconnect());
+  }
+
+  owner(key: string): Promise<string[]> {
+    return tokensOf(this.inspect, this.lockName(key));
+  }
+
+  copies(key: string): Promise<string[]> {
+    return this.owner(key);
+  }
+
+  async ttls(prefix: string): Promise<[string, number][]> {
+    return (await Promise.all(this.direct.map((redis) => keyTtls(redis, prefix)))).flat();
+  }
+
+  async flushScripts(): Promise<void> {
+    await Promise.all(this.direct.map((redis) => redis.script('FLUSH')));
+  }
+
+  pauseNode(node: number, ms: number): Promise<void> {
+    return pause(this.direct[node], ms);
+  }
+
+  async stop(): Promise<void> {
+    this.inspect.disconnect();
+    for (const redis of this.direct) redis.disconnect();
+    await this.link.close();
+    await this.fixture.stop();
+  }
+}
+
 export async function cluster(commandTimeout: number): Promise<Deployment> {
   const fixture = await startCluster(3);
-  const ports = fixture.nodes.map((node) => node.port);
-  const link = await linkTo(ports);
-  const startupNodes = ports.map((port) => ({ host: '127.0.0.1', port }));
-  const natMap = Object.fromEntries(
-    ports.map((port, i) => [
-      `127.0.0.1:${port}`,
-      { host: '127.0.0.1', port: link.proxies[i].port },
-    ]),
-  );
-  const inspect = new Cluster(startupNodes);
-  const direct = fixture.nodes.map((node) => new Redis(node.port, node.host));
-  let clientPrefix = '';
-  return {
-    name: 'Cluster, 3 masters',
-    shapes: true,
+  return new ClusterOfThree(
     commandTimeout,
-    nodes: 3,
-    begin(variant) {
-      clientPrefix = variant % 2 === 1 ? '{app}:' : '';
-    },
-    get clientPrefix() {
-      return clientPrefix;
-    },
-    startApp(slot, generation) {
-      const keyPrefix = clientPrefix || undefined;
-      const client =
-        slot === 0
-          ? new Cluster(
-              link.proxies.map((proxy) => ({ host: '127.0.0.1', port: proxy.port })),
-              { natMap, keyPrefix },
-            )
-          : new Cluster(startupNodes, { keyPrefix });
-      return appOf(slot, generation, { client, commandTimeout }, () => client.disconnect());
-    },
-    owner: (key) => tokensOf(inspect, `${clientPrefix}lock:{${key}}`),
-    copies: (key) => tokensOf(inspect, `${clientPrefix}lock:{${key}}`),
-    async ttls(prefix) {
-      return (await Promise.all(direct.map((redis) => keyTtls(redis, prefix)))).flat();
-    },
-    latency: link.latency,
-    stall: link.stall,
-    heal: link.heal,
-    get stalled() {
-      return link.stalled;
-    },
-    async flushScripts() {
-      await Promise.all(direct.map((redis) => redis.script('FLUSH')));
-    },
-    async pauseNode(node, ms) {
-      await direct[node].call('CLIENT', 'PAUSE', String(ms), 'ALL');
-      await new Promise((resolve) => setTimeout(resolve, ms));
-    },
-    async stop() {
-      inspect.disconnect();
-      for (const redis of direct) redis.disconnect();
-      await link.close();
-      await fixture.stop();
-    },
-  };
+    fixture,
+    await Link.to(fixture.nodes.map((node) => node.port)),
+  );
 }
