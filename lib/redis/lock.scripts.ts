@@ -402,7 +402,11 @@ end`;
  * of subscriber connections the announcement reached (on Cluster: on this node).
  */
 const release = (publish: 'PUBLISH' | 'SPUBLISH'): string => `
-if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then
+  -- No longer ours (it ran out): the process still leaves the queue if none of its callers waits.
+  if ARGV[4] and not ARGV[5] then redis.call('ZREM', KEYS[3], ARGV[4]) end
+  return 0
+end
 redis.call('DEL', KEYS[1], KEYS[2])${NAME_NEXT}
 return 1 + redis.call('${publish}', ARGV[2], message)
 `;

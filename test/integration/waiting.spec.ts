@@ -361,6 +361,19 @@ describe('waiting for a held lock', () => {
     }
   });
 
+  it('a process whose last waiter got the key leaves the queue of waiting processes at its release, even once that lock ran out (found by the model suite)', async () => {
+    const key = uniqueKey();
+    const held = await waiter.acquire(key, { ttl: 5_000 });
+    const next = waiter.acquire(key, { ttl: 100, acquireTimeout: 5_000 });
+    assert.ok(await eventually(async () => (await redis.exists(`lock:{${key}}:turns`)) === 1));
+    await sleep(50);
+    await held.release(); // passed on to its own waiter: no release in Redis names anyone
+    const lock = await next;
+    await sleep(150); // its lease ran out
+    assert.equal(await lock.release(), false);
+    assert.equal(await redis.exists(`lock:{${key}}:turns`), 0, 'the process stayed in the queue');
+  });
+
   it("the queue of waiting processes keeps the longest stay: a process that retries more often never cuts another's place short", async () => {
     const key = uniqueKey();
     const held = await holder.acquire(key, { ttl: 30_000 });

@@ -82,6 +82,11 @@ export class Model {
   leftBehind = false;
   /** A Redlock node was restarted empty in this sequence (once at most: see `RestartNodeStep`). */
   restarted = false;
+  /**
+   * An app was closed in this sequence: callers of it may have been waiting, and a place it held
+   * in a queue of waiters lapses by itself, after its stay.
+   */
+  appClosed = false;
   private nextId = 0;
 
   /** k0, k1: plain locks (one key or both), leaders, jobs; k2: a semaphore; k3: read/write. */
@@ -356,6 +361,27 @@ export class Model {
   assertClean(): void {
     this.violations.push(...this.problems.splice(0));
     if (this.violations.length > 0) assert.fail(this.violations.join('\n'));
+  }
+
+  /**
+   * Once everything is released and nobody waits: no queue of waiters (a fair lock's, the queue of
+   * waiting processes) is left behind by the callers that left it, whether they got the key or gave
+   * up, unless an app closed while callers of it waited (its places lapse after their stay).
+   * Polled for a while: a give-up goes out once its last attempt is answered.
+   */
+  async checkNothingQueued(when: string): Promise<void> {
+    if (this.appClosed || this.leftBehind) return;
+    const queued = async (): Promise<string[]> =>
+      (await this.deployment.ttls(this.prefix))
+        .map(([name]) => name)
+        .filter((name) => /:(queue|queue:stay|turns)$/.test(name));
+    const deadline = performance.now() + 2 * this.commandTimeout + 500;
+    let left = await queued();
+    while (left.length > 0 && performance.now() < deadline) {
+      await new Promise((resolve) => setTimeout(resolve, 50));
+      left = await queued();
+    }
+    if (left.length > 0) this.violations.push(`${when}: ${left.join(', ')} left behind`);
   }
 
   /**

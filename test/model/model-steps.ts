@@ -928,6 +928,7 @@ class CloseAppStep extends Step {
     }
     // Shutdown releases every lock of the app: for a caller's own token, through every handle
     // of it (another app's too, see `Model.live`).
+    model.appClosed = true;
     const closingAt = performance.now();
     for (const held of mine) held.releasedAt ??= closingAt;
     // On a cut link, what shutdown releases (or undoes) may get no answer: kept until its TTL.
@@ -1156,6 +1157,7 @@ export async function settle(model: Model, real: Real): Promise<void> {
       await release(model, held, `settle: release #${held.id}`);
   }
   await model.checkNothingKept('after every release');
+  await model.checkNothingQueued('after every release');
   for (const app of real.apps) {
     await model.bounded(`settle: close app ${app.slot}`, 2 * model.commandTimeout + 50, () =>
       app.close(),
