@@ -192,16 +192,12 @@ export class LockHandle extends Lease implements Lock, Linked<LockHandle>, Reent
    */
   private releaseInRedis(): Promise<boolean> {
     const { backend, reply } = this.owner;
-    const left = Math.ceil(this.holdUntil - performance.now());
-    if (left <= 0) {
-      return reply(this.key, 'release', backend.release(this.key, this.token, this.shape, this));
-    }
-    const shorten = async (): Promise<boolean> => {
-      // After this lease's own token write, if still in flight (see the class comment).
-      if (this.swap) await this.swap.catch(() => undefined);
-      return backend.extend(this.key, this.token, left, this.shape);
-    };
-    return reply(this.key, 'release', shorten());
+    const keep = Math.max(0, Math.ceil(this.holdUntil - performance.now()));
+    return reply(
+      this.key,
+      'release',
+      backend.release(this.key, this.token, this.shape, this, keep),
+    );
   }
 
   private reportRelease(shutdown: boolean): void {

@@ -170,9 +170,18 @@ export interface LockBackend {
    * Gives the lock up: to the first waiter of this process if it takes handoffs (see
    * `watchReleases`; only a plain lock), otherwise deletes it and wakes waiters. Resolves
    * false when the token no longer held the key. `lease`: the holder's, when it has one (see
-   * `HeldLease`); the release is sent only after the lease's own pending swap.
+   * `HeldLease`); the release is sent only after the lease's own pending swap. `keep` (ms, with
+   * `holdAtLeast`): the key's TTL is shortened to that instead (owner-checked, as an extension:
+   * nothing deleted, announced or passed on), and its process still leaves the key's queue of
+   * waiting processes if none of its callers waits.
    */
-  release(key: string, token: string, shape?: LockShape, lease?: HeldLease): Promise<boolean>;
+  release(
+    key: string,
+    token: string,
+    shape?: LockShape,
+    lease?: HeldLease,
+    keep?: number,
+  ): Promise<boolean>;
   isLocked(key: string): Promise<boolean>;
   /** Whether `token` still holds `key`, whatever the shape. Changes nothing. */
   isHeld(key: string, token: string): Promise<boolean>;

@@ -183,9 +183,33 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
     token: string,
     shape: LockShape = PLAIN,
     lease?: HeldLease,
+    keep = 0,
     message = '',
   ): Promise<boolean> {
-    return this.writes.track(this.releaseNow(key, token, shape, lease, message));
+    return this.writes.track(
+      keep > 0
+        ? this.keepFor(key, token, shape, lease, keep)
+        : this.releaseNow(key, token, shape, lease, message),
+    );
+  }
+
+  /** A release that keeps the key `keep` ms more (`holdAtLeast`: see `LockBackend.release`). */
+  private async keepFor(
+    key: string,
+    token: string,
+    shape: LockShape,
+    lease: HeldLease | undefined,
+    keep: number,
+  ): Promise<boolean> {
+    // Only once this lease's own token write is answered: Redis must see the two in order.
+    if (lease?.swap) await lease.swap.catch(() => undefined);
+    const kept = await this.extend(key, token, keep, shape);
+    const lockKey = this.layout.lockKey(key);
+    if (shape === PLAIN && !this.notifier.takesTurns(this.layout.releaseChannel(lockKey))) {
+      this.batcher?.beforeSend();
+      await this.commands.redisLockDropMark(lockKey, this.layout.turnsKey(lockKey), this.processId);
+    }
+    return kept;
   }
 
   private async releaseNow(

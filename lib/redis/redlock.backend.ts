@@ -5,6 +5,7 @@ import { RedisLockConfigurationError } from '../errors/redis-lock.errors.js';
 import type {
   AcquireAttempt,
   BackendHealth,
+  HeldLease,
   LockBackend,
   LockShape,
   ReleaseSubscription,
@@ -276,14 +277,22 @@ export class RedlockBackend implements LockBackend {
    * Resolves true once a majority has released it, false when it was no longer held on a majority.
    * Nodes that answer later (or never: their copy expires after its TTL) do not hold it up.
    */
-  async release(key: string, token: string): Promise<boolean> {
+  async release(
+    key: string,
+    token: string,
+    _shape?: LockShape,
+    lease?: HeldLease,
+    keep = 0,
+  ): Promise<boolean> {
+    // With holdAtLeast: kept on a majority for what is left of it (see `LockBackend.release`).
+    if (keep > 0) return this.extend(key, token, keep, PLAIN, lease?.fence);
     // No copy is written back once the release has begun (see `extend`).
     const id = `${key}\0${token}`;
     for (const pending of this.writeBacks.get(id) ?? []) pending.cancelled = true;
     this.writeBacks.delete(id);
     const message = `${this.id}:${++this.releases}`;
     const tally = await this.votes.ask(
-      (node) => node.release(key, token, PLAIN, undefined, message),
+      (node) => node.release(key, token, PLAIN, undefined, 0, message),
       (released) => released,
     ).decided;
     if (tally.yes.length >= this.quorum) return true;

@@ -56,6 +56,17 @@ describe('holdAtLeast', () => {
     assert.equal(await env.redis.exists(`lock:{${key}}`), 0, 'released at once after it');
   });
 
+  it('a release before it is over still takes its process out of the queue of waiting processes (found by the model suite)', async () => {
+    const key = uniqueKey();
+    const first = await env.locks.acquire(key, { ttl: 5_000, holdAtLeast: 100 });
+    await first.release(); // the key stays 100 ms
+    // Waits for it: its process joins the key's queue of waiting processes.
+    const second = await env.locks.acquire(key, { ttl: 5_000, holdAtLeast: 100 });
+    await second.release();
+    assert.equal(await env.redis.exists(`lock:{${key}}:turns`), 0, 'the process stayed queued');
+    assert.ok((await env.redis.pttl(`lock:{${key}}`)) > 0, 'the key is kept for holdAtLeast');
+  });
+
   it('a release after it is over deletes the key as any release does', async () => {
     const key = uniqueKey();
     const lock = await env.locks.acquire(key, { ttl: 5_000, holdAtLeast: 50 });
