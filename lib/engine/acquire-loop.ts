@@ -303,7 +303,7 @@ export class AcquireLoop {
   }
 
   /** What a wait ended by the caller's signal or by shutdown rejects with (else `error`). */
-  private waitEnded(key: string, signal: AbortSignal | undefined, error: unknown): unknown {
+  waitEnded(key: string, signal: AbortSignal | undefined, error: unknown): unknown {
     if (signal?.aborted && error === signal.reason) return new LockAcquireAbortedError(key, error);
     if (error === this.parts.stopping.reason) return new RedisLockShutdownError(key);
     return error;

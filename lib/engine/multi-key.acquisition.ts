@@ -176,7 +176,8 @@ export class MultiKeyAcquisition {
           ? Promise.all(keys.map((key) => backend.release(key, token)))
           : undefined,
       );
-      throw error;
+      // The caller's signal or shutdown, as a wait of one key says them.
+      throw this.loop.waitEnded(keys[0], opts.signal, error);
     }
     if (!Array.isArray(fences)) return [];
     const validity = backend.validity(opts.ttl);

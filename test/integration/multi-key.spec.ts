@@ -2,13 +2,21 @@ import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import {
   getCurrentLock,
+  LockAcquireAbortedError,
   LockAcquireTimeoutError,
   LockArgumentError,
   LockLostError,
   type Lock,
   type LockEvent,
 } from '../../lib/index.js';
-import { sleep, startNonPollingApp, twoAppsOnOneRedis, uniqueKey } from '../support/lock-module.js';
+import {
+  sleep,
+  startLockModule,
+  startNonPollingApp,
+  twoAppsOnOneRedis,
+  uniqueKey,
+} from '../support/lock-module.js';
+import { FaultProxy } from '../support/fault-proxy.js';
 import { assertWithin, watchStalls } from '../support/timing.js';
 import { monitorRedis, scriptCalls } from '../support/redis-monitor.js';
 import { ACQUIRE_ALL_SCRIPT, ACQUIRE_SCRIPT } from '../../lib/redis/lock.scripts.js';
@@ -174,6 +182,23 @@ describe('several keys at once (acquire([a, b]))', () => {
     } finally {
       subscription.unsubscribe();
       await holder.release();
+    }
+  });
+
+  it('an abort during the one-step attempt of free keys rejects with LockAcquireAbortedError, as a wait for one key does (found by the model suite)', async () => {
+    const proxy = await FaultProxy.start(() => env.server.port);
+    const slow = await startLockModule({ connection: `redis://127.0.0.1:${proxy.port}` });
+    try {
+      await slow.locks.isLocked(uniqueKey()); // a connection, before the latency
+      proxy.setLatency(100);
+      const controller = new AbortController();
+      const pending = slow.locks.acquire(pair(), { signal: controller.signal });
+      setTimeout(() => controller.abort(new Error('the client went away')), 20);
+      await assert.rejects(pending, (error) => error instanceof LockAcquireAbortedError);
+    } finally {
+      proxy.setLatency(0);
+      await slow.close();
+      await proxy.close();
     }
   });
 

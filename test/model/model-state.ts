@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict';
 import {
+  LockAcquireAbortedError,
   LockAcquireTimeoutError,
   LockBackendError,
   RedisLockShutdownError,
@@ -72,8 +73,12 @@ export class Model {
   /** Per key, the highest fence an exclusive holder was granted. */
   readonly fences = new Map<string, number>();
   readonly violations: string[] = [];
-  /** Top-level acquisitions waiting now, by app and keys. */
-  readonly waiting = new Set<{ readonly app: App; readonly keys: readonly string[] }>();
+  /** Top-level acquisitions waiting now, by app and keys, and how to abort each. */
+  readonly waiting = new Set<{
+    readonly app: App;
+    readonly keys: readonly string[];
+    readonly abort: AbortController;
+  }>();
   /**
    * An app was closed while its link to Redis was cut: what it had sent and never heard back
    * about (an attempt, an undo) reaches Redis when the link heals, after the app is gone, and a
@@ -289,7 +294,7 @@ export class Model {
       }
       return;
     }
-    if (error instanceof LockBackendError) return;
+    if (error instanceof LockBackendError || error instanceof LockAcquireAbortedError) return;
     if (error instanceof RedisLockShutdownError && app.closing) return;
     this.violations.push(`${what} failed with ${String(error)}`);
   }

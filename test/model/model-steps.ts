@@ -203,11 +203,12 @@ class AcquireStep extends Step {
     } else {
       const acquireTimeout = this.wait;
       const started = performance.now();
-      const waiter = { app, keys };
+      const waiter = { app, keys, abort: new AbortController() };
       model.waiting.add(waiter);
+      const { signal } = waiter.abort;
       const call = model
         .bounded(what, acquireTimeout + bound, () =>
-          app.locks.acquire(key, { ...options, acquireTimeout }),
+          app.locks.acquire(key, { ...options, acquireTimeout, signal }),
         )
         .then(
           (lock) => lock && model.granted(app, lock, node, this.ttl, what, 'plain', holdAtLeast),
@@ -360,10 +361,13 @@ class ShapeStep extends Step {
     } else {
       const acquireTimeout = this.wait;
       const started = performance.now();
+      const waiter = { app, keys: [key], abort: new AbortController() };
+      model.waiting.add(waiter);
+      const { signal } = waiter.abort;
       model.pending.push(
         model
           .bounded(what, acquireTimeout + 2 * model.commandTimeout, () =>
-            app.locks.acquire(key, { ...options, acquireTimeout }),
+            app.locks.acquire(key, { ...options, acquireTimeout, signal }),
           )
           .then(
             (lock) => lock && model.granted(app, lock, node, this.ttl, what, shape),
@@ -372,9 +376,29 @@ class ShapeStep extends Step {
                 ms: performance.now() - started,
                 timeout: acquireTimeout,
               }),
-          ),
+          )
+          .finally(() => model.waiting.delete(waiter)),
       );
     }
+    await model.check();
+  }
+}
+
+/** A waiter's caller gives up: its `AbortSignal` aborts (a client that went away). */
+class AbortStep extends Step {
+  readonly kind = 'abort';
+  constructor(readonly pick: number) {
+    super();
+  }
+  get args() {
+    return [this.pick];
+  }
+  override check(model: Readonly<Model>): boolean {
+    return model.waiting.size > 0;
+  }
+  async run(model: Model): Promise<void> {
+    const waiters = [...model.waiting];
+    waiters[this.pick % waiters.length].abort.abort(new Error('the caller went away'));
     await model.check();
   }
 }
@@ -1001,6 +1025,7 @@ const STEPS: [fc.Arbitrary<Step>, number][] = [
     4,
   ],
   [fc.tuple(fc.nat(), fc.boolean()).map((args) => new ReleaseStep(...args)), 3],
+  [fc.nat().map((pick) => new AbortStep(pick)), 1],
   [fc.tuple(fc.nat(), fc.constantFrom(150, 1_000)).map((args) => new ExtendStep(...args)), 1],
   [fc.constantFrom(10, 100, 320).map((ms) => new SleepStep(ms)), 2],
   [fc.constantFrom(0, 0, 150).map((ms) => new LatencyStep(ms)), 1],
@@ -1128,6 +1153,7 @@ export function replay(json: readonly unknown[]): Step {
     closeApp: CloseAppStep,
     crowd: CrowdStep,
     own: AcquireOwnStep,
+    abort: AbortStep,
     pause: PauseNodeStep,
     restart: RestartNodeStep,
   };
