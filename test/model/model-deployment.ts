@@ -40,6 +40,8 @@ export interface App {
   readonly jobs: ModelJobs;
   /** Its shutdown has begun: its calls may fail with `RedisLockShutdownError`. */
   closing: boolean;
+  /** When its shutdown began (`performance.now()`). */
+  closedAt?: number;
   close(): Promise<void>;
 }
 
@@ -123,6 +125,7 @@ async function appOf(
     closing: false,
     close: async () => {
       app.closing = true;
+      app.closedAt ??= performance.now();
       try {
         await fixture.close();
       } finally {

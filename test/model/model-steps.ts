@@ -429,13 +429,16 @@ class ReleaseStep extends Step {
 async function release(model: Model, held: Held, what: string, times = 1): Promise<void> {
   held.releasedAt ??= performance.now();
   for (let i = 0; i < times; i++) {
+    // A lock its app's shutdown did not release (lost before), released after: no connection.
+    const afterClose = held.app.closedAt !== undefined;
     const answer = await model.bounded(what, 2 * model.commandTimeout, () =>
       held.lock.release().catch((error: unknown) => error),
     );
     // Only a Redis that did not answer in time may leave the lock in place (until its TTL): a
     // release cut off by the app's own shutdown, or failing otherwise, is a fault of the library.
-    if (answer instanceof LockBackendError && answer.timedOut) held.unconfirmed = true;
-    else if (answer instanceof Error) {
+    if (answer instanceof LockBackendError && (answer.timedOut || afterClose)) {
+      held.unconfirmed = true;
+    } else if (answer instanceof Error) {
       model.violations.push(`${what}: release of #${held.id} failed with ${String(answer)}`);
     }
     if (held.releases++ > 0 && answer !== false) {
