@@ -165,7 +165,9 @@ export class ReleaseNotifier {
       ));
       await Promise.all(
         subscribers.map((subscriber) =>
-          this.sharded ? subscriber.ssubscribe(channel) : subscriber.subscribe(channel),
+          this.sharded
+            ? subscriber.ssubscribe(this.unprefixed(channel))
+            : subscriber.subscribe(channel),
         ),
       );
     } catch (error) {
@@ -180,12 +182,23 @@ export class ReleaseNotifier {
     this.channels.delete(channel);
     clearTimeout(state.deferred);
     for (const subscriber of this.subscribers ?? []) {
-      (this.sharded ? subscriber.sunsubscribe(channel) : subscriber.unsubscribe(channel)).catch(
-        () => {
-          // The connection is gone; there is nothing left to unsubscribe from.
-        },
-      );
+      (this.sharded
+        ? subscriber.sunsubscribe(this.unprefixed(channel))
+        : subscriber.unsubscribe(channel)
+      ).catch(() => {
+        // The connection is gone; there is nothing left to unsubscribe from.
+      });
     }
+  }
+
+  /**
+   * `channel` without the client's own ioredis `keyPrefix`: ioredis counts the channels of
+   * `SSUBSCRIBE` and `SUNSUBSCRIBE` as keys and prefixes them itself (not those of `SUBSCRIBE`),
+   * while the channels here carry the prefix already (see `KeyLayout`), as messages name them.
+   */
+  private unprefixed(channel: string): string {
+    const prefix = (this.sources[0]?.options as { keyPrefix?: string } | undefined)?.keyPrefix;
+    return prefix && channel.startsWith(prefix) ? channel.slice(prefix.length) : channel;
   }
 
   private createSubscriber(source: Redis | Cluster): Redis | Cluster {

@@ -84,8 +84,13 @@ describe('on Redis Cluster', () => {
         const held = await one.locks.acquire(key, { ttl: 30_000 });
         const waiting = two.locks.acquire(key, { acquireTimeout: 5_000 });
         await sleep(50);
+        const watch = watchStalls();
+        const releasedAt = performance.now();
         assert.equal(await held.release(), true, 'the release failed');
-        const next = await waiting; // woken by the release: its next poll is 60 s away
+        // Woken by the release (its next poll is 60 s away), not by its last try at 5 s.
+        const next = await waiting;
+        assertWithin(performance.now() - releasedAt, 0, watch, 'the wake-up');
+        watch.stop();
         assert.ok(next.fence > held.fence);
         assert.equal(await next.release(), true);
         assert.equal(await clients[0].exists(`{app}:lock:{${key}}`), 0);
