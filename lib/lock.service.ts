@@ -176,10 +176,11 @@ export class LockService implements OnApplicationBootstrap, OnModuleDestroy, OnA
   }
 
   /**
-   * Shutdown, first step: every leadership (`lead()`, `@WhileLeader`) is stopped, its term's
-   * `signal` aborted and its work waited for, up to the longest leader TTL; then released, so the
-   * next leader starts at once. A work that ignores its signal longer is logged, and its lock is
-   * released with the others at `onApplicationShutdown`.
+   * Shutdown, first step: every leadership still running (`lead()`; a `@WhileLeader` provider's
+   * stop in its own `onModuleDestroy`, before this one) is stopped, its term's `signal` aborted and
+   * its work waited for, up to the longest leader TTL; its lock's release goes out at once, so the
+   * next leader starts, within the engine's one shutdown deadline. A work that ignores its signal
+   * longer is logged, and its lock is released with the others at `onApplicationShutdown`.
    */
   onModuleDestroy(): Promise<void> {
     return this.leaderships.stopAll();
@@ -187,9 +188,10 @@ export class LockService implements OnApplicationBootstrap, OnModuleDestroy, OnA
 
   /**
    * Shutdown: rejects pending acquisitions, stops watchdogs, releases every lock this service
-   * holds (their signals abort with reason `shutdown`) and closes the connections it created.
-   * Bounded by twice `commandTimeout` whatever Redis does: releases that get no reply are logged
-   * and their locks expire after their TTL.
+   * holds (their signals abort with reason `shutdown`), waits for what is still on its way to
+   * Redis (late grants' undos, releases, hand-overs) and closes the connections it created. One
+   * deadline of twice `commandTimeout` whatever Redis does: then the connections are dropped;
+   * releases that got no reply are logged and their locks expire after their TTL.
    */
   async onApplicationShutdown(): Promise<void> {
     // Leaderships started after onModuleDestroy: no new term, no pause left behind.
