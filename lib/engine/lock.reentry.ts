@@ -180,9 +180,12 @@ export class LockReentry implements Lock, ReentryLevel {
   /** Ends this view: whether the lock was still held, once; `false` after. Redis is not asked. */
   release(): Promise<boolean> {
     if (this.ended) return Promise.resolve(false);
+    // Asked before the view ends: a lease that ran out unnoticed (the event loop frozen or
+    // blocked past it) aborts this view's signal too, as a hold's release aborts its own.
+    const held = this.hold.stillHeld();
     this.ended = true;
     this.hold.turnOver(true);
-    return Promise.resolve(this.cutShort === undefined && this.hold.stillHeld());
+    return Promise.resolve(this.cutShort === undefined && held);
   }
 
   /** @internal An undo (no work ran): the same as `release()` for a view. */

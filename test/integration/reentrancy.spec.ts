@@ -244,6 +244,23 @@ describe('re-entrancy', () => {
       await fork;
     });
 
+    it("a view released after its hold's lease ran out unnoticed aborts its signal first, as a hold's release does (found by the chaos suite)", async () => {
+      const key = uniqueKey();
+      let signal: AbortSignal | undefined;
+      await locks.using(
+        key,
+        async () => {
+          await locks.using(key, async (view) => {
+            signal = view.signal;
+            const until = performance.now() + 300;
+            while (performance.now() < until); // the event loop blocked past the 200 ms lease
+          });
+          assert.equal(signal?.aborted, true, 'the overrun went unreported on the view');
+        },
+        { ttl: 200 },
+      );
+    });
+
     it('a forgotten nested acquire() is told when the outer use ends: its signal aborts', async () => {
       const key = uniqueKey();
       let view: Lock | undefined;
