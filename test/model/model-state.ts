@@ -51,6 +51,8 @@ export interface Held {
   releases: number;
   /** When the model first released it (`performance.now()`). */
   releasedAt?: number;
+  /** `checkOverrunTold` looked at its first release. */
+  overrunChecked?: boolean;
   /** A release that got no answer (or found Redis gone): Redis may keep it until its TTL. */
   unconfirmed: boolean;
 }
@@ -85,6 +87,12 @@ export class Model {
    * lock it grants stays until its TTL. Such keys are not held by anyone the model knows.
    */
   leftBehind = false;
+  /**
+   * `key\0token` of every caller's-own-token acquisition that failed: one given up on in flight
+   * may be granted late, and its lock stays until its TTL (the README's exception: that token may
+   * hold the lock legitimately, so the late grant is not undone).
+   */
+  readonly ownGivenUp = new Set<string>();
   /** A Redlock node was restarted empty in this sequence (once at most: see `RestartNodeStep`). */
   restarted = false;
   /**
@@ -284,6 +292,20 @@ export class Model {
     }
   }
 
+  /**
+   * Once `held` was released: if its lease had run out when its first release began (unconfirmed,
+   * or frozen past it), its `signal` said so. An overrun is never silent, views included.
+   */
+  checkOverrunTold(held: Held, what: string): void {
+    const at = held.releasedAt;
+    if (at === undefined || held.overrunChecked) return;
+    held.overrunChecked = true;
+    if (held.lock.expiresAt > at || held.lock.signal.aborted) return;
+    this.violations.push(
+      `${what}: #${held.id} released after its lease ran out, its signal never told`,
+    );
+  }
+
   /** An acquisition that failed: only the documented errors, a timeout only after its wait. */
   failed(what: string, error: unknown, app: App, waited?: { ms: number; timeout: number }): void {
     if (error instanceof LockAcquireTimeoutError) {
@@ -411,7 +433,9 @@ export class Model {
               held.unconfirmed ||
               (held.holdAtLeast > 0 && held.grantedAt + held.holdAtLeast + 50 > now),
           );
-          if (!kept && !(known.length === 0 && this.leftBehind)) {
+          const excused =
+            (known.length === 0 && this.leftBehind) || this.ownGivenUp.has(`${key}\0${token}`);
+          if (!kept && !excused) {
             strays.push(
               known.length === 0
                 ? `${key} held in Redis by a token no holder was given`

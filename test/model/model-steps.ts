@@ -99,6 +99,7 @@ export class Flow {
       .finally(() => {
         this.ended = true;
         this.opened(false);
+        if (this.held) model.checkOverrunTold(this.held, this.what);
       });
     return this.done;
   }
@@ -119,6 +120,8 @@ export class Flow {
       }
     } finally {
       ended?.removeEventListener('abort', onEnd);
+      // `using()` releases it now.
+      if (this.held) this.held.releasedAt ??= performance.now();
     }
   }
 
@@ -255,6 +258,7 @@ class AcquireOwnStep extends Step {
       app.locks
         .acquire(key, { token, ttl: this.ttl, acquireTimeout: this.wait })
         .catch((error: unknown) => {
+          model.ownGivenUp.add(`${key}\0${token}`);
           model.failed(what, error, app, { ms: performance.now() - started, timeout: this.wait });
           return undefined;
         }),
@@ -434,6 +438,7 @@ async function release(model: Model, held: Held, what: string, times = 1): Promi
     const answer = await model.bounded(what, 2 * model.commandTimeout, () =>
       held.lock.release().catch((error: unknown) => error),
     );
+    model.checkOverrunTold(held, what);
     // Only a Redis that did not answer in time may leave the lock in place (until its TTL): a
     // release cut off by the app's own shutdown, or failing otherwise, is a fault of the library.
     if (answer instanceof LockBackendError && (answer.timedOut || afterClose)) {
@@ -706,8 +711,9 @@ class ForkStep extends Step {
         .using(
           key,
           async (lock) => {
-            model.granted(app, lock, node, DEFAULT_TTL, `${what} (fork)`);
+            const held = model.granted(app, lock, node, DEFAULT_TTL, `${what} (fork)`);
             await new Promise((resolve) => setTimeout(resolve, 15));
+            held.releasedAt ??= performance.now();
           },
           options,
         )
@@ -808,8 +814,10 @@ class JobStep extends Step {
     const node = model.node(undefined);
     const holdAtLeast = keys.length > 1 ? 5_000 : this.hold ? 200 : 0;
     const body = async (): Promise<void> => {
-      model.granted(app, getCurrentLock()!, node, 10_000, what, 'plain', holdAtLeast);
+      const held = model.granted(app, getCurrentLock()!, node, 10_000, what, 'plain', holdAtLeast);
       await new Promise((resolve) => setTimeout(resolve, this.holdMs));
+      // The decorator releases it now.
+      held.releasedAt ??= performance.now();
     };
     const fire = (): Promise<unknown> =>
       keys.length > 1
