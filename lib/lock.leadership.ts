@@ -226,12 +226,12 @@ export class Leaderships {
   }
 
   /**
-   * Shutdown, first step: stops every leadership (or those `only` names), its term's `signal`
+   * Shutdown, first step: stops every leadership, its term's `signal`
    * aborted and its work waited for, up to the longest leader TTL; a work that ignores its signal
    * longer is logged. Their locks' releases go on, within the engine's one shutdown deadline.
    */
-  async stopAll(only?: readonly Leadership[]): Promise<void> {
-    const campaigns = [...this.campaigns].filter((campaign) => !only || only.includes(campaign));
+  async stopAll(): Promise<void> {
+    const campaigns = [...this.campaigns];
     if (campaigns.length === 0) return;
     for (const campaign of campaigns) void campaign.stop('shutdown');
     const longest = Math.max(...campaigns.map((campaign) => campaign.ttl));

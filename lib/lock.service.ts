@@ -159,6 +159,11 @@ export class LockService implements OnApplicationBootstrap, OnModuleDestroy, OnA
     return this.engine.prepare();
   }
 
+  /** @internal Until its shutdown begins. */
+  get running(): boolean {
+    return this.engine.running;
+  }
+
   /**
    * @internal For `RedisLockHealthIndicator`: whether Redis answers a PING (in Redlock mode, a
    * majority of nodes), within `commandTimeout`. Never rejects.
@@ -168,19 +173,13 @@ export class LockService implements OnApplicationBootstrap, OnModuleDestroy, OnA
   }
 
   /**
-   * @internal Stops `leaderships` as shutdown does (see `onModuleDestroy`): a `@WhileLeader`
-   * provider's, before its own `onModuleDestroy`.
-   */
-  stopLeaderships(leaderships: readonly Leadership[]): Promise<void> {
-    return this.leaderships.stopAll(leaderships);
-  }
-
-  /**
-   * Shutdown, first step: every leadership still running (`lead()`; a `@WhileLeader` provider's
-   * stop in its own `onModuleDestroy`, before this one) is stopped, its term's `signal` aborted and
-   * its work waited for, up to the longest leader TTL; its lock's release goes out at once, so the
-   * next leader starts, within the engine's one shutdown deadline. A work that ignores its signal
-   * longer is logged, and its lock is released with the others at `onApplicationShutdown`.
+   * Shutdown, first step: every leadership still running is stopped, its term's `signal` aborted
+   * and its work waited for, up to the longest leader TTL; its lock's release goes out at once, so
+   * the next leader starts, within the engine's one shutdown deadline. A work that ignores its
+   * signal longer is logged, and its lock is released with the others at `onApplicationShutdown`.
+   * The module runs this before the first `onModuleDestroy` of any provider of the app, so that
+   * nothing a leader's work uses is torn down while it runs (see `RedisLockModule`); here again,
+   * for an app none of whose providers has one.
    */
   onModuleDestroy(): Promise<void> {
     return this.leaderships.stopAll();

@@ -74,6 +74,7 @@ const COMPAT = [
   'integration/cluster.spec.js',
   'integration/lock-service.spec.js',
   'integration/module.spec.js',
+  'integration/nest-providers.spec.js',
   'integration/redlock.spec.js',
   'integration/sentinel.spec.js',
   'integration/with-lock.spec.js',

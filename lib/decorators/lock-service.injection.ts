@@ -7,7 +7,7 @@ import { LockService } from '../lock.service.js';
  * or `@WhileLeader`: the one of the module the instance is made in.
  */
 const LOCK_SERVICE = Symbol('nestjs-redis-lock:LockService');
-/** On a class with `@WithLock` or `@WhileLeader` methods (see `lacksLockService`). */
+/** On a class with `@WithLock` or `@WhileLeader` methods (see `lockedInstance`). */
 const LOCKED_CLASS = Symbol('nestjs-redis-lock:locked-class');
 
 /** Has Nest inject the module's LockService into every instance of `prototype`'s class. */
@@ -17,27 +17,54 @@ export function injectLockService(prototype: object): void {
 }
 
 /**
- * @internal Whether `instance` has `@WithLock` or `@WhileLeader` methods but no LockService: Nest
- * injects properties only into the instances it creates from a class, not into a `useFactory` or
- * `useValue` one.
+ * @internal Refuses a decorator on a static method (`target` is then the class): Nest injects
+ * nothing into a class, only into its instances.
  */
-export function lacksLockService(instance: unknown): instance is object {
-  if (typeof instance !== 'object' || instance === null) return false;
-  const locked = Reflect.getMetadata(LOCKED_CLASS, instance.constructor) === true;
-  return (
-    locked && !((instance as { [LOCK_SERVICE]?: unknown })[LOCK_SERVICE] instanceof LockService)
+export function refuseStatic(target: object, what: string): void {
+  if (typeof target !== 'function') return;
+  throw new RedisLockConfigurationError(
+    what,
+    'a static method',
+    'decorate an instance method of a provider (Nest injects the LockService into instances, not into the class), or call LockService.using() / lead() in the static one',
   );
 }
 
-/** @internal Gives such an instance the app's LockService, as Nest gives a class's instances. */
-export function provideLockService(instance: object, locks: LockService): void {
+/** @internal Whether `instance`'s class has `@WithLock` or `@WhileLeader` methods. */
+export function lockedInstance(instance: unknown): instance is object {
+  return (
+    typeof instance === 'object' &&
+    instance !== null &&
+    Reflect.getMetadata(LOCKED_CLASS, instance.constructor) === true
+  );
+}
+
+/**
+ * @internal Gives `instance` the app's LockService, as Nest gives a class's instances: to one
+ * Nest injects nothing into (made by `useFactory`, given as `useValue`). Throws
+ * `RedisLockConfigurationError` if it has the LockService of another app that still runs (a
+ * `useValue` object shared by two apps): it cannot lock for both. One whose app has closed (a
+ * test suite's or a hot reload's next app) is given this one.
+ */
+export function provideLockService(instance: object, locks: LockService, name: string): void {
+  const had = lockServiceIn(instance);
+  if (had === locks) return;
+  if (had && !(had instanceof LockService && !had.running)) {
+    throw new RedisLockConfigurationError(
+      `@WithLock/@WhileLeader(${instance.constructor.name})`,
+      name,
+      'this instance (given as useValue, or made by useFactory) is already used by another Nest app that is still running, and one instance can lock for one app only: give each app its own instance (`useClass`, or a `useFactory` that makes a new one)',
+    );
+  }
   Object.defineProperty(instance, LOCK_SERVICE, { value: locks, configurable: true });
 }
 
-/** @internal The LockService of `instance`, or `undefined` (see `lockServiceOf`). */
+/**
+ * @internal The LockService of `instance`, or `undefined` (see `lockServiceOf`). Anything with
+ * LockService's methods counts: a test double given with `overrideProvider(LockService)`.
+ */
 export function lockServiceIn(instance: object): LockService | undefined {
-  const locks = (instance as { [LOCK_SERVICE]?: unknown } | undefined)?.[LOCK_SERVICE];
-  return locks instanceof LockService ? locks : undefined;
+  const locks = (instance as { [LOCK_SERVICE]?: Partial<LockService> } | undefined)?.[LOCK_SERVICE];
+  return typeof locks?.using === 'function' ? (locks as LockService) : undefined;
 }
 
 /** The LockService of `instance`, which `decorator` on `method` needs. */
@@ -51,7 +78,7 @@ export function lockServiceOf(
     throw new RedisLockConfigurationError(
       `${decorator}(${method})`,
       instance,
-      'the instance has no LockService: it must be created by Nest (not with `new`) in a module where RedisLockModule is imported or registered with isGlobal',
+      'the instance has no LockService: it must be a provider of a Nest app (not made with `new`) in a module where RedisLockModule is imported or registered with isGlobal',
     );
   }
   return locks;

@@ -1,17 +1,17 @@
 import { RedisLockConfigurationError } from '../errors/redis-lock.errors.js';
-import type { Leadership, LeadOptions } from '../lock.leadership.js';
+import type { LeadOptions } from '../lock.leadership.js';
 import { LockService } from '../lock.service.js';
 import { assertKey } from '../options/checks.js';
 import { leadOptionsProblem } from '../options/acquire-options.js';
-import { injectLockService, lockServiceIn } from './lock-service.injection.js';
+import { injectLockService, lockServiceIn, refuseStatic } from './lock-service.injection.js';
 
 /** On a class: its `@WhileLeader` methods. */
 const LEADER_METHODS = Symbol('nestjs-redis-lock:leader-methods');
-/** On a class's prototype once its `onModuleDestroy` stops its leaderships first. */
-const STOPS_LEADERS = Symbol('nestjs-redis-lock:stops-leaders');
+/** The instances whose `@WhileLeader` methods campaign, and for which LockService (once each). */
+const leading = new WeakMap<object, LockService>();
 
-/** The leaderships of each instance's `@WhileLeader` methods. */
-const leading = new WeakMap<object, readonly Leadership[]>();
+/** `@nestjs/schedule`'s mark of a `@Cron`, `@Interval` or `@Timeout` method (its `SCHEDULER_TYPE`). */
+const SCHEDULER_TYPE = 'SCHEDULER_TYPE';
 
 interface LeaderMethod {
   readonly name: string | symbol;
@@ -46,6 +46,7 @@ export function WhileLeader(key: string, options?: LeadOptions): MethodDecorator
         'can only decorate a method',
       );
     }
+    refuseStatic(target, option(''));
     try {
       assertKey(key);
     } catch (error) {
@@ -72,53 +73,38 @@ export function WhileLeader(key: string, options?: LeadOptions): MethodDecorator
       target.constructor,
     );
     injectLockService(target);
-    stopLeadersFirst(target);
     return descriptor;
   };
 }
 
 /**
- * Makes the class's `onModuleDestroy` stop its instance's leaderships first (their work waited
- * for, up to the longest leader TTL), then do what it did (its own, or its parent class's): Nest
- * destroys what an instance depends on after the instance itself (NestJS 12 orders a module's
- * providers by their dependencies, and modules from the root outward), so nothing the leader's work
- * uses is torn down while it still runs, whichever module the lock module is in or whether it is
- * global. (`LockService.onModuleDestroy` runs after every module nearer the root than its own.)
- */
-function stopLeadersFirst(prototype: object): void {
-  if (Object.prototype.hasOwnProperty.call(prototype, STOPS_LEADERS)) return;
-  Object.defineProperty(prototype, STOPS_LEADERS, { value: true });
-  const own = Object.getOwnPropertyDescriptor(prototype, 'onModuleDestroy')?.value as
-    ((...args: unknown[]) => unknown) | undefined;
-  const parent = Object.getPrototypeOf(prototype) as { onModuleDestroy?: unknown } | null;
-  Object.defineProperty(prototype, 'onModuleDestroy', {
-    configurable: true,
-    writable: true,
-    value: async function onModuleDestroy(this: object, ...args: unknown[]): Promise<void> {
-      const leaderships = leading.get(this);
-      if (leaderships) await lockServiceIn(this)?.stopLeaderships(leaderships);
-      const then = own ?? parent?.onModuleDestroy;
-      if (typeof then === 'function')
-        await (then as (...a: unknown[]) => unknown).apply(this, args);
-    },
-  });
-}
-
-/**
  * @internal Starts a leadership for every `@WhileLeader` method of `instance` whose LockService
- * is `locks` (an instance made in another app's or module's scope is that LockService's). Returns
- * how many were started.
+ * is `locks` (an instance made in another app's or module's scope is that LockService's), once per
+ * instance. Throws `RedisLockConfigurationError` for a method that is also a `@nestjs/schedule`
+ * job. Returns how many were started.
  */
 export function startLeaderMethods(instance: unknown, locks: LockService): number {
-  if (typeof instance !== 'object' || instance === null) return 0;
+  if (typeof instance !== 'object' || instance === null || leading.get(instance) === locks) {
+    return 0;
+  }
   const methods = Reflect.getMetadata(LEADER_METHODS, instance.constructor) as
     LeaderMethod[] | undefined;
   if (methods === undefined || lockServiceIn(instance) !== locks) return 0;
-  const leaderships = methods.map(({ name, key, options }) => {
+  const calls = methods.map(({ name }) => {
     const method = (instance as Record<string | symbol, (term: unknown) => unknown>)[name];
-    return locks.lead(key, (term) => method.call(instance, term), options);
+    if (Reflect.getMetadata(SCHEDULER_TYPE, method) !== undefined) {
+      throw new RedisLockConfigurationError(
+        `@WhileLeader(${instance.constructor.name}.${String(name)})`,
+        'with @Cron, @Interval or @Timeout',
+        "the scheduler would call it on every instance, without a term: for a job that runs on one instance per fire, use @Cron with @WithLock({ key, onBusy: 'skip' }); for work that runs for as long as this instance leads, use @WhileLeader alone",
+      );
+    }
+    return method;
   });
-  leading.set(instance, leaderships);
+  leading.set(instance, locks);
+  methods.forEach(({ key, options }, i) =>
+    locks.lead(key, (term) => calls[i].call(instance, term), options),
+  );
   return methods.length;
 }
 

@@ -15,7 +15,7 @@ import type { AcquireOptions } from '../interfaces/lock.interface.js';
 import type { LockKeySource, WithLockOptions } from '../interfaces/with-lock-options.interface.js';
 import { validateWithLockOptions } from '../options/decorator-options.js';
 import { answerLockTimeout } from './lock-timeout.answer.js';
-import { injectLockService, lockServiceOf } from './lock-service.injection.js';
+import { injectLockService, lockServiceOf, refuseStatic } from './lock-service.injection.js';
 import { compileLockKey, type LockKeyResolver } from './lock-key.resolver.js';
 
 const logger = new Logger('RedisLock');
@@ -34,18 +34,36 @@ const ROUTE_ARGS_METADATA = '__routeArguments__';
 
 /**
  * What Nest passes a decorated handler after its own arguments, through a parameter decorator of
- * ours: the call's execution context. The wrapper takes it off before anything sees the arguments
- * and, with it, turns a lock timeout into the transport's answer (see `answerLockTimeout`). Code
- * cannot make one (the class is not exported), so a call from code gets `LockAcquireTimeoutError`.
- * Cheaper than an interceptor, which makes Nest run its rxjs pipeline on every request (measured:
- * ~30 µs per request on the benchmark's route).
+ * ours: the call's execution context, wrapped in a function (a token). The wrapper takes it off
+ * before anything sees the arguments and, with it, turns a lock timeout into the transport's
+ * answer (see `answerLockTimeout`). A function, not an object: a global pipe that walks the
+ * arguments' objects (to trim or sanitise them) finds nothing in it to walk, and keeps it as it is.
+ * Code cannot make one, so a call from code gets `LockAcquireTimeoutError`. Cheaper than an
+ * interceptor, which makes Nest run its rxjs pipeline on every request (measured: ~30 µs per
+ * request on the benchmark's route).
  */
-class HandlerCall {
-  constructor(readonly context: ExecutionContext) {}
+type HandlerCall = () => ExecutionContext;
+const handlerCalls = new WeakSet<HandlerCall>();
+/** The wrappers `@WithLock` made: the handlers that take a `HandlerCall`. */
+const lockedHandlers = new WeakSet<object>();
+
+/**
+ * Makes the token, for a locked handler only: a subclass's override of one (with the same
+ * parameter metadata, which Nest reads through the class chain) gets `undefined` instead.
+ */
+function handlerCallOf(_data: unknown, context: ExecutionContext): HandlerCall | undefined {
+  if (!lockedHandlers.has(context.getHandler())) return undefined;
+  const call: HandlerCall = () => context;
+  handlerCalls.add(call);
+  return call;
 }
-const HandlerCallParameter = createParamDecorator(
-  (_data: unknown, context: ExecutionContext) => new HandlerCall(context),
-);
+const HandlerCallParameter = createParamDecorator(handlerCallOf);
+
+/** Nest's record of one parameter decorator (`assignCustomParameterMetadata`). */
+interface ParameterMetadata {
+  readonly index: number;
+  readonly factory?: unknown;
+}
 
 /** A decorated method, with its arguments (the handler's context taken off) and that context. */
 type LockedCall = (this: object, args: unknown[], context: ExecutionContext | undefined) => unknown;
@@ -99,6 +117,14 @@ export function WithLock(
         'can only decorate a method',
       );
     }
+    refuseStatic(target, `@WithLock(${method})`);
+    if (/^\[object (Async)?GeneratorFunction\]$/.test(Object.prototype.toString.call(original))) {
+      throw new RedisLockConfigurationError(
+        `@WithLock(${method})`,
+        'a generator',
+        ITERATOR_PROBLEM,
+      );
+    }
     const skip = options.onBusy === 'skip';
     const acquireOptions: AcquireOptions = {
       ttl: options.ttl,
@@ -112,13 +138,22 @@ export function WithLock(
     };
     const call = original as (...args: unknown[]) => unknown;
     const declared = declaredReturnType(target, propertyKey, method);
-    // Parameter decorators are applied before method decorators: these are all of the method's.
-    const parameters = Object.values(
+    // Parameter decorators are applied before method decorators: these are all of the method's,
+    // and, on an override, its base method's (Nest reads them through the class chain), less the
+    // base's own `HandlerCall`, which the override's metadata is written without.
+    const own = Object.entries(
       (Reflect.getMetadata(ROUTE_ARGS_METADATA, target.constructor, propertyKey) ?? {}) as Record<
         string,
-        { index: number }
+        ParameterMetadata
       >,
-    ).map(({ index }) => index);
+    ).filter(([, { factory }]) => factory !== handlerCallOf);
+    Reflect.defineMetadata(
+      ROUTE_ARGS_METADATA,
+      Object.fromEntries(own),
+      target.constructor,
+      propertyKey,
+    );
+    const parameters = own.map(([, { index }]) => index);
     const answer = timeoutAnswer(options, method);
     const onCall = lockOnCall(call, method, resolveKey, acquireOptions, answer, skip);
     const onSubscribe = lockOnSubscribe(call, method, resolveKey, acquireOptions, answer, skip);
@@ -128,8 +163,10 @@ export function WithLock(
       observable ??=
         declared === 'observable' || Reflect.getMetadata(NEST_SSE_METADATA, wrapper) === true;
       let context: ExecutionContext | undefined;
-      if (args[args.length - 1] instanceof HandlerCall) {
-        context = (args.pop() as HandlerCall).context;
+      const last = args[args.length - 1];
+      if (typeof last === 'function' && handlerCalls.has(last as HandlerCall)) {
+        context = (last as HandlerCall)();
+        args.pop();
         // A handler without parameter decorators of its own gets what Nest gives one: nothing
         // over HTTP, the transport's arguments elsewhere (`(data, context)` for a microservice).
         if (parameters.length === 0) args = context.getType() === 'http' ? [] : context.getArgs();
@@ -142,6 +179,7 @@ export function WithLock(
       Reflect.defineMetadata(metadataKey, Reflect.getOwnMetadata(metadataKey, original), wrapper);
     }
     Object.defineProperty(wrapper, 'name', { value: call.name });
+    lockedHandlers.add(wrapper);
     descriptor.value = wrapper as never;
     HandlerCallParameter()(
       target,
@@ -203,7 +241,10 @@ function timeoutAnswer(options: WithLockOptions, method: string): TimeoutAnswer 
   const own = options.timeoutStatus !== undefined || options.timeoutException !== undefined;
   return async (instance, error, context) => {
     if (!(error instanceof LockAcquireTimeoutError)) throw error;
-    const response = own ? options : lockServiceOf(instance, '@WithLock', method).timeoutResponse;
+    // A test double of LockService may have no `timeoutResponse`: the defaults then.
+    const response = own
+      ? options
+      : (lockServiceOf(instance, '@WithLock', method).timeoutResponse ?? {});
     const adapterHost = (instance as { [ADAPTER_HOST]?: HttpAdapterHost })[ADAPTER_HOST];
     throw await answerLockTimeout(error, context, response, adapterHost);
   };
@@ -234,6 +275,13 @@ function lockOnCall(
             `@WithLock(${method})`,
             result,
             'returned an Observable without declaring it: annotate the return type as Observable<T>, with Observable imported as a value (not `import type`), so that the lock is taken when it is subscribed and held until it completes',
+          );
+        }
+        if (isIterator(result)) {
+          throw new RedisLockConfigurationError(
+            `@WithLock(${method})`,
+            'an async iterable or a generator',
+            ITERATOR_PROBLEM,
           );
         }
         return result;
@@ -322,6 +370,22 @@ function lockOnSubscribe(
 function streamOf(result: unknown): Observable<unknown> {
   if (!isPromiseLike(result)) return from(result as Observable<unknown>);
   return from(result).pipe(mergeMap((value) => (isObservable(value) ? value : of(value))));
+}
+
+/**
+ * Why a generator or an iterator result is refused: the lock would be released when the method
+ * returns, before a value is asked for, and the iteration would run unlocked.
+ */
+const ITERATOR_PROBLEM =
+  'a lock cannot be held across the iterations of a generator, an async iterable or a stream: it would be released when the method returns, before the first value is asked for, and the iteration would run unlocked. Consume it inside the locked method, take the lock inside the generator (`LockService.using()` around each piece of work), or return an Observable (declared as such), which holds the lock until it completes';
+
+/** An async iterable (an async generator's object, a stream) or a generator's object. */
+function isIterator(value: unknown): boolean {
+  if (typeof value !== 'object' || value === null) return false;
+  return (
+    typeof (value as { [Symbol.asyncIterator]?: unknown })[Symbol.asyncIterator] === 'function' ||
+    Object.prototype.toString.call(value) === '[object Generator]'
+  );
 }
 
 function isPromiseLike(value: unknown): value is PromiseLike<unknown> {

@@ -132,6 +132,11 @@ export class LockEngine {
     return this.backend.health();
   }
 
+  /** Until shutdown begins. */
+  get running(): boolean {
+    return !this.stopping.signal.aborted;
+  }
+
   /** Throws `RedisLockShutdownError` once shutdown has begun. */
   assertRunning(key: string): void {
     if (this.stopping.signal.aborted) throw new RedisLockShutdownError(key);
