@@ -18,7 +18,8 @@ import {
 import { ContextIdFactory, LazyModuleLoader } from '@nestjs/core';
 import { Interval } from '@nestjs/schedule';
 import { Test } from '@nestjs/testing';
-import { Observable, timeout, catchError, throwError } from 'rxjs';
+import { ClientProxyFactory, MessagePattern, Transport } from '@nestjs/microservices';
+import { Observable, catchError, interval, map, take, throwError, timeout } from 'rxjs';
 import { RequestTimeoutException } from '@nestjs/common';
 import {
   getCurrentLock,
@@ -30,7 +31,7 @@ import {
   type LeaderTerm,
 } from '../../lib/index.js';
 import { eventually, LogCapture, sleep, uniqueKey } from '../support/lock-module.js';
-import { startRedis, type RedisServer } from '../support/redis-server.js';
+import { freePort, startRedis, type RedisServer } from '../support/redis-server.js';
 
 /**
  * The Nest layer under the provider kinds, lifecycle orders and decorator combinations real apps
@@ -526,6 +527,52 @@ describe('the Nest layer: provider kinds, lifecycles and combinations', () => {
       assert.ok(await eventually(async () => finished && !(await locks.isLocked(key)), 2_000));
     } finally {
       await nest.close();
+    }
+  });
+
+  it("a TCP RPC stream keeps its lock until the stream ends, even after its client unsubscribed (Nest's TCP transport never unsubscribes it), as the README says", async () => {
+    const key = uniqueKey('rpc-stream');
+    let emitted = 0;
+    @Controller()
+    class Feed {
+      @MessagePattern('feed')
+      @WithLock(key)
+      feed(): Observable<number> {
+        return interval(50).pipe(
+          take(10),
+          map((n) => (emitted = n + 1)),
+        );
+      }
+    }
+    const module = await Test.createTestingModule({
+      imports: [lockModule()],
+      controllers: [Feed],
+    }).compile();
+    const app = module.createNestApplication({ logger: false });
+    const port = await freePort();
+    app.connectMicroservice({ transport: Transport.TCP, options: { host: '127.0.0.1', port } });
+    await app.startAllMicroservices();
+    await app.init();
+    const client = ClientProxyFactory.create({
+      transport: Transport.TCP,
+      options: { host: '127.0.0.1', port },
+    });
+    try {
+      const locks = module.get(LockService);
+      await new Promise<void>((resolve) => {
+        const subscription = client.send<number>('feed', {}).subscribe((n) => {
+          if (n < 2) return;
+          subscription.unsubscribe();
+          resolve();
+        });
+      });
+      await client.close();
+      assert.equal(await locks.isLocked(key), true, 'held after the client left');
+      assert.ok(emitted < 10);
+      assert.ok(await eventually(async () => emitted === 10 && !(await locks.isLocked(key))));
+    } finally {
+      await client.close();
+      await app.close();
     }
   });
 });
