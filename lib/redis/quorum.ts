@@ -54,8 +54,8 @@ export class Quorum<N> {
    * decided when a majority says yes, when so many said no or failed that a majority can no longer
    * say yes, or when every node has answered.
    */
-  ask<T>(call: (node: N) => Promise<T>, isYes: (value: T) => boolean): Round<T> {
-    const replies = this.nodes.map((node) => call(node));
+  ask<T>(call: (node: N, index: number) => Promise<T>, isYes: (value: T) => boolean): Round<T> {
+    const replies = this.nodes.map((node, index) => call(node, index));
     const decided = new Promise<Tally<T>>((resolve) => {
       const tally: Tally<T> = { yes: [], no: [], failed: [] };
       let open = replies.length;

@@ -15,7 +15,7 @@ import { type RedisSource, type ResolvedModuleOptions } from '../options/module-
 import { InFlight } from '../utils/in-flight.js';
 import { freshToken } from '../utils/token.js';
 import { createClient, versionProblem } from './connections.js';
-import { Quorum } from './quorum.js';
+import { Quorum, type Tally } from './quorum.js';
 import { RedisLockBackend } from './redis-lock.backend.js';
 import { ReleaseNotifier } from './release.notifier.js';
 
@@ -148,10 +148,10 @@ export class RedlockBackend implements LockBackend {
       const fence = Math.max(...(renewed.length > 0 ? renewed : grants.map((g) => g.fence)));
       const agreed = grants.filter((grant) => grant.fence === fence).length >= this.quorum;
       const validity = this.validity(ttl);
-      if (
-        (agreed || (await this.raiseFences(key, token, fence, ttl, !fresh))) &&
-        performance.now() - sentAt < validity
-      ) {
+      const raised = agreed
+        ? fresh || this.raiseLateGrants(key, token, fence, ttl, round.replies, tally)
+        : await this.raiseFences(key, token, fence, ttl, !fresh, round.replies);
+      if (raised && performance.now() - sentAt < validity) {
         if (this.attempts.get(id) === attempt) this.attempts.delete(id);
         return { acquired: true, fence, validity };
       }
@@ -200,14 +200,58 @@ export class RedlockBackend implements LockBackend {
 
   /**
    * The second round of an acquisition: resolves whether a majority now counts at least `fence`
-   * (and, for a caller's `own` token, has it recorded).
+   * (and, for a caller's `own` token, has it recorded). For an own token, each node is raised only
+   * once its own grant has answered, however late: a grant that took the `NOSCRIPT` detour (a node
+   * restarted, its scripts gone) reaches Redis after a raise sent at once, and would record a fence
+   * of its own over the holder's, which a later re-acquisition answering from that node returns.
    */
-  private async raiseFences(key: string, token: string, fence: number, ttl: number, own: boolean) {
+  private async raiseFences(
+    key: string,
+    token: string,
+    fence: number,
+    ttl: number,
+    own: boolean,
+    grants: readonly Promise<AcquireAttempt>[],
+  ) {
+    const raise = (node: RedisLockBackend) => node.raiseFence(key, token, fence, ttl, own);
     const round = this.votes.ask(
-      (node) => node.raiseFence(key, token, fence, ttl, own),
+      (node, i) =>
+        own ? grants[i].then((granted) => granted.acquired && raise(node)) : raise(node),
       (raised) => raised,
     );
     return (await round.decided).yes.length >= this.quorum;
+  }
+
+  /**
+   * A caller's own token whose majority agreed on its fence: a node whose grant comes after the
+   * decision with another fence (one that forgot the lock answering late) is brought to it, so
+   * that its record never answers a re-acquisition with a fence of its own (see `raiseFences`).
+   * Followed as the undos are, so that shutdown waits for it. Returns `true`.
+   */
+  private raiseLateGrants(
+    key: string,
+    token: string,
+    fence: number,
+    ttl: number,
+    grants: readonly Promise<AcquireAttempt>[],
+    tally: Tally<AcquireAttempt>,
+  ): true {
+    const counted = new Set(tally.yes.map(({ node }) => node));
+    grants.forEach((grant, i) => {
+      if (counted.has(i)) return;
+      void this.undos.track(
+        grant
+          .then((late) =>
+            late.acquired && late.fence !== fence
+              ? this.nodes[i].raiseFence(key, token, fence, ttl, true)
+              : undefined,
+          )
+          .catch(() => {
+            // Its copy and record expire with the lock.
+          }),
+      );
+    });
+    return true;
   }
 
   /**

@@ -20,6 +20,7 @@ import {
   uniqueKey,
   type LockModuleFixture,
 } from '../support/lock-module.js';
+import { RAISE_FENCE_SCRIPT } from '../../lib/redis/lock.scripts.js';
 import { raceThenLock, transfersRaceThenLock } from '../support/processes.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
 import { assertWithin, watchStalls } from '../support/timing.js';
@@ -400,6 +401,33 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     assert.equal(third.fence, first.fence);
     assert.equal(await third.release(), true);
     await direct[0].del('lock:{}:counter');
+  });
+
+  it("re-acquiring with one's own token keeps the fence when a node that lost its scripts granted after the raise round was sent (found by the model suite)", async () => {
+    const key = uniqueKey();
+    // Node 0 restarted empty: its scripts are gone, but a generated token's lock since loaded the
+    // raise script there again. Frozen, it answers after the majority decided: its grant takes the
+    // NOSCRIPT detour and reaches Redis after the raise meant for it.
+    await direct[0].script('FLUSH');
+    await direct[0].script('LOAD', RAISE_FENCE_SCRIPT);
+    const first = await pausing([0], async () => {
+      const lock = await locks.acquire(key, { token: 'late-node', ttl: 10_000 });
+      await sleep(50); // the raise round went out to node 0 too
+      return lock;
+    });
+    assert.ok(await eventually(async () => (await holders(key, 'late-node')) === NODES));
+    await sleep(50);
+    assert.equal(
+      await direct[0].get(`lock:{${key}}:fence`),
+      String(first.fence),
+      "node 0 recorded a fence of its own over the holder's",
+    );
+    // A majority with node 0 in it answers the holder's fence.
+    const again = await pausing([1, 2], () =>
+      locks.acquire(key, { token: 'late-node', ttl: 10_000 }),
+    );
+    assert.equal(again.fence, first.fence);
+    assert.equal(await again.release(), true);
   });
 
   it("a failed attempt's undo is announced as one release, with one id on every node, not an empty message per node", async () => {
