@@ -37,6 +37,8 @@ export class LockService implements OnApplicationBootstrap, OnModuleDestroy, OnA
   private readonly engine: LockEngine;
   private readonly defaults: ResolvedDefaults;
   private readonly leaderships: Leaderships;
+  /** Shutdown's first step, once begun (see `onModuleDestroy`). */
+  private leadersStopped: Promise<void> | undefined;
   /** @internal How `@WithLock` handlers answer a lock timeout, as set on the module. */
   readonly timeoutResponse: LockTimeoutResponse;
   /**
@@ -182,7 +184,8 @@ export class LockService implements OnApplicationBootstrap, OnModuleDestroy, OnA
    * for an app none of whose providers has one.
    */
   onModuleDestroy(): Promise<void> {
-    return this.leaderships.stopAll();
+    // Once: every hook it runs before waits for the same stop, never for the work again.
+    return (this.leadersStopped ??= this.leaderships.stopAll());
   }
 
   /**

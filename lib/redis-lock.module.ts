@@ -10,7 +10,6 @@ import {
   followFactory,
   lastingInstances,
   madeByNest,
-  rootModule,
   runAfter,
   runBefore,
   wrappersOf,
@@ -18,7 +17,11 @@ import {
   type NestModule,
 } from './decorators/app-instances.js';
 import { lockedInstance, provideLockService } from './decorators/lock-service.injection.js';
-import { hasLeaderMethods, startLeaderMethods } from './decorators/while-leader.decorator.js';
+import {
+  checkLeaderMethods,
+  hasLeaderMethods,
+  startLeaderMethods,
+} from './decorators/while-leader.decorator.js';
 import { RedisLockConfigurationError } from './errors/redis-lock.errors.js';
 import { LockService } from './lock.service.js';
 import { ConfigurableModuleClass } from './redis-lock.module-definition.js';
@@ -47,6 +50,10 @@ export class RedisLockModule
 {
   /** The app's modules this one has gone through (see `adopt`). */
   private readonly adopted = new WeakSet<NestModule>();
+  /** The instances whose `onModuleDestroy` stops this LockService's leaderships first. */
+  private readonly guarded = new WeakSet<object>();
+  /** Whether `@WhileLeader` methods campaign yet (once the app has started). */
+  private started = false;
 
   constructor(
     private readonly modules: ModulesContainer,
@@ -57,16 +64,21 @@ export class RedisLockModule
   }
 
   /**
-   * Providers with `@WithLock` or `@WhileLeader` methods that Nest injects nothing into (made by
-   * `useFactory`, given as `useValue`; singletons, transient or request-scoped alike) are given
-   * this app's LockService here, before any module's `onModuleInit` may call them; those made
-   * later, as they are made. With several LockServices in the app, which one they should use is
-   * unknown: the app fails to boot, naming the class (as it does for a `useValue` object another
-   * running app uses).
+   * Before any module's `onModuleInit` may call them, providers with `@WithLock` or `@WhileLeader`
+   * methods that Nest injects nothing into (made by `useFactory`, given as `useValue`; singletons,
+   * transient or request-scoped alike) are given this app's LockService; those made later, as
+   * they are made. With several LockServices in the app, which one they should use is unknown: the
+   * app fails to boot, naming the class (as it does for a `useValue` object another running app
+   * uses). And every `onModuleDestroy` of the providers Nest made (classes and factories, with
+   * controllers, guards and modules) first stops this LockService's leaderships, so that nothing a
+   * leader's work uses is torn down while it still runs, whatever the order Nest destroys modules
+   * in (the lock module's own hook runs last when it is global), also after a failed startup.
+   * Modules loaded with `LazyModuleLoader` are gone through when they are loaded.
    */
   async onModuleInit(): Promise<void> {
+    this.followLazyModules();
     try {
-      this.equip(wrappersOf(this.modules.values()));
+      this.adopt([...this.modules.values()]);
     } catch (error) {
       // A failed init is not followed by a shutdown in every Nest version: close what is open.
       await Promise.all([...this.services()].map((service) => service.onApplicationShutdown()));
@@ -75,25 +87,28 @@ export class RedisLockModule
   }
 
   /**
-   * Once the app has started: every `onModuleDestroy` of the app's providers (controllers,
-   * guards and modules too) first stops this LockService's leaderships, so that nothing a leader's
-   * work uses is torn down while it still runs, whatever the order Nest destroys modules in (the
-   * lock module's own hook runs last when it is global). `@WhileLeader` methods campaign once every
-   * `onApplicationBootstrap` of the app has returned (after the root module's, which Nest calls
-   * last), as `@nestjs/schedule` starts its jobs: a leader's work never runs before the providers
-   * it uses are ready, nor in an app whose startup failed. Modules loaded later with
-   * `LazyModuleLoader` are gone through when they are loaded.
+   * `@WhileLeader` methods campaign once every `onApplicationBootstrap` of the app has returned
+   * (after the root module's, which Nest calls last), as `@nestjs/schedule` starts its jobs: a
+   * leader's work never runs before the providers it uses are ready, nor in an app whose startup
+   * failed.
    */
   onApplicationBootstrap(): void {
-    const modules = [...this.modules.values()];
-    for (const module of modules) this.adopted.add(module);
+    const start = (): void => {
+      this.campaign(wrappersOf(this.modules.values()));
+      this.started = true;
+    };
+    // The root module is the second Nest adds (after its InternalCoreModule), as Nest's own
+    // distance calculation takes it.
+    const root = [...this.modules.values()][1]?.instance as object | undefined;
+    if (!root || !runAfter(root, 'onApplicationBootstrap', start)) start();
+  }
+
+  /** Goes through `modules` (see `onModuleInit`); they count as adopted once that succeeded. */
+  private adopt(modules: readonly NestModule[]): void {
     const wrappers = wrappersOf(modules);
+    this.equip(wrappers);
     this.stopLeadersFirst(wrappers);
-    this.followLazyModules();
-    const root = rootModule(modules)?.instance;
-    if (!root || !runAfter(root, 'onApplicationBootstrap', () => this.campaign(wrappers))) {
-      this.campaign(wrappers);
-    }
+    for (const module of modules) this.adopted.add(module);
   }
 
   /** See `onModuleInit`. */
@@ -114,43 +129,66 @@ export class RedisLockModule
       const name = String(wrapper.name);
       for (const instance of lastingInstances(wrapper)) give(instance, name);
       if (wrapper.isFactory && (wrapper.isTransient || !wrapper.isDependencyTreeStatic())) {
-        followFactory(wrapper, (instance) => give(instance, name));
+        let warned = false;
+        followFactory(wrapper, (instance) => {
+          give(instance, name);
+          if (!warned && hasLeaderMethods((instance as object | undefined)?.constructor)) {
+            warned = true;
+            warnNoLeader(`the factory of ${name}`, wrapper);
+          }
+        });
       }
     }
   }
 
-  /** See `onApplicationBootstrap`. */
+  /**
+   * See `onModuleInit`. Not a `useValue` object's hook: you made it, and it may be another app's
+   * too, whose shutdown would then stop this app's leaders.
+   */
   private stopLeadersFirst(wrappers: readonly InstanceWrapper[]): void {
-    const instances = new Set(wrappers.flatMap(lastingInstances));
+    const locks = this.locks as Partial<LockService>;
+    if (typeof locks.onModuleDestroy !== 'function') return; // a test double
+    const instances = new Set(
+      wrappers.filter((wrapper) => wrapper.metatype || wrapper.isAlias).flatMap(lastingInstances),
+    );
     for (const instance of instances) {
-      if (instance instanceof LockService) continue;
+      if (instance instanceof LockService || this.guarded.has(instance)) continue;
+      this.guarded.add(instance);
       runBefore(instance, 'onModuleDestroy', () => this.locks.onModuleDestroy());
     }
   }
 
-  /**
-   * Starts the `@WhileLeader` methods of this LockService's singletons. A request-scoped or
-   * transient provider has no one instance to lead with (as `@nestjs/schedule` says of its jobs):
-   * it is warned about and leads nothing.
-   */
+  /** Starts the `@WhileLeader` methods of `wrappers`' singletons (see `leadersIn`). */
   private campaign(wrappers: readonly InstanceWrapper[]): void {
+    for (const instance of this.leadersIn(wrappers)) startLeaderMethods(instance, this.locks);
+  }
+
+  /**
+   * The singletons of `wrappers` that may lead, once each, all checked (a method that is also a
+   * scheduler job fails the startup before anything campaigns). A request-scoped or transient
+   * provider has no one instance to lead with (as `@nestjs/schedule` says of its jobs): it is
+   * warned about and leads nothing.
+   */
+  private leadersIn(wrappers: readonly InstanceWrapper[]): Set<unknown> {
     const leaders = new Set<unknown>();
     for (const wrapper of wrappers) {
       if (wrapper.isTransient || !wrapper.isDependencyTreeStatic()) {
         if (hasLeaderMethods(wrapper.metatype) && !wrapper.isFactory) {
-          new Logger('RedisLock').warn(
-            `@WhileLeader on ${wrapper.metatype.name}, a ${wrapper.isTransient ? 'transient' : 'request-scoped'} provider, is ignored: it has no one instance to lead with. Make it a singleton.`,
-          );
+          warnNoLeader(wrapper.metatype.name, wrapper);
         }
         continue;
       }
       // One instance can stand behind several tokens (`useExisting`): it campaigns once.
       leaders.add(wrapper.instance);
     }
-    for (const instance of leaders) startLeaderMethods(instance, this.locks);
+    for (const instance of leaders) checkLeaderMethods(instance);
+    return leaders;
   }
 
-  /** Goes through modules `LazyModuleLoader` loads, as `onModuleInit` and bootstrap do. */
+  /**
+   * Goes through modules `LazyModuleLoader` loads, as startup does; their `@WhileLeader` methods
+   * campaign at once if the app has started, else with the others.
+   */
   private followLazyModules(): void {
     const lazy = this.lazy;
     if (!lazy) return;
@@ -161,11 +199,10 @@ export class RedisLockModule
       value: async (...args: Parameters<LazyModuleLoader['load']>) => {
         const loaded = await load(...args);
         const modules = [...this.modules.values()].filter((module) => !this.adopted.has(module));
-        for (const module of modules) this.adopted.add(module);
-        const wrappers = wrappersOf(modules);
-        this.equip(wrappers);
-        this.stopLeadersFirst(wrappers);
-        this.campaign(wrappers);
+        // Checked before they count as adopted: a load that failed here fails again if retried.
+        const leaders = this.started ? this.leadersIn(wrappersOf(modules)) : new Set();
+        this.adopt(modules);
+        for (const instance of leaders) startLeaderMethods(instance, this.locks);
         return loaded;
       },
     });
@@ -178,4 +215,10 @@ export class RedisLockModule
         .filter((instance): instance is LockService => instance instanceof LockService),
     );
   }
+}
+
+function warnNoLeader(what: string, wrapper: InstanceWrapper): void {
+  new Logger('RedisLock').warn(
+    `@WhileLeader on ${what}, a ${wrapper.isTransient ? 'transient' : 'request-scoped'} provider, is ignored: it has no one instance to lead with. Make it a singleton.`,
+  );
 }

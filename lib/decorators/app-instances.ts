@@ -63,16 +63,6 @@ export function followFactory(wrapper: InstanceWrapper, made: (instance: unknown
 }
 
 /**
- * The module Nest calls `onApplicationBootstrap` on last: the root (the smallest distance from
- * it; global modules count as the farthest).
- */
-export function rootModule(modules: Iterable<NestModule>): NestModule | undefined {
-  let root: NestModule | undefined;
-  for (const module of modules) if (!root || module.distance <= root.distance) root = module;
-  return root;
-}
-
-/**
  * Puts `before` ahead of `instance`'s own `hook` (or its class's), as a property of the instance:
  * Nest finds it there when it calls the hook. Skips an instance that cannot take a property (a
  * frozen `useValue` object).

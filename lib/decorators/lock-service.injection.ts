@@ -55,6 +55,16 @@ export function provideLockService(instance: object, locks: LockService, name: s
       'this instance (given as useValue, or made by useFactory) is already used by another Nest app that is still running, and one instance can lock for one app only: give each app its own instance (`useClass`, or a `useFactory` that makes a new one)',
     );
   }
+  if (
+    !Object.isExtensible(instance) &&
+    !Object.prototype.hasOwnProperty.call(instance, LOCK_SERVICE)
+  ) {
+    throw new RedisLockConfigurationError(
+      `@WithLock/@WhileLeader(${instance.constructor.name})`,
+      name,
+      'this instance is frozen, sealed or not extensible, so it cannot be given its LockService: provide the class itself (`providers: [MyService]`), or freeze it after Nest made it',
+    );
+  }
   Object.defineProperty(instance, LOCK_SERVICE, { value: locks, configurable: true });
 }
 

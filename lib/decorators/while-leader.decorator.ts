@@ -78,34 +78,50 @@ export function WhileLeader(key: string, options?: LeadOptions): MethodDecorator
 }
 
 /**
+ * @internal Throws `RedisLockConfigurationError` if a `@WhileLeader` method of `instance` is also
+ * a `@nestjs/schedule` job (`@Cron`, `@Interval`, `@Timeout`, in either order).
+ */
+export function checkLeaderMethods(instance: unknown): void {
+  for (const { name, method } of leaderMethodsOf(instance)) {
+    if (Reflect.getMetadata(SCHEDULER_TYPE, method) === undefined) continue;
+    throw new RedisLockConfigurationError(
+      `@WhileLeader(${(instance as object).constructor.name}.${String(name)})`,
+      'with @Cron, @Interval or @Timeout',
+      "the scheduler would call it on every instance, without a term: for a job that runs on one instance per fire, use @Cron with @WithLock({ key, onBusy: 'skip' }); for work that runs for as long as this instance leads, use @WhileLeader alone",
+    );
+  }
+}
+
+/**
  * @internal Starts a leadership for every `@WhileLeader` method of `instance` whose LockService
  * is `locks` (an instance made in another app's or module's scope is that LockService's), once per
- * instance. Throws `RedisLockConfigurationError` for a method that is also a `@nestjs/schedule`
- * job. Returns how many were started.
+ * instance and LockService. Returns how many were started.
  */
 export function startLeaderMethods(instance: unknown, locks: LockService): number {
   if (typeof instance !== 'object' || instance === null || leading.get(instance) === locks) {
     return 0;
   }
-  const methods = Reflect.getMetadata(LEADER_METHODS, instance.constructor) as
-    LeaderMethod[] | undefined;
-  if (methods === undefined || lockServiceIn(instance) !== locks) return 0;
-  const calls = methods.map(({ name }) => {
-    const method = (instance as Record<string | symbol, (term: unknown) => unknown>)[name];
-    if (Reflect.getMetadata(SCHEDULER_TYPE, method) !== undefined) {
-      throw new RedisLockConfigurationError(
-        `@WhileLeader(${instance.constructor.name}.${String(name)})`,
-        'with @Cron, @Interval or @Timeout',
-        "the scheduler would call it on every instance, without a term: for a job that runs on one instance per fire, use @Cron with @WithLock({ key, onBusy: 'skip' }); for work that runs for as long as this instance leads, use @WhileLeader alone",
-      );
-    }
-    return method;
-  });
+  if (lockServiceIn(instance) !== locks) return 0;
+  const methods = leaderMethodsOf(instance);
+  if (methods.length === 0) return 0;
   leading.set(instance, locks);
-  methods.forEach(({ key, options }, i) =>
-    locks.lead(key, (term) => calls[i].call(instance, term), options),
-  );
+  for (const { key, options, method } of methods) {
+    locks.lead(key, (term) => method.call(instance, term), options);
+  }
   return methods.length;
+}
+
+/** The `@WhileLeader` methods of `instance`, with the functions they name on it. */
+function leaderMethodsOf(
+  instance: unknown,
+): (LeaderMethod & { method: (term: unknown) => unknown })[] {
+  if (typeof instance !== 'object' || instance === null) return [];
+  const methods = (Reflect.getMetadata(LEADER_METHODS, instance.constructor) ??
+    []) as LeaderMethod[];
+  return methods.map((leader) => ({
+    ...leader,
+    method: (instance as Record<string | symbol, (term: unknown) => unknown>)[leader.name],
+  }));
 }
 
 /** @internal Whether `metatype` (a provider's class) has `@WhileLeader` methods. */

@@ -44,18 +44,48 @@ const ROUTE_ARGS_METADATA = '__routeArguments__';
  */
 type HandlerCall = () => ExecutionContext;
 const handlerCalls = new WeakSet<HandlerCall>();
-/** The wrappers `@WithLock` made: the handlers that take a `HandlerCall`. */
-const lockedHandlers = new WeakSet<object>();
+/** On a class's prototype, per method name: `@WithLock` decorated it there. */
+const LOCKED_METHOD = Symbol('nestjs-redis-lock:locked-method');
+/** Per handler function Nest calls: whether it is a locked method (see `lockedHandler`). */
+const lockedHandlers = new WeakMap<object, boolean>();
 
 /**
  * Makes the token, for a locked handler only: a subclass's override of one (with the same
  * parameter metadata, which Nest reads through the class chain) gets `undefined` instead.
  */
 function handlerCallOf(_data: unknown, context: ExecutionContext): HandlerCall | undefined {
-  if (!lockedHandlers.has(context.getHandler())) return undefined;
+  if (!lockedHandler(context)) return undefined;
   const call: HandlerCall = () => context;
   handlerCalls.add(call);
   return call;
+}
+
+/**
+ * Whether the handler Nest calls is a method `@WithLock` decorated: found where the class chain
+ * defines it, so that a decorator of yours that wraps it from above (tracing, logging) keeps it
+ * locked, and an override in a subclass without `@WithLock` is not. Once per handler.
+ */
+function lockedHandler(context: ExecutionContext): boolean {
+  const handler = context.getHandler();
+  let locked = lockedHandlers.get(handler);
+  if (locked === undefined) {
+    locked = true; // not found on its class (a transport that calls something else): as before
+    const chain = (context.getClass() as { prototype?: object } | undefined)?.prototype;
+    for (
+      let proto = chain;
+      proto && proto !== Object.prototype;
+      proto = Object.getPrototypeOf(proto) as object
+    ) {
+      const key = Reflect.ownKeys(proto).find(
+        (name) => Object.getOwnPropertyDescriptor(proto, name)?.value === handler,
+      );
+      if (key === undefined) continue;
+      locked = Reflect.getOwnMetadata(LOCKED_METHOD, proto, key) === true;
+      break;
+    }
+    lockedHandlers.set(handler, locked);
+  }
+  return locked;
 }
 const HandlerCallParameter = createParamDecorator(handlerCallOf);
 
@@ -179,7 +209,7 @@ export function WithLock(
       Reflect.defineMetadata(metadataKey, Reflect.getOwnMetadata(metadataKey, original), wrapper);
     }
     Object.defineProperty(wrapper, 'name', { value: call.name });
-    lockedHandlers.add(wrapper);
+    Reflect.defineMetadata(LOCKED_METHOD, true, target, propertyKey);
     descriptor.value = wrapper as never;
     HandlerCallParameter()(
       target,

@@ -575,4 +575,263 @@ describe('the Nest layer: provider kinds, lifecycles and combinations', () => {
       await app.close();
     }
   });
+
+  describe('where these meet (found by review)', () => {
+    it("a useValue object with onModuleDestroy shared by two running apps: closing one never stops the other's leader", async () => {
+      const key = uniqueKey('shared-hook');
+      const sharedClient = { onModuleDestroy(): void {} };
+      let aborted = false;
+      @Injectable()
+      class Leader {
+        @WhileLeader(key, { ttl: 5_000 })
+        async work({ signal }: LeaderTerm): Promise<void> {
+          await new Promise((resolve) => signal.addEventListener('abort', resolve));
+          aborted = true;
+        }
+      }
+      const boot = async (providers: unknown[]) => {
+        const module = await Test.createTestingModule({
+          imports: [lockModule()],
+          providers: [{ provide: 'CLIENT', useValue: sharedClient }, ...(providers as [])],
+        }).compile();
+        await module.init();
+        return module;
+      };
+      const first = await boot([Leader]);
+      const second = await boot([]);
+      try {
+        assert.ok(await eventually(() => first.get(LockService).isLocked(key)));
+        await second.close();
+        await sleep(100);
+        assert.equal(aborted, false, "the other app's close stopped this app's leader");
+      } finally {
+        await first.close();
+      }
+    });
+
+    it('a module loaded lazily during startup neither turns off @WhileLeader nor misses its LockService', async () => {
+      const key = uniqueKey('early-lazy');
+      class Repo {
+        @WithLock(`${key}:repo`)
+        async save(): Promise<boolean> {
+          return getCurrentLock() !== undefined;
+        }
+      }
+      @Module({ providers: [{ provide: 'early', useFactory: () => new Repo() }] })
+      class EarlyLazy {}
+      let lazyRepo: Repo | undefined;
+      @Injectable()
+      class Loader {
+        constructor(readonly loader: LazyModuleLoader) {}
+        async onModuleInit(): Promise<void> {
+          lazyRepo = (await this.loader.load(() => EarlyLazy)).get<Repo>('early');
+        }
+      }
+      @Injectable()
+      class Leader {
+        @WhileLeader(key)
+        async work({ signal }: LeaderTerm): Promise<void> {
+          await new Promise((resolve) => signal.addEventListener('abort', resolve));
+        }
+      }
+      const module = await Test.createTestingModule({
+        imports: [lockModule()],
+        providers: [Loader, Leader],
+      }).compile();
+      await module.init();
+      try {
+        assert.ok(await eventually(() => module.get(LockService).isLocked(key)), 'never led');
+        assert.equal(await lazyRepo!.save(), true);
+      } finally {
+        await module.close();
+      }
+    });
+
+    it('a startup refused for one @WhileLeader provider campaigns for none; after a failed startup, close() still stops lead() first', async () => {
+      const refusedKey = uniqueKey('refused');
+      @Injectable()
+      class Good {
+        @WhileLeader(refusedKey)
+        async work({ signal }: LeaderTerm): Promise<void> {
+          await new Promise((resolve) => signal.addEventListener('abort', resolve));
+        }
+      }
+      @Injectable()
+      class Bad {
+        @WhileLeader(uniqueKey('bad'))
+        @Interval(60_000)
+        async work(): Promise<void> {}
+      }
+      const refused = await Test.createTestingModule({
+        imports: [lockModule()],
+        providers: [Good, Bad],
+      }).compile();
+      try {
+        await assert.rejects(refused.init(), RedisLockConfigurationError);
+        await sleep(200);
+        assert.equal(await refused.get(LockService).isLocked(refusedKey), false);
+      } finally {
+        await refused.close();
+      }
+
+      const key = uniqueKey('failed-start');
+      const late: number[] = [];
+      @Injectable()
+      class Db {
+        open = true;
+        onModuleDestroy(): void {
+          this.open = false;
+        }
+      }
+      @Injectable()
+      class Campaigner {
+        constructor(
+          readonly locks: LockService,
+          readonly db: Db,
+        ) {}
+        onModuleInit(): void {
+          this.locks.lead(key, async ({ signal }) => {
+            while (!signal.aborted) {
+              if (!this.db.open) late.push(Date.now());
+              await sleep(2);
+            }
+          });
+        }
+      }
+      @Injectable()
+      class Broken {
+        onApplicationBootstrap(): void {
+          throw new Error('cannot start');
+        }
+      }
+      const failed = await Test.createTestingModule({
+        imports: [lockModule()],
+        providers: [Db, Campaigner, Broken],
+      }).compile();
+      await assert.rejects(failed.init(), /cannot start/);
+      assert.ok(await eventually(() => failed.get(LockService).isLocked(key)));
+      await failed.close();
+      assert.deepEqual(late, [], 'the leader ran on after its database was closed');
+    });
+
+    it('a leader that ignores its signal holds close() up to its TTL once, not once per provider hook', async () => {
+      const key = uniqueKey('stubborn');
+      // Each in a module of its own: Nest destroys modules one after another.
+      const features = Array.from({ length: 4 }, () => {
+        @Injectable()
+        class Hooked {
+          onModuleDestroy(): void {}
+        }
+        @Module({ providers: [Hooked] })
+        class Feature {}
+        return Feature;
+      });
+      let working: Promise<void> | undefined;
+      @Injectable()
+      class Stubborn {
+        @WhileLeader(key, { ttl: 500 })
+        async work(): Promise<void> {
+          working = sleep(2_000); // ignores its signal
+          await working;
+        }
+      }
+      const module = await Test.createTestingModule({
+        imports: [lockModule(), ...features],
+        providers: [Stubborn],
+      }).compile();
+      await module.init();
+      assert.ok(await eventually(() => module.get(LockService).isLocked(key)));
+      const { restore } = LogCapture.install();
+      try {
+        const started = performance.now();
+        await module.close();
+        const took = performance.now() - started;
+        assert.ok(took < 1_400, `close() took ${took.toFixed(0)} ms for a 500 ms TTL`);
+      } finally {
+        restore();
+        await working;
+      }
+    });
+
+    it("a frozen useValue with @WithLock is refused with RedisLockConfigurationError; a test double leaves providers' onModuleDestroy running", async () => {
+      class Frozen {
+        @WithLock('frozen')
+        async run(): Promise<void> {}
+      }
+      const frozen = await Test.createTestingModule({
+        imports: [lockModule()],
+        providers: [{ provide: Frozen, useValue: Object.freeze(new Frozen()) }],
+      }).compile();
+      await assert.rejects(frozen.init(), RedisLockConfigurationError);
+      await frozen.close();
+
+      let destroyed = 0;
+      @Injectable()
+      class Repo {
+        onModuleDestroy(): void {
+          destroyed++;
+        }
+      }
+      const module = await Test.createTestingModule({
+        imports: [lockModule()],
+        providers: [Repo],
+      })
+        .overrideProvider(LockService)
+        .useValue({ using: async <T>(_key: string, fn: () => T) => fn() })
+        .compile();
+      await module.init();
+      await module.close();
+      assert.equal(destroyed, 1);
+    });
+
+    it('a decorator of yours that wraps a locked handler from above keeps its 409 and its key arguments', async () => {
+      const key = uniqueKey('traced');
+      const keyArgs: number[] = [];
+      function Traced(): MethodDecorator {
+        return (_target, _key, descriptor: PropertyDescriptor) => {
+          const original = descriptor.value as (...args: unknown[]) => unknown;
+          descriptor.value = function (this: unknown, ...args: unknown[]) {
+            return original.apply(this, args);
+          };
+          for (const name of Reflect.getOwnMetadataKeys(original)) {
+            Reflect.defineMetadata(name, Reflect.getOwnMetadata(name, original), descriptor.value);
+          }
+          return descriptor;
+        };
+      }
+      @Controller('traced')
+      class TracedController {
+        @Get(':id')
+        @Traced()
+        @WithLock({
+          key: (...args: unknown[]) => {
+            keyArgs.push(args.length);
+            return `${key}:${String(args[0])}`;
+          },
+          acquireTimeout: 100,
+        })
+        async get(@Param('id') id: string): Promise<string> {
+          return id;
+        }
+      }
+      const module = await Test.createTestingModule({
+        imports: [lockModule()],
+        controllers: [TracedController],
+      }).compile();
+      const nest = module.createNestApplication({ logger: false });
+      await nest.listen(0, '127.0.0.1');
+      try {
+        const url = await nest.getUrl();
+        assert.equal((await fetch(`${url}/traced/1`)).status, 200);
+        const held = await module.get(LockService).acquire(`${key}:2`, { ttl: 5_000 });
+        const busy = await fetch(`${url}/traced/2`);
+        assert.equal(busy.status, 409);
+        assert.ok(busy.headers.get('retry-after'));
+        await held.release();
+        assert.deepEqual(keyArgs, [1, 1]);
+      } finally {
+        await nest.close();
+      }
+    });
+  });
 });
