@@ -173,6 +173,8 @@ export function check(record: ScenarioRecord): ScenarioFigures {
   const notes: string[] = [];
   const note = (line: string): void => void (notes.length < 20 && notes.push(line));
   const firstIntrusion = new Map<Section, number>();
+  /** The section that intruded first on each of those holders. */
+  const intruders = new Map<Section, Section>();
   for (const sections of byKey.values()) {
     sections.sort((a, b) => a.enter - b.enter);
     let highest = -Infinity;
@@ -207,6 +209,7 @@ export function check(record: ScenarioRecord): ScenarioFigures {
         for (const holder of conflicting) {
           if (holder.fence < section.fence && !firstIntrusion.has(holder)) {
             firstIntrusion.set(holder, section.enter);
+            intruders.set(holder, section);
           }
         }
       }
@@ -244,7 +247,9 @@ export function check(record: ScenarioRecord): ScenarioFigures {
     const abortAt = signalOf(holder);
     if (abortAt === undefined) {
       lostUnsignalled++;
-      note(`lost, never signalled: ${describe(holder)}, intruded at ${intrudedAt.toFixed(0)}`);
+      note(
+        `lost, never signalled: ${describe(holder)}, intruded at ${intrudedAt.toFixed(0)} by ${describe(intruders.get(holder)!)}`,
+      );
     } else delays.push(Math.max(0, abortAt - intrudedAt));
   }
 

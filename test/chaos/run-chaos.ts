@@ -41,6 +41,8 @@ const print = (figures: ScenarioFigures): void => {
   console.log(
     `${problems.length ? '✖' : '✔'} ${figures.name}${problems.length ? `: ${problems.join(', ')}` : ''}`,
   );
+  // What the checker noted (the sections involved), so that a failed row can be diagnosed.
+  for (const line of problems.length ? figures.notes : []) console.log(`    ${line}`);
 };
 for (const mode of modes) {
   if (profile.phased) {
