@@ -63,7 +63,8 @@ class Terms {
 }
 
 /** `LockService.lead()` and `@WhileLeader`: fenced leader election. */
-describe('leadership (lead, @WhileLeader)', () => {
+// A stop() or a term that never settles fails here within the bound, not at the gate's file timeout.
+describe('leadership (lead, @WhileLeader)', { timeout: 90_000 }, () => {
   let server: RedisServer;
   let redis: Redis;
   const apps: LockModuleFixture[] = [];
@@ -320,7 +321,7 @@ class Compactor {
   }
 }
 
-describe('@WhileLeader', () => {
+describe('@WhileLeader', { timeout: 90_000 }, () => {
   let server: RedisServer;
   before(async () => {
     server = await startRedis();

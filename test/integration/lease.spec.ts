@@ -15,7 +15,9 @@ import {
   uniqueKey,
   type LockModuleFixture,
 } from '../support/lock-module.js';
+import { EXTEND_SCRIPT } from '../../lib/redis/lock.scripts.js';
 import { FaultProxy } from '../support/fault-proxy.js';
+import { monitorRedis, scriptCalls } from '../support/redis-monitor.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
 import { assertWithin, watchStalls } from '../support/timing.js';
 
@@ -147,14 +149,22 @@ describe('the lease of a held lock', () => {
       }
     });
 
-    it('the watchdog is stopped by release: nothing extends or re-creates the key afterwards', async () => {
+    it('the watchdog is stopped by release: no extension is sent afterwards (seen with MONITOR), nothing re-creates the key', async () => {
       const key = uniqueKey();
-      const lock = await locks.acquire(key, { ttl: 600, autoExtend: true });
-      await sleep(300); // extended once, at a third of the TTL
-      await lock.release();
-      await sleep(700); // past the TTL: nothing extended it
-      assert.equal(await redis.exists(`lock:{${key}}`), 0);
-      assert.equal(lock.signal.aborted, false, 'release is not a loss');
+      const monitor = await monitorRedis(server.port);
+      try {
+        const lock = await locks.acquire(key, { ttl: 600, autoExtend: true });
+        const extensions = () => scriptCalls(monitor.commands, EXTEND_SCRIPT, `lock:{${key}}`);
+        assert.ok(await eventually(() => extensions() >= 1, 1_000), 'the watchdog extends it');
+        await lock.release();
+        const sent = extensions();
+        await sleep(700); // past the TTL, two watchdog periods
+        assert.equal(extensions(), sent, 'an extension was sent after the release');
+        assert.equal(await redis.exists(`lock:{${key}}`), 0);
+        assert.equal(lock.signal.aborted, false, 'release is not a loss');
+      } finally {
+        monitor.stop();
+      }
     });
   });
 

@@ -410,6 +410,12 @@ describe('LockService on a single Redis', () => {
         assert.equal(lock.fence, ahead + 1);
         assert.ok((await redis.pttl(COUNTER)) > 1_000, 'counter outlives the lock');
         await lock.release();
+        // The raised fence was written back: the next holders stay above it, never back at the clock.
+        for (const other of [key, uniqueKey()]) {
+          const next = await locks.acquire(other, { ttl: 1_000 });
+          assert.ok(next.fence > lock.fence, `a fence went back: ${lock.fence} → ${next.fence}`);
+          await next.release();
+        }
       } finally {
         await redis.del(COUNTER); // back to the clock for the other tests
       }

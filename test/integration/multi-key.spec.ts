@@ -202,6 +202,36 @@ describe('several keys at once (acquire([a, b]))', () => {
     }
   });
 
+  it('never grants several keys with a lapsed lease: through a 150 ms/way link, a key taken before the busy one ran out', async () => {
+    const proxy = await FaultProxy.start(() => env.server.port);
+    const slow = await startLockModule({ connection: `redis://127.0.0.1:${proxy.port}` });
+    try {
+      await slow.locks.isLocked(uniqueKey()); // a connection, before the latency
+      proxy.setLatency(150);
+      for (let round = 0; round < 3; round++) {
+        const [a, b] = pair();
+        // b is busy at the one-step attempt: the keys are then taken one by one, b first, and b's
+        // 400 ms lease runs out while a's attempt makes its 300 ms round trip.
+        const busy = await env.other.locks.acquire(b, { ttl: 5_000 });
+        setTimeout(() => void busy.release(), 50);
+        const lock = await slow.locks
+          .acquire([a, b], { ttl: 400, acquireTimeout: 2_000 })
+          .catch((error: unknown) => error);
+        if (lock instanceof Error) {
+          assert.ok(lock instanceof LockAcquireTimeoutError, String(lock));
+          continue;
+        }
+        const left = (lock as Lock).expiresAt - performance.now();
+        assert.ok(left > 0, `round ${round}: [a, b] granted with a lease of ${left.toFixed(0)} ms`);
+        await (lock as Lock).release();
+      }
+    } finally {
+      proxy.setLatency(0);
+      await slow.close();
+      await proxy.close();
+    }
+  });
+
   it('using(): auto-extends every key, exposes the lock and each key’s own through getCurrentLock, and nests without deadlock', async () => {
     const [a, b] = pair();
     const result = await env.locks.using(

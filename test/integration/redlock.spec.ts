@@ -149,6 +149,56 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     await lock.release();
   });
 
+  it('a majority that grants after the validity (ttl - drift) has run out is no lock: the call does not get it, and its copies are undone', async () => {
+    const key = uniqueKey();
+    // Two nodes answer at once; the third vote comes 300 ms later, past a 200 ms TTL's validity.
+    servers[2].signal('SIGSTOP');
+    servers[3].signal('SIGSTOP');
+    servers[4].signal('SIGSTOP');
+    const resume = setTimeout(() => servers[2].signal('SIGCONT'), 300);
+    try {
+      const started = performance.now();
+      const lock = await locks.tryAcquire(key, { ttl: 200 });
+      assert.ok(performance.now() - started >= 250, 'the majority came late');
+      assert.equal(
+        lock,
+        null,
+        `granted with ${String(lock && lock.expiresAt - performance.now())} ms left`,
+      );
+    } finally {
+      clearTimeout(resume);
+      for (const i of [2, 3, 4]) servers[i].signal('SIGCONT');
+    }
+    for (const i of servers.keys()) {
+      assert.ok(await eventually(async () => (await direct[i].exists(`lock:{${key}}`)) === 0));
+    }
+  });
+
+  it('four nodes: a lock needs three of them; two that answer are no majority', async () => {
+    const four = await startLockModule({
+      nodes: servers.slice(0, 4).map((server) => server.url),
+      commandTimeout: 300,
+    });
+    try {
+      const key = uniqueKey();
+      const error = await pausing([2, 3], () =>
+        four.locks.acquire(key, { acquireTimeout: 0 }).then(
+          (lock) => assert.fail(`acquired on two of four nodes (fence ${lock.fence})`),
+          (error: unknown) => error,
+        ),
+      );
+      assert.ok(
+        error instanceof LockBackendError && error.cause instanceof LockQuorumError,
+        String(error),
+      );
+      for (const i of [0, 1, 2, 3]) {
+        assert.ok(await eventually(async () => (await direct[i].exists(`lock:{${key}}`)) === 0));
+      }
+    } finally {
+      await four.close();
+    }
+  });
+
   it('auto-extends on a majority while the work runs', async () => {
     const key = uniqueKey();
     await locks.using(
