@@ -211,10 +211,14 @@ export function WithLock(
     Object.defineProperty(wrapper, 'name', { value: call.name });
     Reflect.defineMetadata(LOCKED_METHOD, true, target, propertyKey);
     descriptor.value = wrapper as never;
+    // After every declared parameter: `length` stops at the first one with a default value, the
+    // declared types (emitted by TypeScript) do not.
+    const declaredTypes = Reflect.getMetadata('design:paramtypes', target, propertyKey) as
+      unknown[] | undefined;
     HandlerCallParameter()(
       target,
       propertyKey,
-      Math.max(call.length, ...parameters.map((index) => index + 1)),
+      Math.max(call.length, declaredTypes?.length ?? 0, ...parameters.map((index) => index + 1)),
     );
     injectLockService(target);
     Inject(HttpAdapterHost)(target, ADAPTER_HOST);

@@ -851,5 +851,42 @@ describe('the Nest layer: provider kinds, lifecycles and combinations', () => {
         await nest.close();
       }
     });
+
+    it('a handler parameter with a default value keeps its own slot: a pipe that rebuilds values by their declared type never gets the context token', async () => {
+      const key = uniqueKey('default');
+      class Page {
+        size = 10;
+      }
+      /** Rebuilds every argument declared as a class into an instance of it. */
+      class RebuildPipe implements PipeTransform {
+        transform(value: unknown, { metatype }: { metatype?: unknown }): unknown {
+          return metatype === Page ? Object.assign(new Page(), value) : value;
+        }
+      }
+      @Controller('paged')
+      class Paged {
+        @Get(':id')
+        @WithLock({ key: `${key}:{0}`, acquireTimeout: 100 })
+        async get(@Param('id') id: string, page: Page = new Page()): Promise<unknown> {
+          return { id, size: page.size };
+        }
+      }
+      const module = await Test.createTestingModule({
+        imports: [lockModule()],
+        controllers: [Paged],
+      }).compile();
+      const nest = module.createNestApplication({ logger: false });
+      nest.useGlobalPipes(new RebuildPipe());
+      await nest.listen(0, '127.0.0.1');
+      try {
+        const url = await nest.getUrl();
+        assert.deepEqual(await (await fetch(`${url}/paged/1`)).json(), { id: '1', size: 10 });
+        const held = await module.get(LockService).acquire(`${key}:2`, { ttl: 5_000 });
+        assert.equal((await fetch(`${url}/paged/2`)).status, 409);
+        await held.release();
+      } finally {
+        await nest.close();
+      }
+    });
   });
 });
