@@ -12,7 +12,10 @@
 //    half a core each, measured with `/usr/bin/time`), so that no two busy suites ever load the
 //    machine together. A file of this tier that fails is run once more when both lanes are done,
 //    alone on the idle machine: if it passes then, the run passes and ends with a
-//    `FLAKY: <file> — <failure>` line; if it fails again, the run fails.
+//    `FLAKY: <file> — <failure>` line; if it fails again, the run fails. Never a file whose failure
+//    is an invariant of the lock (INVARIANT: two holders, a fence going back, a stale write
+//    accepted, a lock left behind or never told lost, a call that never settled, a model-based
+//    property): that fails the run at once, however rarely it strikes.
 //
 // A file that runs longer than `--file-timeout` seconds is stopped (its whole process group:
 // the redis-servers and workers it started go with it) and counts as failed.
@@ -34,6 +37,26 @@ const testDir = join(root, 'build', 'test');
  * Suites that start more than one server (a Cluster, Sentinels, several masters, a replica) or
  * more than one process (workers, the sample app, npm): the isolated tier. Paths under build/test.
  */
+/**
+ * Failure messages that report a broken invariant of the lock, never a slow machine: such a
+ * failure is not re-run. (A bound exceeded is reported by `assertWithin` against a slack measured
+ * on the machine; a set-up failure, such as a server that did not start, is neither.)
+ */
+const INVARIANT = [
+  /Property failed/, // the model-based suite: every check there is an invariant
+  /overlap/i,
+  /two (live )?holders/i,
+  /fence (regression|went back|changed)|a fence went back/i,
+  /stale (write|fence)s? accepted|stale write/i,
+  /left behind|leftover lock|lock left|keys? left|without TTL/i,
+  /unhandled rejection|unsettled/i,
+  /never (told|signalled|fired|settled)/i,
+  /held in Redis by/i,
+  /lost holders/i,
+  /oversold|lost updates? under the lock/i,
+];
+const isInvariant = (failure) => INVARIANT.some((pattern) => pattern.test(failure));
+
 const ISOLATED = [
   'chaos/chaos-failover.spec.js',
   'chaos/chaos.spec.js',
@@ -145,6 +168,11 @@ await Promise.all(
 );
 for (const { file, tier, attempts } of results) {
   if (tier === 'shared' || attempts[0].ok || values['no-retry']) continue;
+  const broken = attempts[0].failures.find(isInvariant);
+  if (broken) {
+    console.log(`\n✖ ${file} broke an invariant: no re-run (${broken})\n`);
+    continue;
+  }
   console.log(`\n↻ ${file} failed; running it once more, alone\n`);
   attempts.push(await runFile(file));
 }
