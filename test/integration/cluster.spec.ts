@@ -65,7 +65,8 @@ describe('on Redis Cluster', () => {
     const key = uniqueKey();
     const held = await app.locks.acquire(key, { ttl: 30_000 });
     const waiting = other.locks.acquire(key, { acquireTimeout: 5_000 });
-    await sleep(150);
+    // Its process joined the queue of waiting processes: it tried, found the key held, waits.
+    assert.ok(await eventually(async () => (await clients[0].zcard(`lock:{${key}}:turns`)) === 1));
     await held.release();
     const lock = await waiting; // woken by the release: its next poll is 60 s away
     await lock.release();

@@ -17,6 +17,7 @@ import {
   assertOwnTokenKeepsFence,
   uniqueKey,
 } from '../support/lock-module.js';
+import { monitorRedis } from '../support/redis-monitor.js';
 
 describe("read/write locks (mode: 'read')", () => {
   const env = twoAppsOnOneRedis({ fenceRetention: 0 });
@@ -89,10 +90,17 @@ describe("read/write locks (mode: 'read')", () => {
     // Readers that never poll within their 5 s: each gets in only if the release lets it in.
     const app = await startNonPollingApp({ connection: env.server.url, fenceRetention: 0 });
     try {
+      const monitor = await monitorRedis(env.server.port);
       const readers = [0, 1, 2].map(() =>
         app.locks.acquire(key, { ...read, acquireTimeout: 5_000 }),
       );
-      await sleep(100);
+      // Their process tried and found the key written: any lock they get now, a release let in.
+      const tried = (): boolean =>
+        monitor.commands.some(
+          ({ args }) => args[0] === 'evalsha' && args.includes(`lock:{${key}}`),
+        );
+      assert.ok(await eventually(tried));
+      monitor.stop();
       await writer.release();
       const held = await Promise.all(readers);
       await Promise.all(held.map((lock) => lock.release()));

@@ -141,7 +141,8 @@ describe('waiting for a held lock', () => {
       for (let round = 0; round < 5; round++) {
         const held = await holder.acquire(key, { ttl: 30_000 });
         const waiting = app.locks.acquire(key, { acquireTimeout: 10_000 });
-        await sleep(150); // the waiter has subscribed and gone to sleep by now
+        // Its process joined the queue of waiting processes: it tried, found the key held, waits.
+        assert.ok(await eventually(async () => (await redis.zcard(`lock:{${key}}:turns`)) === 1));
         await held.release();
         // Its next poll is 60 s away and the holder's TTL 30 s: only the release message can
         // have woken it within its 10 s.
