@@ -16,15 +16,23 @@ export class RedisLockError extends Error {
  * that is used in a way the decorator cannot support.
  */
 export class RedisLockConfigurationError extends RedisLockError {
+  /**
+   * The value that was given (`undefined` when the problem is a missing option), without secrets:
+   * a connection string shows its scheme and host at most, an options object's passwords are
+   * `'***'` (the error is printed whole when a bootstrap fails).
+   */
+  readonly value: unknown;
+
   constructor(
     /** The option at fault, as a path (`defaults.ttl`, `client`, `@WithLock(OrdersController.pay).key`, ...). */
     readonly option: string,
-    /** The value that was given (`undefined` when the problem is a missing option). */
-    readonly value: unknown,
+    value: unknown,
     /** What is wrong and how to fix it. */
     readonly problem: string,
   ) {
-    super(`Invalid option "${option}" (${describe(value)}): ${problem}`);
+    const shown = withoutSecrets(value);
+    super(`Invalid option "${option}" (${describe(shown)}): ${problem}`);
+    this.value = shown;
   }
 }
 
@@ -282,8 +290,9 @@ function describe(value: unknown, name?: string): string {
   if (name === 'token' && typeof value === 'string')
     return `a string of ${value.length} characters`;
   if (typeof value === 'string') {
-    const shown = value.length > 80 ? `${value.slice(0, 60)}… (${value.length} characters)` : value;
-    return JSON.stringify(shown.replace(/\/\/[^/@]*@/, '//***@'));
+    const safe = withoutSecrets(value) as string;
+    const shown = safe.length > 80 ? `${safe.slice(0, 60)}… (${safe.length} characters)` : safe;
+    return JSON.stringify(shown);
   }
   if (typeof value === 'number' || typeof value === 'boolean' || value == null) {
     return String(value);
@@ -294,4 +303,37 @@ function describe(value: unknown, name?: string): string {
 
 function causeText(cause: unknown): string {
   return cause instanceof Error ? cause.message : String(cause);
+}
+
+/** Words that mark a string as possibly holding a credential. */
+const SECRET_HINT = /:\/|@|pass|pwd|auth|secret/i;
+/** Option names whose values are credentials. */
+const SECRET_NAMES = /pass|secret|token|auth/i;
+
+/**
+ * `value` with no credential left in it: a string that may hold one (a connection string, even a
+ * mistyped one) becomes its scheme and host if it parses as a URL, else a description of its
+ * length; an object's (or array's) credential fields become `'***'`, one level down for nested
+ * options (`sentinels`, `redisOptions`, `nodes`).
+ */
+function withoutSecrets(value: unknown, depth = 0): unknown {
+  if (typeof value === 'string') {
+    if (!SECRET_HINT.test(value)) return value;
+    try {
+      const url = new URL(value);
+      if (url.hostname) return `${url.protocol}//${url.host}`;
+    } catch {
+      // Not a URL: described below.
+    }
+    return `a string of ${value.length} characters, not shown: it may hold a password`;
+  }
+  if (depth > 2 || typeof value !== 'object' || value === null) return value;
+  if (Array.isArray(value)) return value.map((item: unknown) => withoutSecrets(item, depth + 1));
+  if (Object.getPrototypeOf(value) !== Object.prototype) return value; // a client, a class
+  return Object.fromEntries(
+    Object.entries(value).map(([name, field]) => [
+      name,
+      SECRET_NAMES.test(name) && field !== undefined ? '***' : withoutSecrets(field, depth + 1),
+    ]),
+  );
 }

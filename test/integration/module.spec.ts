@@ -1,4 +1,5 @@
 import assert from 'node:assert/strict';
+import { inspect } from 'node:util';
 import { after, before, describe, it } from 'node:test';
 import { Injectable, Logger, Module } from '@nestjs/common';
 import { Test } from '@nestjs/testing';
@@ -328,6 +329,31 @@ describe('RedisLockModule', () => {
         () => ({ connection: 'http://user:s3cret@localhost' }),
         'connection',
       ],
+      [
+        'a mistyped URL with a password (redis:/)',
+        () => ({ connection: 'redis:/:s3cret@localhost:6379' }),
+        'connection',
+      ],
+      [
+        'a password and host without a scheme',
+        () => ({ connection: 's3cret@localhost:6379' }),
+        'connection',
+      ],
+      [
+        'a libpq-style string with a password',
+        () => ({ connection: 'host=localhost password=s3cret' }),
+        'connection',
+      ],
+      [
+        'a long password with / and @ in it',
+        () => ({ connection: `http://user:${'s3cret/@'.repeat(12)}x@localhost` }),
+        'connection',
+      ],
+      [
+        'nodes given as one string with a password',
+        () => ({ nodes: 'redis://:s3cret@127.0.0.1:1' as never }),
+        'nodes',
+      ],
       ['ttl at the top level', () => ({ connection: server.url, ttl: 1_000 }) as never, 'ttl'],
       [
         'an unknown default',
@@ -345,6 +371,8 @@ describe('RedisLockModule', () => {
         assert.ok(error instanceof RedisLockConfigurationError, String(error));
         assert.equal(error.option, option);
         assert.ok(!error.message.includes('s3cret'), 'no password in the message');
+        // Printed whole when a bootstrap fails: its fields too.
+        assert.ok(!inspect(error).includes('s3cret'), 'no password in the error');
       });
     }
 
