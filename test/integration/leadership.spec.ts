@@ -176,6 +176,36 @@ describe('leadership (lead, @WhileLeader)', { timeout: 90_000 }, () => {
     assert.equal(reasons[1].by, 'stop');
   });
 
+  it("isLeader and changes turn false the moment the term's signal aborts, while the work still runs", async () => {
+    const key = uniqueKey('leader');
+    let signal: AbortSignal | undefined;
+    let returned = false;
+    const changes: boolean[] = [];
+    const leadership = apps[2].locks.lead(
+      key,
+      async (term) => {
+        signal = term.signal;
+        await new Promise((resolve) => term.signal.addEventListener('abort', resolve));
+        await sleep(500); // a work that takes a while to wind down
+        returned = true;
+      },
+      { ttl: 600 },
+    );
+    leadership.changes.subscribe((leading) => changes.push(leading));
+    try {
+      assert.ok(await eventually(() => leadership.isLeader, 5_000));
+      // The lock is lost (deleted): the next extension finds it gone and the signal aborts.
+      const names = (await redis.keys(`*${key}*`)).filter((name) => !name.includes('fence'));
+      await redis.del(names[0]);
+      assert.ok(await eventually(() => signal?.aborted === true, 5_000));
+      assert.equal(returned, false, 'the work still runs');
+      assert.equal(leadership.isLeader, false);
+      assert.deepEqual(changes, [true, false]);
+    } finally {
+      await leadership.stop();
+    }
+  });
+
   it('stop() from inside the work settles without waiting for it: the term aborts, the lock is released, and another instance leads', async () => {
     const key = uniqueKey('leader');
     let finish!: () => void;

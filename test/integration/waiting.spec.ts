@@ -153,6 +153,34 @@ describe('waiting for a held lock', () => {
     }
   });
 
+  it("tryAcquire() and a caller's own token never join the queue of waiting processes, and a release in their process never hands them the lock", async () => {
+    const key = uniqueKey();
+    const turns = `lock:{${key}}:turns`;
+    const held = await waiter.acquire(key, { ttl: 30_000 });
+    const monitor = await monitorRedis(server.port);
+    try {
+      assert.equal(await waiter.tryAcquire(key), null);
+      const own = waiter.acquire(key, { token: 'mine', ttl: 5_000, acquireTimeout: 3_000 });
+      // It tried, and found the key held.
+      assert.ok(
+        await eventually(() =>
+          monitor.commands.some(({ args }) => args[0] === 'evalsha' && args.includes('mine')),
+        ),
+      );
+      assert.equal(await redis.zcard(turns), 0, 'queued');
+      await held.release();
+      const lock = await own;
+      assert.equal(lock.token, 'mine');
+      const handed = [HANDOFF_SCRIPT, HANDOFF_UNRESERVED_SCRIPT, PASS_ON_SCRIPT].map((script) =>
+        scriptCalls(monitor.commands, script, `lock:{${key}}`),
+      );
+      assert.deepEqual(handed, [0, 0, 0], 'the own token was handed the lock');
+      assert.equal(await lock.release(), true);
+    } finally {
+      monitor.stop();
+    }
+  });
+
   it('an idle waiter sends a bounded number of commands while it waits', async () => {
     const key = uniqueKey();
     const held = await holder.acquire(key, { ttl: 20_000 });
