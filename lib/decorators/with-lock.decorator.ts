@@ -3,12 +3,14 @@ import {
   Inject,
   Logger,
   Optional,
+  ServiceUnavailableException,
   type ExecutionContext,
 } from '@nestjs/common';
 import { HttpAdapterHost } from '@nestjs/core';
 import { from, isObservable, mergeMap, Observable, of, type Subscription } from 'rxjs';
 import {
   LockAcquireTimeoutError,
+  LockBackendError,
   RedisLockConfigurationError,
 } from '../errors/redis-lock.errors.js';
 import type { AcquireOptions } from '../interfaces/lock.interface.js';
@@ -274,6 +276,9 @@ type TimeoutAnswer = (
 function timeoutAnswer(options: WithLockOptions, method: string): TimeoutAnswer {
   const own = options.timeoutStatus !== undefined || options.timeoutException !== undefined;
   return async (instance, error, context) => {
+    if (error instanceof LockBackendError && context.getType() === 'http') {
+      throw unavailable(error);
+    }
     if (!(error instanceof LockAcquireTimeoutError)) throw error;
     // A test double of LockService may have no `timeoutResponse`: the defaults then.
     const response = own
@@ -282,6 +287,21 @@ function timeoutAnswer(options: WithLockOptions, method: string): TimeoutAnswer 
     const adapterHost = (instance as { [ADAPTER_HOST]?: HttpAdapterHost })[ADAPTER_HOST];
     throw await answerLockTimeout(error, context, response, adapterHost);
   };
+}
+
+/**
+ * What an HTTP handler whose lock could not reach Redis answers: 503, the service is unavailable
+ * (not busy: that is the 409), with what went wrong; the `LockBackendError` is its `cause`.
+ */
+function unavailable(error: LockBackendError): ServiceUnavailableException {
+  return new ServiceUnavailableException(
+    {
+      statusCode: 503,
+      error: 'Service Unavailable',
+      message: `The lock service is unavailable: ${error.message} Retry later.`,
+    },
+    { cause: error },
+  );
 }
 
 /** Promise methods: the lock is taken when the method is called, through `LockService.using()`. */

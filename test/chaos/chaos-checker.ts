@@ -380,6 +380,7 @@ function classify(outcome: string): keyof ScenarioFigures['calls'] {
     case 'LockBackendError':
     case 'LockLostError':
     case 'http 500':
+    case 'http 503': // the route's lock could not reach Redis
       return 'failed';
     default:
       return 'other';

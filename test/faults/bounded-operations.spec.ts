@@ -212,6 +212,17 @@ for (const [faultName, applyFault] of Object.entries(faults)) {
         assertBackendError(outcome, 'acquire');
       });
 
+      it('a @WithLock route whose lock cannot reach Redis answers 503 (unavailable, not busy) within commandTimeout', async () => {
+        const outcome = await settle(fetch(`${url}/jobs/${uniqueKey('down')}`, { method: 'POST' }));
+        assert.equal(outcome.value?.status, 503);
+        const body = (await outcome.value.json()) as { message: string };
+        assert.match(body.message, /^The lock service is unavailable: /);
+        assert.ok(
+          outcome.elapsed < BOUND + outcome.stalled,
+          `answered after ${outcome.elapsed.toFixed(0)} ms`,
+        );
+      });
+
       it('isLocked() fails with LockBackendError within commandTimeout', async () => {
         assertBackendError(await settle(locks.isLocked(uniqueKey())), 'isLocked');
       });
