@@ -228,22 +228,33 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     // Before the lock was granted, the counters where it is held were raised to its fence ...
     assert.ok(await eventually(async () => (await counters()).every((n) => n === ahead + 1)));
     await first.release();
+    // A release resolves once a majority let go; the rest follow (awaited here, so that no node
+    // still holds a copy that would make it refuse, and not count, the next holder).
+    assert.ok(await eventually(async () => (await holders(key, first.token)) === 0));
     // ... so a holder whose majority leaves node 0 out still gets a higher fence.
     const second = await pausing([0], () => other.locks.acquire(key));
     assert.ok(second.fence > first.fence, `${second.fence} after ${first.fence}`);
     await second.release();
-    // Once raised, the counters agree: the next holder's fence is counted on a majority and no node
-    // counts past it. (The node paused during the last acquisition ends one count behind in about
-    // half the runs of this test alone, before this stop's changes too: not yet explained.)
+    // Node 0 was paused during that acquisition: it runs the attempt queued on the other app's
+    // connection when it wakes, and the release behind it. Redis serves its connections in the
+    // order they are ready, so a command on another connection (the next acquisition) may run
+    // before them, as it may before any node's share of a release that already had its majority:
+    // that node then refuses the next holder and does not count it, one count behind the others.
+    // That is harmless (a majority counts past every fence granted, and the max is taken), but here
+    // the test waits for every node to catch up, so that the next count is exact.
+    assert.ok(
+      await eventually(
+        async () =>
+          Number(await direct[0].get(fenceKey)) === second.fence &&
+          (await holders(key, second.token)) === 0,
+      ),
+      'node 0 ran the attempt queued while it was paused, and every node the release',
+    );
+    // Once raised, the counters agree: every node counts the next holder's fence, none past it.
     const third = await locks.acquire(key);
     assert.ok(third.fence > second.fence);
     assert.ok(
-      await eventually(async () => {
-        const now = await counters();
-        return (
-          now.filter((n) => n === third.fence).length >= 3 && now.every((n) => n <= third.fence)
-        );
-      }),
+      await eventually(async () => (await counters()).every((n) => n === third.fence)),
       `${String(await counters())} after ${third.fence}`,
     );
     await third.release();
