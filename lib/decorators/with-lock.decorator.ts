@@ -15,6 +15,7 @@ import {
 } from '../errors/redis-lock.errors.js';
 import type { AcquireOptions } from '../interfaces/lock.interface.js';
 import type { LockKeySource, WithLockOptions } from '../interfaces/with-lock-options.interface.js';
+import { SKIP_WHEN_BUSY } from '../options/acquire-options.js';
 import { validateWithLockOptions } from '../options/decorator-options.js';
 import { answerLockTimeout } from './lock-timeout.answer.js';
 import { injectLockService, lockServiceOf, refuseStatic } from './lock-service.injection.js';
@@ -167,6 +168,7 @@ export function WithLock(
       mode: options.mode,
       fair: options.fair,
       holdAtLeast: options.holdAtLeast,
+      ...(skip && { [SKIP_WHEN_BUSY]: true }),
     };
     const call = original as (...args: unknown[]) => unknown;
     const declared = declaredReturnType(target, propertyKey, method);

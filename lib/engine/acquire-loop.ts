@@ -291,7 +291,9 @@ export class AcquireLoop {
   ): null {
     const { events } = this.parts;
     const waitedMs = performance.now() - started;
-    if (events.observed && !part) events.emit({ type: 'timeout', key, waitedMs });
+    if (events.observed && !part) {
+      events.emit({ type: opts.skipWhenBusy && last.held ? 'skipped' : 'timeout', key, waitedMs });
+    }
     if (mode === 'tryAcquire') return null;
     throw new LockAcquireTimeoutError(
       key,

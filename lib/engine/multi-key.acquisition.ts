@@ -67,7 +67,9 @@ export class MultiKeyAcquisition {
       }
       const waitedMs = performance.now() - started;
       const { events } = this.parts;
-      if (events.observed) events.emit({ type: 'timeout', key, waitedMs });
+      if (events.observed) {
+        events.emit({ type: opts.skipWhenBusy && held ? 'skipped' : 'timeout', key, waitedMs });
+      }
       if (mode === 'tryAcquire') return null;
       throw new LockAcquireTimeoutError(key, waitedMs, opts.acquireTimeout, retryAfter, held);
     }

@@ -24,4 +24,9 @@ export type LockEvent =
       reason: Exclude<LockLostReason, 'shutdown' | 'released'>;
     }
   /** `acquire()`, `using()` or `@WithLock` gave up after `acquireTimeout`; `tryAcquire()` found it held. */
-  | { type: 'timeout'; key: string; waitedMs: number };
+  | { type: 'timeout'; key: string; waitedMs: number }
+  /**
+   * A `@WithLock({ onBusy: 'skip' })` call found the key held by another holder and skipped (the
+   * method was not run): the normal life of a job on several instances, not a failure.
+   */
+  | { type: 'skipped'; key: string; waitedMs: number };

@@ -26,7 +26,15 @@ export interface ResolvedAcquireOptions {
   shape: LockShape;
   /** See `AcquireOptions.holdAtLeast` (0: none). */
   holdAtLeast: number;
+  /** `@WithLock({ onBusy: 'skip' })`: a call another holder kept out is `skipped`, not a `timeout`. */
+  skipWhenBusy: boolean;
 }
+
+/**
+ * @internal The option `@WithLock({ onBusy: 'skip' })` passes with its calls (a symbol: no user
+ * option can name it, and the check of option names does not see it).
+ */
+export const SKIP_WHEN_BUSY = Symbol('nestjs-redis-lock:skip-when-busy');
 
 /** Which public method is asking: decides the `autoExtend` default and whether waiting is allowed. */
 export type AcquireMode = 'acquire' | 'tryAcquire' | 'using';
@@ -103,6 +111,7 @@ export function resolveCallOptions(
     token: opts.token,
     shape,
     holdAtLeast,
+    skipWhenBusy: (opts as { [SKIP_WHEN_BUSY]?: unknown })[SKIP_WHEN_BUSY] === true,
   };
 }
 
