@@ -1,6 +1,7 @@
 import {
   Logger,
   Module,
+  type DynamicModule,
   Optional,
   type OnApplicationBootstrap,
   type OnModuleInit,
@@ -24,7 +25,7 @@ import {
 } from './decorators/while-leader.decorator.js';
 import { RedisLockConfigurationError } from './errors/redis-lock.errors.js';
 import { LockService } from './lock.service.js';
-import { ConfigurableModuleClass } from './redis-lock.module-definition.js';
+import { ASYNC_OPTIONS_TYPE, ConfigurableModuleClass } from './redis-lock.module-definition.js';
 
 /**
  * Distributed locks on Redis. Register once, then inject `LockService`.
@@ -54,6 +55,22 @@ export class RedisLockModule
   private readonly guarded = new WeakSet<object>();
   /** Whether `@WhileLeader` methods campaign yet (once the app has started). */
   private started = false;
+
+  /**
+   * See the class comment. Refuses, naming what is missing, options that give none of
+   * `useFactory`, `useClass` and `useExisting` (Nest would fail later, naming an internal token).
+   */
+  static override forRootAsync(options: typeof ASYNC_OPTIONS_TYPE): DynamicModule {
+    const given = options as Partial<typeof ASYNC_OPTIONS_TYPE> | undefined;
+    if (!given?.useFactory && !given?.useClass && !given?.useExisting) {
+      throw new RedisLockConfigurationError(
+        'forRootAsync',
+        options,
+        'give one of useFactory (with inject for what it needs), useClass or useExisting, for example forRootAsync({ inject: [ConfigService], useFactory: (config) => ({ connection: config.getOrThrow("REDIS_URL") }) })',
+      );
+    }
+    return super.forRootAsync(options);
+  }
 
   constructor(
     private readonly modules: ModulesContainer,

@@ -376,6 +376,16 @@ describe('RedisLockModule', () => {
       });
     }
 
+    it('forRootAsync without useFactory, useClass or useExisting is refused at once, saying what to give', () => {
+      assert.throws(
+        () => RedisLockModule.forRootAsync({}),
+        (error: unknown) =>
+          error instanceof RedisLockConfigurationError &&
+          error.option === 'forRootAsync' &&
+          /useFactory .*useClass or useExisting/.test(error.problem),
+      );
+    });
+
     it('forRoot fails the same way', async () => {
       await assert.rejects(
         Test.createTestingModule({ imports: [RedisLockModule.forRoot({})] }).compile(),
