@@ -16,7 +16,7 @@ import {
   type PipeTransform,
 } from '@nestjs/common';
 import { ContextIdFactory, LazyModuleLoader } from '@nestjs/core';
-import { Interval } from '@nestjs/schedule';
+import { Interval, ScheduleModule } from '@nestjs/schedule';
 import { Test, type TestingModule } from '@nestjs/testing';
 import { ClientProxyFactory, MessagePattern, Transport } from '@nestjs/microservices';
 import { Observable, catchError, interval, map, take, throwError, timeout } from 'rxjs';
@@ -887,6 +887,42 @@ describe('the Nest layer: provider kinds, lifecycles and combinations', () => {
       } finally {
         await nest.close();
       }
+    });
+
+    it('@Interval above or below @WithLock: the scheduler runs the locked method in either order', async () => {
+      const ran: Record<string, (string | undefined)[]> = { above: [], below: [] };
+      const keys = { above: uniqueKey('above'), below: uniqueKey('below') };
+      @Injectable()
+      class Jobs {
+        @Interval(40)
+        @WithLock({ key: keys.above, onBusy: 'skip' })
+        async above(): Promise<void> {
+          ran.above.push(getCurrentLock()?.key);
+        }
+        @WithLock({ key: keys.below, onBusy: 'skip' })
+        @Interval(40)
+        async below(): Promise<void> {
+          ran.below.push(getCurrentLock()?.key);
+        }
+      }
+      const module = await Test.createTestingModule({
+        imports: [lockModule(), ScheduleModule.forRoot()],
+        providers: [Jobs],
+      }).compile();
+      await module.init();
+      try {
+        assert.ok(await eventually(() => ran.above.length >= 2 && ran.below.length >= 2));
+      } finally {
+        await module.close();
+      }
+      assert.ok(
+        ran.above.every((key) => key === keys.above),
+        JSON.stringify(ran.above),
+      );
+      assert.ok(
+        ran.below.every((key) => key === keys.below),
+        JSON.stringify(ran.below),
+      );
     });
   });
 });
