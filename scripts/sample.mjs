@@ -1,26 +1,15 @@
 #!/usr/bin/env node
-// `npm run sample`: runs the sample app with `nest start`. Uses REDIS_URL when set; otherwise a
-// Redis on 127.0.0.1:6379 if one answers; otherwise starts a private redis-server on a free port
-// (when one is on the PATH) for as long as the sample runs, and says so.
+// `npm run sample`: runs the sample app with `nest start`. Uses REDIS_URL when set; otherwise starts
+// a private redis-server on a free port (when one is on the PATH) for as long as the sample runs,
+// and says so: never a Redis it was not given (one on 6379 may hold someone else's data).
 import { spawn } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
-import { createConnection, createServer } from 'node:net';
+import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { hasRedisServer, redisMissing } from './redis-missing.mjs';
 
 const say = (message) => console.log(`[sample] ${message}`);
-
-function answersPing(port) {
-  return new Promise((resolve) => {
-    const socket = createConnection({ host: '127.0.0.1', port });
-    const done = (ok) => (socket.destroy(), resolve(ok));
-    socket.setTimeout(500, () => done(false));
-    socket.once('error', () => done(false));
-    socket.once('connect', () => socket.write('PING\r\n'));
-    socket.once('data', (data) => done(data.toString().startsWith('+PONG')));
-  });
-}
 
 function freePort() {
   return new Promise((resolve, reject) => {
@@ -74,19 +63,14 @@ async function privateRedis() {
 let redis;
 if (process.env.REDIS_URL) {
   say(`using REDIS_URL=${process.env.REDIS_URL}`);
-} else if (await answersPing(6379)) {
-  process.env.REDIS_URL = 'redis://127.0.0.1:6379';
-  say('using the Redis that answers on 127.0.0.1:6379 (set REDIS_URL to choose another)');
 } else if (!hasRedisServer('redis-server')) {
-  console.error(
-    `[sample] nothing answers on 127.0.0.1:6379, and ${redisMissing('npm run sample')}`,
-  );
+  console.error(`[sample] no REDIS_URL set, and ${redisMissing('npm run sample')}`);
   process.exit(1);
 } else {
   redis = await privateRedis();
   process.env.REDIS_URL = redis.url;
   say(
-    `nothing answers on 127.0.0.1:6379: started a private redis-server at ${redis.url}; it stops with the sample`,
+    `no REDIS_URL set: started a private redis-server at ${redis.url}; it stops with the sample (set REDIS_URL to use yours)`,
   );
 }
 

@@ -2,7 +2,8 @@
  * `npm run demo`: what the lock does, in a few seconds. Uses REDIS_URL, or starts a private
  * redis-server; boots the sample app; fires bursts of concurrent purchases at the unlocked and
  * the locked route; prints what happened and writes an SVG timeline of the critical sections
- * (test/demo/timeline.svg, or the path given with --svg; `--svg -` for none).
+ * (build/demo-timeline.svg, out of the tracked files, or the path given with --svg: `--svg
+ * test/demo/timeline.svg` redraws the README's picture; `--svg -` for none).
  */
 import 'reflect-metadata';
 import { writeFileSync } from 'node:fs';
@@ -13,7 +14,7 @@ import { startRedis, type RedisServer } from '../support/redis-server.js';
 import { renderTimeline, type Burst, type Row } from './timeline.js';
 
 const { values } = parseArgs({
-  options: { svg: { type: 'string', default: 'test/demo/timeline.svg' } },
+  options: { svg: { type: 'string', default: 'build/demo-timeline.svg' } },
 });
 const PAYMENT_MS = 25;
 const LOCK_WAIT_MS = 500;
