@@ -18,6 +18,7 @@ import {
   type NestModule,
 } from './decorators/app-instances.js';
 import { lockedInstance, provideLockService } from './decorators/lock-service.injection.js';
+import { warnAboutUnskippedJobs } from './decorators/with-lock.decorator.js';
 import {
   checkLeaderMethods,
   hasLeaderMethods,
@@ -110,6 +111,10 @@ export class RedisLockModule
    * failed.
    */
   onApplicationBootstrap(): void {
+    const logger = new Logger('RedisLock');
+    for (const instance of new Set(wrappersOf(this.modules.values()).flatMap(lastingInstances))) {
+      warnAboutUnskippedJobs(instance, logger);
+    }
     const start = (): void => {
       this.campaign(wrappersOf(this.modules.values()));
       this.started = true;

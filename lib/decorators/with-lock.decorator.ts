@@ -47,10 +47,38 @@ const ROUTE_ARGS_METADATA = '__routeArguments__';
  */
 type HandlerCall = () => ExecutionContext;
 const handlerCalls = new WeakSet<HandlerCall>();
-/** On a class's prototype, per method name: `@WithLock` decorated it there. */
+/** On a class's prototype, per method name: `@WithLock` decorated it there, with this `onBusy`. */
 const LOCKED_METHOD = Symbol('nestjs-redis-lock:locked-method');
+/** `@nestjs/schedule`'s mark of a `@Cron`, `@Interval` or `@Timeout` method. */
+const SCHEDULER_TYPE = 'SCHEDULER_TYPE';
 /** Per handler function Nest calls: whether it is a locked method (see `lockedHandler`). */
 const lockedHandlers = new WeakMap<object, boolean>();
+
+/**
+ * @internal Warns, once per method, about `@WithLock` on a `@nestjs/schedule` job (`@Cron`,
+ * `@Interval`, `@Timeout`) of `instance` without `onBusy: 'skip'`: every instance then runs every
+ * fire in turn, one after another, which is seldom what a job wants (ShedLock's users read the
+ * third argument of `@WithLock(key, ttl, acquireTimeout)` as a hold-at-least, which it is not).
+ */
+export function warnAboutUnskippedJobs(instance: object, logger: Logger): void {
+  for (
+    let proto = Object.getPrototypeOf(instance) as object | null;
+    proto && proto !== Object.prototype;
+    proto = Object.getPrototypeOf(proto) as object | null
+  ) {
+    for (const key of Reflect.ownKeys(proto)) {
+      const onBusy = Reflect.getOwnMetadata(LOCKED_METHOD, proto, key) as string | undefined;
+      const method = Object.getOwnPropertyDescriptor(proto, key)?.value as unknown;
+      if (onBusy !== 'fail' || typeof method !== 'function') continue;
+      if (Reflect.getMetadata(SCHEDULER_TYPE, method) === undefined || warned.has(method)) continue;
+      warned.add(method);
+      logger.warn(
+        `@WithLock on the scheduled job ${proto.constructor.name}.${String(key)} has no onBusy: 'skip': every instance will run every fire, one after another, waiting for the lock. For a job that runs once per fire across the fleet, add onBusy: 'skip' (and holdAtLeast: a little more than the spread of your instances' timers).`,
+      );
+    }
+  }
+}
+const warned = new WeakSet<object>();
 
 /**
  * Makes the token, for a locked handler only: a subclass's override of one (with the same
@@ -83,7 +111,7 @@ function lockedHandler(context: ExecutionContext): boolean {
         (name) => Object.getOwnPropertyDescriptor(proto, name)?.value === handler,
       );
       if (key === undefined) continue;
-      locked = Reflect.getOwnMetadata(LOCKED_METHOD, proto, key) === true;
+      locked = Reflect.getOwnMetadata(LOCKED_METHOD, proto, key) !== undefined;
       break;
     }
     lockedHandlers.set(handler, locked);
@@ -213,7 +241,7 @@ export function WithLock(
       Reflect.defineMetadata(metadataKey, Reflect.getOwnMetadata(metadataKey, original), wrapper);
     }
     Object.defineProperty(wrapper, 'name', { value: call.name });
-    Reflect.defineMetadata(LOCKED_METHOD, true, target, propertyKey);
+    Reflect.defineMetadata(LOCKED_METHOD, options.onBusy ?? 'fail', target, propertyKey);
     descriptor.value = wrapper as never;
     // After every declared parameter: `length` stops at the first one with a default value, the
     // declared types (emitted by TypeScript) do not.

@@ -924,5 +924,33 @@ describe('the Nest layer: provider kinds, lifecycles and combinations', () => {
         JSON.stringify(ran.below),
       );
     });
+
+    it("@WithLock on a scheduled job without onBusy: 'skip' is warned about once at startup (every instance would run every fire)", async () => {
+      @Injectable()
+      class Reports {
+        @Interval(60_000)
+        @WithLock({ key: uniqueKey('every-instance') })
+        async hourly(): Promise<void> {}
+        @Interval(60_000)
+        @WithLock({ key: uniqueKey('once'), onBusy: 'skip' })
+        async daily(): Promise<void> {}
+      }
+      const module = await Test.createTestingModule({
+        imports: [lockModule()],
+        providers: [Reports],
+      }).compile();
+      const { capture, restore } = LogCapture.install();
+      try {
+        await module.init();
+        const warned = capture.lines.filter(
+          ({ level, message }) => level === 'warn' && message.includes('scheduled job'),
+        );
+        assert.equal(warned.length, 1, JSON.stringify(capture.lines));
+        assert.match(warned[0].message, /Reports\.hourly/);
+      } finally {
+        restore();
+        await module.close();
+      }
+    });
   });
 });
