@@ -3,7 +3,8 @@
 # consumer app of test/consumers/ in a scratch directory, builds the app as its Nest CLI would and
 # runs it against a private redis-server on a free port: NestJS 12 (ES modules) with ioredis 6,
 # and NestJS 11 (CommonJS, TypeScript 5) with ioredis 5 (the declared peer ranges are what these
-# prove); then the README's quick start, taken from the README as a user pastes it.
+# prove); then the README's quick start, taken from the README as a user pastes it, in a NestJS 11
+# CommonJS app and in a NestJS 12 app as `nest new` makes it.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d)
@@ -36,26 +37,28 @@ consumer() {
   REDIS_URL="redis://127.0.0.1:$port" node dist/app.js
 }
 quickstart() {
-  # The README's quick start in a Nest 11 CLI app.
-  mkdir -p "$work/quickstart/src"
-  cp test/consumers/quickstart/package.json test/consumers/quickstart/tsconfig.json "$work/quickstart/"
-  cp test/consumers/quickstart/main.ts "$work/quickstart/src/main.ts"
-  node scripts/readme-files.mjs README.md "$work/quickstart/src"
-  cd "$work/quickstart"
+  # The README's quick start as printed: in a Nest 11 CommonJS CLI app (quickstart), and in an app
+  # as NestJS 12's `nest new` makes it, ES modules, nodenext, strict (quickstart-esm).
+  local app=$1 main=$2
+  mkdir -p "$work/$app/src"
+  cp "test/consumers/$app/package.json" "test/consumers/$app/tsconfig.json" "$work/$app/"
+  cp "test/consumers/$app/main.ts" "$work/$app/src/main.ts"
+  node scripts/readme-files.mjs README.md "$work/$app/src"
+  cd "$work/$app"
   npm install --prefer-offline --no-audit --no-fund --loglevel=error "$tarball"
   npm run build --silent
-  REDIS_URL="redis://127.0.0.1:$port" node dist/main.js
+  REDIS_URL="redis://127.0.0.1:$port" node "$main"
 }
 pids=()
-for job in "consumer nest12-esm" "consumer nest11-cjs" quickstart; do
-  ( set -e; $job ) >"$work/${job// /-}.log" 2>&1 &
+jobs_=("consumer nest12-esm" "consumer nest11-cjs" "quickstart quickstart dist/main.js" "quickstart quickstart-esm dist/src/main.js")
+for job in "${jobs_[@]}"; do
+  ( set -e; $job ) >"$work/${job//[ \/]/-}.log" 2>&1 &
   pids+=("$!")
 done
 status=0
-jobs_=("consumer nest12-esm" "consumer nest11-cjs" quickstart)
 for i in "${!pids[@]}"; do
   if wait "${pids[$i]}"; then result=ok; else result=FAILED; status=1; fi
   echo "consumers: ${jobs_[$i]}: $result"
-  sed 's/^/  /' "$work/${jobs_[$i]// /-}.log"
+  sed 's/^/  /' "$work/${jobs_[$i]//[ \/]/-}.log"
 done
 exit "$status"

@@ -1,5 +1,5 @@
 /**
- * Runs the README's quick start as pasted into a Nest 11 CLI app (its src/app.module.ts and
+ * Runs the README's quick start as pasted into a Nest 11 CommonJS CLI app (its src/app.module.ts and
  * src/orders.controller.ts are taken from the README by scripts/test-consumers.sh): two payments
  * of one order at once are served one after the other, and `ship` locks through LockService.
  */
