@@ -118,6 +118,6 @@ export class Replies {
     ) {
       return error as Error;
     }
-    return new LockBackendError(key, operation, error);
+    return new LockBackendError(key, operation, this.backend.explain?.(error) ?? error);
   }
 }

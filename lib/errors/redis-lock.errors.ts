@@ -301,8 +301,9 @@ function describe(value: unknown, name?: string): string {
   return `a ${value.constructor?.name ?? 'value'}`;
 }
 
+/** A cause's message, without its own final period (the sentence around it ends with one). */
 function causeText(cause: unknown): string {
-  return cause instanceof Error ? cause.message : String(cause);
+  return (cause instanceof Error ? cause.message : String(cause)).replace(/\.+$/, '');
 }
 
 /** Words that mark a string as possibly holding a credential. */

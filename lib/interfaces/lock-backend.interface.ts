@@ -111,6 +111,8 @@ export interface LockBackend {
    * `commandTimeout`, or, in Redlock mode, the two rounds of an acquisition.
    */
   readonly replyTimeout: number;
+  /** A command's failure in words a user can act on (which Redis, and why), else as it is. */
+  explain?(error: unknown): unknown;
   /**
    * How long a lock taken or extended with `ttl` is known to be valid, counted from when the
    * command was sent: `ttl`, less the clock drift allowed for in Redlock mode.

@@ -23,15 +23,45 @@ export function watchConnection(client: Redis | Cluster, name: string, logger: L
 function logOutages(client: Redis | Cluster, name: string, logger: Logger): void {
   let down = false;
   client.on('error', (error: Error) => {
+    lastErrors.set(client, error);
     if (down) return;
     down = true;
-    logger.warn(`${name} failed, reconnecting: ${error.message}`);
+    logger.warn(`${name} (${whereIs(client)}) failed, reconnecting: ${error.message}`);
   });
   client.on('ready', () => {
+    lastErrors.delete(client);
     if (!down) return;
     down = false;
-    logger.log(`${name} is back.`);
+    logger.log(`${name} (${whereIs(client)}) is back.`);
   });
+}
+
+/** Each watched connection's last error while it is down (cleared when it is ready). */
+const lastErrors = new WeakMap<Redis | Cluster, Error>();
+
+/** Where `client` connects, for messages: host:port, the Sentinels' master name, or the Cluster. */
+export function whereIs(client: Redis | Cluster): string {
+  if ((client as { isCluster?: boolean }).isCluster) return 'the Redis Cluster';
+  const { host, port, sentinels, name } = (client as Redis).options;
+  if (sentinels) return `master "${name}" through Sentinel`;
+  return `${host ?? '127.0.0.1'}:${port ?? 6379}`;
+}
+
+/**
+ * What a command's failure says, in words a user can act on: ioredis' own message when the
+ * connection is down ("Reached the max retries per request limit (which is 0)…", an option the
+ * module set itself) becomes which Redis is unreachable and why (the connection's last error:
+ * refused, a timeout, auth). Anything else is returned as it is.
+ */
+export function explainFailure(client: Redis | Cluster, error: unknown): unknown {
+  if (!(error instanceof Error)) return error;
+  const connectionDown =
+    error.name === 'MaxRetriesPerRequestError' ||
+    error.message === CONNECTION_CLOSED ||
+    error.message.startsWith("Stream isn't writeable");
+  if (!connectionDown) return error;
+  const why = lastErrors.get(client)?.message ?? 'the connection is down';
+  return new Error(`Redis at ${whereIs(client)} is unreachable (${why})`, { cause: error });
 }
 
 /** The message of the error ioredis rejects a connection attempt with when it was cut short. */

@@ -10,6 +10,7 @@ import type { ResolvedModuleOptions } from '../options/module-options.js';
 import {
   closeQuietly,
   describeFailure,
+  explainFailure,
   onConnectionLoss,
   onReconnect,
   pingHealth,
@@ -51,6 +52,11 @@ export abstract class RedisDeployment {
   /** Writes that closing must not cut off (see `close`): releases, and what they orphaned. */
   protected readonly writes = new InFlight();
   private readonly stopWatchingLosses: () => void;
+
+  /** See `LockBackend.explain`. */
+  explain(error: unknown): unknown {
+    return explainFailure(this.client, error);
+  }
 
   constructor(
     protected readonly client: Redis | Cluster,

@@ -223,6 +223,23 @@ for (const [faultName, applyFault] of Object.entries(faults)) {
         );
       });
 
+      it('the error says which Redis and why, in one sentence: refused or no reply, never an ioredis option the module set', async () => {
+        const { error } = await settle(locks.tryAcquire(uniqueKey()));
+        assert.ok(error instanceof LockBackendError, String(error));
+        assert.doesNotMatch(error.message, /maxRetriesPerRequest|max retries|\.\./);
+        assert.match(
+          error.message,
+          faultName === 'killed'
+            ? sourceName.startsWith('a connection')
+              ? new RegExp(
+                  `Redis at ${server.host}:${server.port} is unreachable \\(.*ECONNREFUSED`,
+                )
+              : // ioredis' defaults queue the command while it reconnects: silence, then
+                /no reply within commandTimeout \(300 ms\)/
+            : /no reply within commandTimeout \(300 ms\)/,
+        );
+      });
+
       it('isLocked() fails with LockBackendError within commandTimeout', async () => {
         assertBackendError(await settle(locks.isLocked(uniqueKey())), 'isLocked');
       });
