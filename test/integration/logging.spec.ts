@@ -39,12 +39,14 @@ describe('logging', () => {
     );
     const lines = logs.capture.lines.map((line) => `${line.level}: ${line.message}`);
     assert.equal(
-      lines.filter((line) => /^warn: Redis connection failed/.test(line)).length,
+      lines.filter((line) => /^warn: Redis connection \(127\.0\.0\.1:\d+\) failed/.test(line))
+        .length,
       1,
       lines.join('\n'),
     );
     assert.equal(
-      lines.filter((line) => /^log: Redis connection is back/.test(line)).length,
+      lines.filter((line) => /^log: Redis connection \(127\.0\.0\.1:\d+\) is back/.test(line))
+        .length,
       1,
       lines.join('\n'),
     );

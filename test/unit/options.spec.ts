@@ -30,6 +30,7 @@ describe('per-call options (pure validation)', () => {
       token: undefined,
       shape: { limit: 1, mode: 'write', fair: false },
       holdAtLeast: 0,
+      skipWhenBusy: false,
     });
     assert.equal(resolveAcquireOptions('k', {}, defaults, 'using').autoExtend, true);
     assert.equal(resolveAcquireOptions('k', {}, defaults, 'tryAcquire').acquireTimeout, 0);
