@@ -40,7 +40,7 @@ function logOutages(client: Redis | Cluster, name: string, logger: Logger): void
 const lastErrors = new WeakMap<Redis | Cluster, Error>();
 
 /** Where `client` connects, for messages: host:port, the Sentinels' master name, or the Cluster. */
-export function whereIs(client: Redis | Cluster): string {
+function whereIs(client: Redis | Cluster): string {
   if ((client as { isCluster?: boolean }).isCluster) return 'the Redis Cluster';
   const { host, port, sentinels, name } = (client as Redis).options;
   if (sentinels) return `master "${name}" through Sentinel`;
