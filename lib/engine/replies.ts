@@ -104,10 +104,12 @@ export class Replies {
     error: unknown,
   ): Error {
     if (error === DEADLINE) {
+      const down = this.backend.unreachable?.();
       const silence = new Error(
-        this.backend.replyTimeout === this.commandTimeout
+        (this.backend.replyTimeout === this.commandTimeout
           ? `no reply within commandTimeout (${this.commandTimeout} ms)`
-          : `no answer within ${this.backend.replyTimeout} ms (Redlock: two rounds of commandTimeout)`,
+          : `no answer within ${this.backend.replyTimeout} ms (Redlock: two rounds of commandTimeout)`) +
+          (down ? `: ${down}` : ''),
       );
       return new LockBackendError(key, operation, silence, true);
     }

@@ -113,6 +113,8 @@ export interface LockBackend {
   readonly replyTimeout: number;
   /** A command's failure in words a user can act on (which Redis, and why), else as it is. */
   explain?(error: unknown): unknown;
+  /** While the connection is down: which Redis, and why (for a reply that never came). */
+  unreachable?(): string | undefined;
   /**
    * How long a lock taken or extended with `ttl` is known to be valid, counted from when the
    * command was sent: `ttl`, less the clock drift allowed for in Redlock mode.

@@ -60,8 +60,18 @@ export function explainFailure(client: Redis | Cluster, error: unknown): unknown
     error.message === CONNECTION_CLOSED ||
     error.message.startsWith("Stream isn't writeable");
   if (!connectionDown) return error;
-  const why = lastErrors.get(client)?.message ?? 'the connection is down';
-  return new Error(`Redis at ${whereIs(client)} is unreachable (${why})`, { cause: error });
+  return new Error(unreachable(client) ?? `Redis at ${whereIs(client)} is unreachable`, {
+    cause: error,
+  });
+}
+
+/**
+ * Which Redis `client` cannot reach and why (its connection's last error), while its connection
+ * is down; `undefined` while it is up (or for a client the module does not watch: your own).
+ */
+export function unreachable(client: Redis | Cluster): string | undefined {
+  const error = lastErrors.get(client);
+  return error && `Redis at ${whereIs(client)} is unreachable (${error.message})`;
 }
 
 /** The message of the error ioredis rejects a connection attempt with when it was cut short. */

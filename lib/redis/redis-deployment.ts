@@ -11,6 +11,7 @@ import {
   closeQuietly,
   describeFailure,
   explainFailure,
+  unreachable,
   onConnectionLoss,
   onReconnect,
   pingHealth,
@@ -56,6 +57,11 @@ export abstract class RedisDeployment {
   /** See `LockBackend.explain`. */
   explain(error: unknown): unknown {
     return explainFailure(this.client, error);
+  }
+
+  /** See `LockBackend.unreachable`. */
+  unreachable(): string | undefined {
+    return unreachable(this.client);
   }
 
   constructor(
