@@ -148,9 +148,8 @@ export class RedlockBackend implements LockBackend {
       const fence = Math.max(...(renewed.length > 0 ? renewed : grants.map((g) => g.fence)));
       const agreed = grants.filter((grant) => grant.fence === fence).length >= this.quorum;
       const validity = this.validity(ttl);
-      const raised = agreed
-        ? fresh || this.raiseLateGrants(key, token, fence, ttl, round.replies, tally)
-        : await this.raiseFences(key, token, fence, ttl, !fresh, round.replies);
+      const raised = agreed || (await this.raiseFences(key, token, fence, ttl, !fresh));
+      if (!fresh) this.raiseLateGrants(key, token, fence, ttl, round.replies, tally);
       if (raised && performance.now() - sentAt < validity) {
         if (this.attempts.get(id) === attempt) this.attempts.delete(id);
         return { acquired: true, fence, validity };
@@ -200,33 +199,23 @@ export class RedlockBackend implements LockBackend {
 
   /**
    * The second round of an acquisition: resolves whether a majority now counts at least `fence`
-   * (and, for a caller's `own` token, has it recorded). For an own token, each node is raised only
-   * once its own grant has answered, however late: a grant that took the `NOSCRIPT` detour (a node
-   * restarted, its scripts gone) reaches Redis after a raise sent at once, and would record a fence
-   * of its own over the holder's, which a later re-acquisition answering from that node returns.
+   * (and, for a caller's `own` token, has it recorded). Sent at once to every node: on one
+   * connection, it reaches each node right behind that node's grant.
    */
-  private async raiseFences(
-    key: string,
-    token: string,
-    fence: number,
-    ttl: number,
-    own: boolean,
-    grants: readonly Promise<AcquireAttempt>[],
-  ) {
-    const raise = (node: RedisLockBackend) => node.raiseFence(key, token, fence, ttl, own);
+  private async raiseFences(key: string, token: string, fence: number, ttl: number, own: boolean) {
     const round = this.votes.ask(
-      (node, i) =>
-        own ? grants[i].then((granted) => granted.acquired && raise(node)) : raise(node),
+      (node) => node.raiseFence(key, token, fence, ttl, own),
       (raised) => raised,
     );
     return (await round.decided).yes.length >= this.quorum;
   }
 
   /**
-   * A caller's own token whose majority agreed on its fence: a node whose grant comes after the
-   * decision with another fence (one that forgot the lock answering late) is brought to it, so
-   * that its record never answers a re-acquisition with a fence of its own (see `raiseFences`).
-   * Followed as the undos are, so that shutdown waits for it. Returns `true`.
+   * A caller's own token: a node whose grant answers after the decision with another fence is
+   * raised again once it has answered, so that its record never keeps a fence of its own. The
+   * raise sent at once may have run before that grant: a node restarted without its scripts
+   * sends the grant through the `NOSCRIPT` detour, behind it (and with an agreed majority no
+   * raise was sent at all). Followed as the undos are, so that shutdown waits for it.
    */
   private raiseLateGrants(
     key: string,
@@ -235,7 +224,7 @@ export class RedlockBackend implements LockBackend {
     ttl: number,
     grants: readonly Promise<AcquireAttempt>[],
     tally: Tally<AcquireAttempt>,
-  ): true {
+  ): void {
     const counted = new Set(tally.yes.map(({ node }) => node));
     grants.forEach((grant, i) => {
       if (counted.has(i)) return;
@@ -251,7 +240,6 @@ export class RedlockBackend implements LockBackend {
           }),
       );
     });
-    return true;
   }
 
   /**
