@@ -87,6 +87,8 @@ export class Model {
    * lock it grants stays until its TTL. Such keys are not held by anyone the model knows.
    */
   leftBehind = false;
+  /** The latency on slot 0's link now, each way (ms). */
+  latencyMs = 0;
   /**
    * `key\0token` of every caller's-own-token acquisition that failed: one given up on in flight
    * may be granted late, and its lock stays until its TTL (the README's exception: that token may
