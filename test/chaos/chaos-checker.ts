@@ -35,6 +35,14 @@ export interface Section {
   /** Entered this long after its lock's `expiresAt` (its signal had not aborted yet). */
   overdue?: number;
   /**
+   * One key of a lock on several keys: its first section is not its grant. The key was granted
+   * when the acquisition took it, and the acquisition may then have waited (up to
+   * `acquireTimeout`) for another key before any section ran. By then a Redis that forgot its
+   * locks (restarted empty) may have granted that key again, with a newer fence: an overlap
+   * (counted), not a fence issued out of order.
+   */
+  multi?: boolean;
+  /**
    * What it held: the plain lock (none), a semaphore place with its limit (taken only while
    * fewer than that many hold the key), a read lock (beside other readers) or a write lock.
    */
@@ -201,7 +209,7 @@ export function check(record: ScenarioRecord): ScenarioFigures {
       // Its later sections (re-entered, forked, a leader's term running section after section)
       // use the fence it was granted: one that enters after a newer hold's (a holder frozen past
       // its lease runs on before its expiry timer fires) is an overlap, not a fence regression.
-      const grant = section.hold === undefined || !granted.has(section.hold);
+      const grant = !section.multi && (section.hold === undefined || !granted.has(section.hold));
       if (section.hold !== undefined) granted.add(section.hold);
       // A context section's own fence and intrusions were counted in its own phase.
       if (!section.context) {

@@ -71,6 +71,8 @@ export type ChaosEvent =
       /** Entered this long after the lock's `expiresAt`, its signal not aborted yet. */
       overdue?: number;
       shape?: SectionShape;
+      /** One key of a lock on several keys (see `Section.multi`). */
+      multi?: boolean;
     }
   | {
       t: 'exit';

@@ -442,6 +442,7 @@ async function runSession(
             hold: event.hold,
             overdue: event.overdue,
             shape: event.shape,
+            multi: event.multi,
             killedAt: worker.killedAt,
           };
           sections.set(event.id, section);

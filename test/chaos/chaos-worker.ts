@@ -74,6 +74,8 @@ async function section(
   exited?: (stopListening: () => void) => void,
   /** A semaphore place or a read lock writes nothing (others hold the key with it); a write lock does. */
   shape?: SectionShape,
+  /** One key of a lock on several keys (see the checker's `Section.multi`). */
+  multi?: boolean,
 ): Promise<void> {
   const id = `${config.slot}.${process.pid}.${sequence++}`;
   const enter = now();
@@ -88,6 +90,7 @@ async function section(
     hold: lock.token.slice(0, 16),
     overdue: overdue(lock),
     shape,
+    multi,
   });
   let abortAt: number | undefined = lock.signal.aborted ? enter : undefined;
   let done = false;
@@ -278,7 +281,12 @@ async function callUsing(key: string, calledAt: number): Promise<CallOutcome> {
       const both = [skuKey, `sku:${other}`];
       await locks.using(
         both,
-        () => Promise.all(both.map((each) => section(getCurrentLock(each)!, 'using', calledAt))),
+        () =>
+          Promise.all(
+            both.map((each) =>
+              section(getCurrentLock(each)!, 'using', calledAt, false, undefined, undefined, true),
+            ),
+          ),
         options,
       );
     }
