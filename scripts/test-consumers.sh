@@ -41,7 +41,7 @@ quickstart() {
   local app=$1 main=$2
   mkdir -p "$work/$app/src"
   cp "test/consumers/$app/package.json" "test/consumers/$app/tsconfig.json" "$work/$app/"
-  cp "test/consumers/$app/main.ts" "$work/$app/src/main.ts"
+  cp test/consumers/quickstart/main.ts "$work/$app/src/main.ts" # one runner for both apps
   node scripts/readme-files.mjs README.md "$work/$app/src"
   cd "$work/$app"
   npm install --prefer-offline --no-audit --no-fund --loglevel=error "$tarball"

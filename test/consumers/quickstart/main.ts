@@ -1,11 +1,12 @@
 /**
- * Runs the README's quick start as pasted into a Nest 11 CommonJS CLI app (its src/app.module.ts and
+ * Runs the README's quick start as pasted into an app (a NestJS 11 CommonJS one, and one as NestJS
+ * 12's `nest new` makes it: the same file for both; its src/app.module.ts and
  * src/orders.controller.ts are taken from the README by scripts/test-consumers.sh): two payments
  * of one order at once are served one after the other, and `ship` locks through LockService.
  */
 import 'reflect-metadata';
 import { NestFactory } from '@nestjs/core';
-import { AppModule } from './app.module';
+import { AppModule } from './app.module.js';
 
 async function main(): Promise<void> {
   const app = await NestFactory.create(AppModule, { logger: false });
