@@ -128,7 +128,12 @@ export abstract class Lease implements HeldLease {
       this.key,
       'extend',
       backend.extend(this.key, this.token, ttl, this.shape, this.fence),
-    );
+    ).catch((error: unknown) => {
+      // No answer: Redis may have set the new TTL all the same, counted from when the command
+      // came (not before `sentAt`). A shorter one than the lease has left shortens the lease.
+      this.shortenTo(sentAt + backend.validity(ttl));
+      throw error;
+    });
     // The lease ran out before Redis confirmed: lost, as if the expiry timer had fired first.
     this.checkExpiry();
     if (this.state !== 'held') return extended && this.state !== 'lost';
@@ -140,6 +145,13 @@ export abstract class Lease implements HeldLease {
     const { events } = this.owner;
     if (events.observed) events.emit({ type: 'extended', key: this.key, fence: this.fence, ttl });
     return true;
+  }
+
+  /** The lease ends by `end` at the latest (`performance.now()`); the expiry timer follows. */
+  private shortenTo(end: number): void {
+    if (end >= this.expiry) return;
+    this.expiry = end;
+    if (this.controller && this.state === 'held') this.armExpiry();
   }
 
   /** Redis confirmed the lease for `ttl` from `sentAt`. */

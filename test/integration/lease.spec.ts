@@ -4,6 +4,7 @@ import { Redis } from 'ioredis';
 import {
   getCurrentLock,
   LockAcquireTimeoutError,
+  LockBackendError,
   LockLostError,
   type LockService,
 } from '../../lib/index.js';
@@ -145,6 +146,32 @@ describe('the lease of a held lock', () => {
         assert.equal(await lock.release(), true);
       } finally {
         await slow.close();
+        await proxy.close();
+      }
+    });
+
+    it('an extension to a shorter TTL that gets no answer shortens the lease all the same: Redis may have applied it (found by the model suite)', async () => {
+      const proxy = await FaultProxy.start(() => server.port);
+      const cut = await startLockModule({
+        connection: `redis://127.0.0.1:${proxy.port}`,
+        commandTimeout: 300,
+      });
+      try {
+        const lock = await cut.locks.acquire(uniqueKey(), { ttl: 30_000, autoExtend: false });
+        // The link cut: the extension to 200 ms waits in the proxy, and lands when it heals.
+        proxy.stall();
+        const sentAt = performance.now();
+        await assert.rejects(lock.extend(200), LockBackendError);
+        proxy.heal();
+        assert.ok(
+          lock.expiresAt <= sentAt + 200,
+          `the lease still ends in ${(lock.expiresAt - performance.now()).toFixed(0)} ms`,
+        );
+        assert.ok(await eventually(() => lock.signal.aborted, 1_000), 'the signal did not abort');
+        assert.ok(lock.signal.reason instanceof LockLostError);
+        assert.ok(await eventually(async () => (await redis.exists(`lock:{${lock.key}}`)) === 0));
+      } finally {
+        await cut.close();
         await proxy.close();
       }
     });
