@@ -16,6 +16,11 @@ export type AcquireAttempt =
        * its fence recorded (the fence it was granted before), rather than a new fence.
        */
       renewed?: boolean;
+      /**
+       * With `renewed`: whether that recorded fence is the holder's (raised to it by the second
+       * round, or written back with a copy), not only the fence this node counted at its grant.
+       */
+      settled?: boolean;
     }
   | {
       acquired: false;

@@ -116,7 +116,10 @@ export interface LockCommands {
   redisLockAcquireAll(...args: LockScriptArgs): Promise<number[] | number>;
   redisLockReleaseFair: FairReleaseCommand;
   redisLockReleaseFairSharded: FairReleaseCommand;
-  /** Redlock, a caller's own token: `[fence, renewed]` when granted, else a number. */
+  /**
+   * Redlock, a caller's own token: `[fence, how]` when granted (`how`: 0 a new fence, 1 the fence
+   * this node recorded at its grant, 2 the holder's fence), else a number.
+   */
   redisLockAcquireOwnTokenRedlock(...args: LockScriptArgs): Promise<number | [number, number]>;
   redisLockRaiseFence(
     lockKey: string,

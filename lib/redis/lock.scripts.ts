@@ -178,12 +178,26 @@ redis.call('PEXPIRE', KEYS[1], ARGV[2], 'GT')
 local held = redis.call('GET', ${record})
 if held then
   redis.call('PEXPIRE', ${record}, ARGV[2], 'GT')${KEEP_COUNTER('KEYS[2]', 'ARGV[3]')}
-  return ${tagged ? '{ tonumber(held), 1 }' : 'tonumber(held)'}
+  ${tagged ? TAGGED_RECORD : 'return tonumber(held)'}
 end`;
 
-/** Writes an own token's new fence down in `record` (see RENEW_OWN), for as long as its lock. */
-export const RECORD_OWN = (record: string): string => `
-redis.call('SET', ${record}, string.format('%.0f', fence), 'PX', ARGV[2])`;
+/**
+ * Redlock mode: a node's record answers `{ fence, 2 }` when it is the holder's fence (written by
+ * `RAISE_FENCE_SCRIPT` or `RESTORE_COPY_SCRIPT`), `{ fence, 1 }` when it is only the fence this
+ * node counted at its grant (`~` and the number, see `RECORD_OWN`), which the holder's may differ
+ * from until the second round reaches this node.
+ */
+const TAGGED_RECORD = `local settled = tonumber(held)
+  if settled then return { settled, 2 } end
+  return { tonumber(string.sub(held, 2)), 1 }`;
+
+/**
+ * Writes an own token's new fence down in `record` (see RENEW_OWN), for as long as its lock;
+ * `provisional` in Redlock mode, where the holder's fence is decided over a majority (see
+ * TAGGED_RECORD).
+ */
+export const RECORD_OWN = (record: string, provisional = false): string => `
+redis.call('SET', ${record}, '${provisional ? '~' : ''}' .. string.format('%.0f', fence), 'PX', ARGV[2])`;
 
 /**
  * A generated token already holds the lock: only when ioredis resent an attempt whose reply was
@@ -273,7 +287,7 @@ export const ACQUIRE_OWN_TOKEN_SCRIPT = ACQUIRE(RENEW_OWN('KEYS[3]'), 1, RECORD_
 export const ACQUIRE_OWN_TOKEN_REDLOCK_SCRIPT = ACQUIRE(
   RENEW_OWN('KEYS[3]', true),
   1,
-  RECORD_OWN('KEYS[3]'),
+  RECORD_OWN('KEYS[3]', true),
   false,
   true,
 );
@@ -339,11 +353,13 @@ return 1
  * the token holds the lock, raises the node's counter to that fence, so that every later holder,
  * whose majority shares a node with this one's, gets a higher fence, and for an own token writes
  * the fence down as its record (for as long as the lock), so that a re-acquisition on any of
- * these nodes answers it. Returns 1 where the token holds the lock, 0 elsewhere (nothing changed).
+ * these nodes answers it: unless a higher one is recorded there (two first acquisitions with one
+ * token at once, each deciding on its own majority, may get two fences; the nodes converge on the
+ * higher). Returns 1 where the token holds the lock, 0 elsewhere (nothing changed).
  */
 export const RAISE_FENCE_SCRIPT = `
 if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-if ARGV[4] == '1' then
+if ARGV[4] == '1' and (tonumber(redis.call('GET', KEYS[3])) or 0) < tonumber(ARGV[2]) then
   redis.call('SET', KEYS[3], ARGV[2], 'PX', math.max(redis.call('PTTL', KEYS[1]), 1))
 end
 local counter = redis.call('GET', KEYS[2])

@@ -12,6 +12,8 @@ export interface Tally<T> {
 /** One command sent to every node: the raw replies, and the tally once the round is decided. */
 export interface Round<T> {
   replies: Promise<T>[];
+  /** Each reply bounded by `commandTimeout`. */
+  answers: Promise<T>[];
   decided: Promise<Tally<T>>;
 }
 
@@ -56,6 +58,7 @@ export class Quorum<N> {
    */
   ask<T>(call: (node: N, index: number) => Promise<T>, isYes: (value: T) => boolean): Round<T> {
     const replies = this.nodes.map((node, index) => call(node, index));
+    const answers = replies.map((reply) => this.deadlines.bound(reply));
     const decided = new Promise<Tally<T>>((resolve) => {
       const tally: Tally<T> = { yes: [], no: [], failed: [] };
       let open = replies.length;
@@ -69,8 +72,8 @@ export class Quorum<N> {
           resolve({ yes: [...tally.yes], no: [...tally.no], failed: [...tally.failed] });
         }
       };
-      replies.forEach((reply, node) => {
-        this.deadlines.bound(reply).then(
+      answers.forEach((answer, node) => {
+        answer.then(
           (value) => {
             (isYes(value) ? tally.yes : tally.no).push({ node, value });
             counted();
@@ -82,7 +85,17 @@ export class Quorum<N> {
         );
       });
     });
-    return { replies, decided } satisfies Round<T>;
+    return { replies, answers, decided } satisfies Round<T>;
+  }
+
+  /** Every node's answer to `round` (or its failure, within `commandTimeout`), tallied. */
+  async everyAnswer<T>(round: Round<T>, isYes: (value: T) => boolean): Promise<Tally<T>> {
+    const tally: Tally<T> = { yes: [], no: [], failed: [] };
+    (await Promise.allSettled(round.answers)).forEach((answer, node) => {
+      if (answer.status === 'rejected') tally.failed.push({ node, error: answer.reason });
+      else (isYes(answer.value) ? tally.yes : tally.no).push({ node, value: answer.value });
+    });
+    return tally;
   }
 
   /** `reply`, bounded by `commandTimeout` as every reply of a round is. */

@@ -145,7 +145,8 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
     }
     if (Array.isArray(reply)) {
       const [fence, renewed] = reply;
-      return { acquired: true, fence, validity: this.validity(ttl), renewed: renewed === 1 };
+      const validity = this.validity(ttl);
+      return { acquired: true, fence, validity, renewed: renewed > 0, settled: renewed === 2 };
     }
     if (reply > 0) {
       const fenceLimit = reserving ? reply + this.stride - 1 : reply;

@@ -20,6 +20,31 @@ import { RedisLockBackend } from './redis-lock.backend.js';
 import { ReleaseNotifier } from './release.notifier.js';
 
 /**
+ * The fence of a grant by a majority (`grants`, each node's; `quorum` nodes make one). A caller's
+ * own token that still holds the lock on a majority (`renewed` there) keeps the fence it was
+ * granted: any such majority shares a node with the majority whose records
+ * the second round settled before that grant returned; a record a node wrote at its own grant, not
+ * settled yet, may differ, and counts only when no node answers a settled one. Otherwise the
+ * token does not provably hold the lock (copies a release never reached, on a minority): the
+ * fence is a new one, the highest the majority answered, so that it is above every fence granted
+ * since those copies' record.
+ */
+/** The grants of a decided acquisition round. */
+function grantsOf(tally: Tally<AcquireAttempt>): Extract<AcquireAttempt, { acquired: true }>[] {
+  return tally.yes.flatMap(({ value }) => (value.acquired ? [value] : []));
+}
+
+function holderFence(
+  grants: readonly Extract<AcquireAttempt, { acquired: true }>[],
+  quorum: number,
+): number {
+  const renewed = grants.filter((grant) => grant.renewed);
+  if (renewed.length < quorum) return Math.max(...grants.map((grant) => grant.fence));
+  const settled = renewed.filter((grant) => grant.settled);
+  return Math.max(...(settled.length > 0 ? settled : renewed).map((grant) => grant.fence));
+}
+
+/**
  * Redlock: one lock across N independent Redis masters, granted when a majority grants it.
  *
  * Each node keeps the same keys as a standalone deployment (lock, fence counter, release
@@ -32,7 +57,8 @@ import { ReleaseNotifier } from './release.notifier.js';
  * Fences: each node counts its own. A holder's fence is the highest count among the majority that
  * granted it; where those counts differ, a second round raises the counters of a majority to it
  * before the lock is granted. Any later holder's majority shares a node with that majority, where
- * the counter is already at least this fence, so its fence is higher.
+ * the counter is already at least this fence, so its fence is higher. A caller's own token takes
+ * the second round unless a majority already answered its settled record (see `holderFence`).
  */
 export class RedlockBackend implements LockBackend {
   readonly replyTimeout: number;
@@ -68,6 +94,8 @@ export class RedlockBackend implements LockBackend {
   private readonly writeBacks = new Map<string, Set<{ cancelled: boolean }>>();
   /** Failed attempts' undos still waiting for a node's reply (see `undo`, `close`). */
   private readonly undos = new InFlight();
+  /** Each node's attempts not yet answered there, by `key \0 token` (see `release`). */
+  private readonly unanswered: InFlight<string>[];
 
   constructor(
     private readonly nodes: readonly RedisLockBackend[],
@@ -77,6 +105,7 @@ export class RedlockBackend implements LockBackend {
     logger: Logger,
   ) {
     this.votes = new Quorum(nodes, commandTimeout);
+    this.unanswered = nodes.map(() => new InFlight<string>());
     this.quorum = this.votes.size;
     // An acquisition takes two rounds when the nodes' fences differ (see the class comment).
     this.replyTimeout = 2 * commandTimeout + 100;
@@ -121,9 +150,9 @@ export class RedlockBackend implements LockBackend {
   /**
    * One attempt on every node (`fresh`: a token this library generated). The holder's fence is the
    * highest the majority answered, or, for a caller's own token that already held the lock, the
-   * fence it was granted then (recorded on the nodes where it held it; nodes that granted it anew
-   * are brought to it by the second round), so that re-acquiring with one's own token keeps the
-   * fence, whichever majority answers.
+   * fence it was granted then (see `holderFence`; the second round settles it on a majority, and
+   * nodes that grant late are settled once they answer), so that re-acquiring with one's own
+   * token keeps the fence, whichever majority answers.
    */
   async tryAcquire(
     key: string,
@@ -138,15 +167,24 @@ export class RedlockBackend implements LockBackend {
     const attempt = ++this.attemptCount;
     this.attempts.set(id, attempt);
     const round = this.votes.ask(
-      (node) => node.tryAcquire(key, token, ttl, PLAIN, true, fresh),
+      (node, i) =>
+        this.unanswered[i].track(node.tryAcquire(key, token, ttl, PLAIN, true, fresh), id),
       (reply) => reply.acquired,
     );
-    const tally = await round.decided;
+    let tally = await round.decided;
     if (tally.yes.length >= this.quorum) {
-      const grants = tally.yes.flatMap(({ value }) => (value.acquired ? [value] : []));
-      const renewed = grants.filter((grant) => grant.renewed).map((grant) => grant.fence);
-      const fence = Math.max(...(renewed.length > 0 ? renewed : grants.map((g) => g.fence)));
-      const agreed = grants.filter((grant) => grant.fence === fence).length >= this.quorum;
+      // A caller's own token found on some nodes of the majority only: the others may have lost
+      // their copies (a restart) or the token may not hold the lock (copies a release never
+      // reached). Every node's answer tells which (see `holderFence`).
+      const found = grantsOf(tally).filter((grant) => grant.renewed).length;
+      if (found > 0 && found < this.quorum) {
+        tally = await this.votes.everyAnswer(round, (reply) => reply.acquired);
+      }
+      const grants = grantsOf(tally);
+      const fence = holderFence(grants, this.quorum);
+      const agreed =
+        grants.filter((grant) => grant.fence === fence && (fresh || grant.settled)).length >=
+        this.quorum;
       const validity = this.validity(ttl);
       const raised = agreed || (await this.raiseFences(key, token, fence, ttl, !fresh));
       if (!fresh) this.raiseLateGrants(key, token, fence, ttl, round.replies, tally);
@@ -169,8 +207,11 @@ export class RedlockBackend implements LockBackend {
    * late (see `RedisLockBackend.undoCopy`: in order with the next attempt). Not once a later
    * attempt with the same token was sent: that one re-took (by re-entry) the copies this one left,
    * and keeps or undoes them itself. A late undo of an earlier attempt would otherwise delete the
-   * copy of the lock the later one holds. Announced as one release (one id on every node), so the
-   * waiters it may concern wake once, not once per node.
+   * copy of the lock the later one holds. Nor a copy a caller's own token held already there
+   * (`renewed`): it may be the lock a holder with that token holds (another instance, another
+   * request), which a failed re-acquisition must not take from it; it stays until that holder
+   * releases it, or its TTL. Announced as one release (one id on every node), so the waiters it
+   * may concern wake once, not once per node.
    */
   private undo(
     key: string,
@@ -184,7 +225,9 @@ export class RedlockBackend implements LockBackend {
     const undone = replies.map((reply, i) =>
       reply
         .then((granted) =>
-          granted.acquired && current() ? this.nodes[i].undoCopy(key, token, message) : undefined,
+          granted.acquired && !granted.renewed && current()
+            ? this.nodes[i].undoCopy(key, token, message)
+            : undefined,
         )
         .catch(() => {
           // That copy expires after its TTL.
@@ -231,7 +274,7 @@ export class RedlockBackend implements LockBackend {
       void this.undos.track(
         grant
           .then((late) =>
-            late.acquired && late.fence !== fence
+            late.acquired && !(late.settled && late.fence === fence)
               ? this.nodes[i].raiseFence(key, token, fence, ttl, true)
               : undefined,
           )
@@ -307,7 +350,10 @@ export class RedlockBackend implements LockBackend {
 
   /**
    * Resolves true once a majority has released it, false when it was no longer held on a majority.
-   * Nodes that answer later (or never: their copy expires after its TTL) do not hold it up.
+   * Nodes that answer later (or never: their copy expires after its TTL) do not hold it up. On a
+   * node where the lock's attempt is not answered yet (frozen, or on the `NOSCRIPT` detour after
+   * the node lost its scripts, whose `EVAL` would reach it after a release sent now and write the
+   * released lock back for a whole TTL), the release goes once it is.
    */
   async release(
     key: string,
@@ -324,7 +370,11 @@ export class RedlockBackend implements LockBackend {
     this.writeBacks.delete(id);
     const message = `${this.id}:${++this.releases}`;
     const tally = await this.votes.ask(
-      (node) => node.release(key, token, PLAIN, undefined, 0, message),
+      (node, i) => {
+        const send = (): Promise<boolean> => node.release(key, token, PLAIN, undefined, 0, message);
+        const attempt = this.unanswered[i].of(id);
+        return attempt ? attempt.then(send) : send();
+      },
       (released) => released,
     ).decided;
     if (tally.yes.length >= this.quorum) return true;

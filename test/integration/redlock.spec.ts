@@ -20,7 +20,11 @@ import {
   uniqueKey,
   type LockModuleFixture,
 } from '../support/lock-module.js';
-import { RAISE_FENCE_SCRIPT } from '../../lib/redis/lock.scripts.js';
+import {
+  ACQUIRE_OWN_TOKEN_REDLOCK_SCRIPT,
+  RAISE_FENCE_SCRIPT,
+  RELEASE_SCRIPT,
+} from '../../lib/redis/lock.scripts.js';
 import { raceThenLock, transfersRaceThenLock } from '../support/processes.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
 import { assertWithin, watchStalls } from '../support/timing.js';
@@ -487,6 +491,120 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     const again = await pausing([1, 2], () =>
       locks.acquire(key, { token: 'late-node', ttl: 10_000 }),
     );
+    assert.equal(again.fence, first.fence);
+    assert.equal(await again.release(), true);
+  });
+
+  it("another app re-acquiring with one's own token while a node's grant of it is still on its way keeps the fence (the node's own count is not the holder's)", async () => {
+    const key = uniqueKey();
+    // Nodes 1 to 4 count alike, ahead of the clock, node 0 further ahead: the first app's grant
+    // agrees on nodes 1 to 4, node 0 (frozen) counts a fence of its own.
+    const [seconds] = await direct[0].time();
+    const ahead = (s: number) => String((Number(seconds) + s) * 1_000_000);
+    await direct[0].set('lock:{}:counter', ahead(1_000), 'PX', 60_000);
+    for (const i of [1, 2, 3, 4]) await direct[i].set('lock:{}:counter', ahead(500), 'PX', 60_000);
+    await direct[0].script('LOAD', ACQUIRE_OWN_TOKEN_REDLOCK_SCRIPT); // no NOSCRIPT detour
+    servers[0].signal('SIGSTOP');
+    let frozen = [0];
+    try {
+      const first = await locks.acquire(key, { token: 'shared', ttl: 10_000 });
+      // The other app re-acquires with nodes 1 and 2 frozen too: its majority is 0, 3 and 4. Node 0
+      // wakes with the first grant queued ahead of the second: it records its own count there.
+      for (const i of [1, 2]) servers[i].signal('SIGSTOP');
+      frozen = [0, 1, 2];
+      const again = other.locks.acquire(key, { token: 'shared', ttl: 10_000 });
+      await sleep(100);
+      servers[0].signal('SIGCONT');
+      frozen = [1, 2];
+      const second = await again;
+      assert.equal(
+        second.fence,
+        first.fence,
+        "node 0's own count was taken for the holder's fence",
+      );
+      for (const i of frozen) servers[i].signal('SIGCONT');
+      frozen = [];
+      assert.ok(await eventually(async () => (await holders(key, 'shared')) === NODES));
+      assert.equal(await second.release(), true);
+      assert.equal(await first.release(), false); // one lock, two handles: released already
+    } finally {
+      for (const i of frozen) servers[i].signal('SIGCONT');
+      for (const client of direct) await client.del('lock:{}:counter');
+    }
+  });
+
+  it("a failed re-acquisition with one's own token leaves the copies that token held: another instance's lock stays whole", async () => {
+    const key = uniqueKey();
+    const held = await locks.acquire(key, { token: 'held-elsewhere', ttl: 30_000 });
+    assert.ok(await eventually(async () => (await holders(key, 'held-elsewhere')) === NODES));
+    // The other app tries with the same token while three nodes freeze beyond its validity: no
+    // majority in time, so the attempt fails, and its undo meets copies the token held already.
+    const attempt = pausing([0, 1, 2], async () => {
+      const tried = other.locks
+        .tryAcquire(key, { token: 'held-elsewhere', ttl: 300 })
+        .catch((error: unknown) => error);
+      await sleep(400);
+      return tried;
+    });
+    const outcome = await attempt;
+    assert.ok(outcome === null || outcome instanceof Error, `got ${String(outcome)}`);
+    await sleep(300); // the frozen nodes' replies, and any undo, are in by now
+    assert.equal(await holders(key, 'held-elsewhere'), NODES, "the holder's copies were deleted");
+    assert.equal(held.signal.aborted, false);
+    assert.equal(await other.locks.tryAcquire(key), null, 'another caller got the key');
+    assert.equal(await held.release(), true);
+  });
+
+  it('a release does not overtake its own attempt on a node that lost its scripts: no copy of the released lock is written back there', async () => {
+    const key = uniqueKey();
+    // Node 0 lost its scripts and has the release script again (another client used it since):
+    // frozen, it answers the attempt after the majority decided, through the NOSCRIPT detour.
+    await direct[0].script('FLUSH');
+    await direct[0].script('LOAD', RELEASE_SCRIPT);
+    const lock = await pausing([0], async () => {
+      const taken = await locks.acquire(key, { ttl: 20_000 });
+      assert.equal(await taken.release(), true);
+      return taken;
+    });
+    await sleep(300); // the attempt's EVAL, and the release after it, are in by now
+    assert.equal(await direct[0].exists(`lock:{${key}}`), 0, 'a copy of a released lock');
+    assert.equal(await holders(key, lock.token), 0);
+  });
+
+  it("copies of an own token's released lock that a release never reached (a minority) do not give that token its old fence back below a later holder's", async () => {
+    const key = uniqueKey();
+    const first = await locks.acquire(key, { token: 'came-back', ttl: 30_000 });
+    assert.ok(await eventually(async () => (await holders(key, 'came-back')) === NODES));
+    assert.equal(await first.release(), true);
+    // Nodes 3 and 4 never got that release (cut off until their copies' TTL): their copies, and
+    // the fence recorded with them, stay.
+    for (const i of [3, 4]) {
+      await direct[i].set(`lock:{${key}}`, 'came-back', 'PX', 30_000);
+      await direct[i].set(`lock:{${key}}:fence`, String(first.fence), 'PX', 30_000);
+    }
+    const between = await other.locks.acquire(key); // on nodes 0 to 2
+    assert.ok(between.fence > first.fence);
+    assert.equal(await between.release(), true);
+    // The token again, answered by nodes 2, 3 and 4: two of them still have its copy.
+    const again = await pausing([0, 1], () => locks.acquire(key, { token: 'came-back' }));
+    assert.ok(
+      again.fence > between.fence,
+      `fence ${again.fence}, not above ${between.fence} granted in between`,
+    );
+    assert.equal(await again.release(), true);
+  });
+
+  it("re-acquiring with one's own token keeps the fence when a node of the majority that answers restarted empty (the other nodes still hold it)", async () => {
+    const key = uniqueKey();
+    const first = await locks.acquire(key, { token: 'survivor', ttl: 30_000 });
+    assert.ok(await eventually(async () => (await holders(key, 'survivor')) === NODES));
+    const node0 = await crash([0]);
+    await node0.revive();
+    // Node 1 frozen: node 0 (empty) answers with a new fence, three others that the token holds
+    // the lock, a majority. (With two frozen, only two would show it: not a majority, so the
+    // re-acquisition could not tell these copies from ones a release never reached, and gets a
+    // new fence; see the test above.)
+    const again = await pausing([1], () => locks.acquire(key, { token: 'survivor' }));
     assert.equal(again.fence, first.fence);
     assert.equal(await again.release(), true);
   });
