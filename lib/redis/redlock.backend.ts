@@ -92,7 +92,10 @@ export class RedlockBackend implements LockBackend {
    * release begins (see `extend`).
    */
   private readonly writeBacks = new Map<string, Set<{ cancelled: boolean }>>();
-  /** Failed attempts' undos still waiting for a node's reply (see `undo`, `close`). */
+  /**
+   * Failed attempts' undos, and releases, still waiting for a node's reply to an attempt (see
+   * `undo`, `release`, `close`).
+   */
   private readonly undos = new InFlight();
   /** Each node's attempts not yet answered there, by `key \0 token` (see `release`). */
   private readonly unanswered: InFlight<string>[];
@@ -373,7 +376,8 @@ export class RedlockBackend implements LockBackend {
       (node, i) => {
         const send = (): Promise<boolean> => node.release(key, token, PLAIN, undefined, 0, message);
         const attempt = this.unanswered[i].of(id);
-        return attempt ? attempt.then(send) : send();
+        // Followed as the undos are: shutdown waits for it (within its deadline) before closing.
+        return attempt ? this.undos.track(attempt.then(send)) : send();
       },
       (released) => released,
     ).decided;
