@@ -24,8 +24,8 @@ if #gone > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now) end
  * KEYS[5] an own token's fence record (see RENEW_OWN); ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fence
  * counter TTL ms, ARGV[4] how long a waiter's place lasts without another attempt (ms), ARGV[5]
  * '1' for the caller's own token (its fence is recorded). The lock goes only to the head of the queue (or to anyone
- * when nobody queues): a newcomer joins the tail and never takes a free key ahead of those who
- * came first. Returns the fence, or -2 - the holder's remaining TTL (-1 without one), or 0 (free,
+ * when nobody queues): a newcomer that will wait (ARGV[4] > 0) joins the tail, one that will not
+ * (`tryAcquire`) takes no place, and neither takes a free key ahead of those who came first. Returns the fence, or -2 - the holder's remaining TTL (-1 without one), or 0 (free,
  * but not this waiter's turn: it retries when woken or after its pause).
  */
 export const ACQUIRE_FAIR_SCRIPT = `
@@ -45,10 +45,13 @@ else
   end
   local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
   if busy or (head and head ~= ARGV[1]) then
-    redis.call('ZADD', KEYS[3], 'NX', tonumber(clock[1]) * 1000000 + tonumber(clock[2]), ARGV[1])
-    redis.call('ZADD', KEYS[4], now + tonumber(ARGV[4]), ARGV[1])
-    for i = 3, 4 do
-      if redis.call('PTTL', KEYS[i]) < tonumber(ARGV[4]) then redis.call('PEXPIRE', KEYS[i], ARGV[4]) end
+    -- A caller that will not wait (tryAcquire) takes no place.
+    if tonumber(ARGV[4]) > 0 then
+      redis.call('ZADD', KEYS[3], 'NX', tonumber(clock[1]) * 1000000 + tonumber(clock[2]), ARGV[1])
+      redis.call('ZADD', KEYS[4], now + tonumber(ARGV[4]), ARGV[1])
+      for i = 3, 4 do
+        if redis.call('PTTL', KEYS[i]) < tonumber(ARGV[4]) then redis.call('PEXPIRE', KEYS[i], ARGV[4]) end
+      end
     end
     if not busy then return 0 end
     local pttl = redis.call('PTTL', KEYS[1])

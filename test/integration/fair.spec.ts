@@ -98,6 +98,28 @@ describe('fair locks (fair: true)', () => {
     );
   };
 
+  it('tryAcquire() takes no place in the queue: once the waiters leave, nothing of the queue stays (found by the model suite)', async () => {
+    const key = uniqueKey('turns');
+    const queue = `lock:{${key}}:queue`;
+    const holder = await locksOf(0).acquire(key, fair);
+    const controller = new AbortController();
+    const waiter = locksOf(1).acquire(key, {
+      ...fair,
+      acquireTimeout: 10_000,
+      signal: controller.signal,
+    });
+    assert.ok(await eventually(async () => (await redis.zcard(queue)) === 1), 'the waiter queued');
+    assert.equal(await locksOf(2).tryAcquire(key, fair), null);
+    assert.equal(await redis.zcard(queue), 1, 'tryAcquire() took a place');
+    controller.abort();
+    await assert.rejects(waiter, LockAcquireAbortedError);
+    assert.ok(
+      await eventually(async () => (await redis.exists(queue, `${queue}:stay`)) === 0),
+      'the queue stayed after its last waiter left',
+    );
+    await holder.release();
+  });
+
   it('a newcomer cannot barge ahead of the queue while the key is free (control: a caller without fair can)', async () => {
     const key = uniqueKey('turns');
     const holder = await locksOf(0).acquire(key, fair);
