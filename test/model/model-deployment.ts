@@ -76,8 +76,11 @@ export interface Deployment {
   heal(): void;
   /** Whether slot 0's link is cut now. */
   readonly stalled: boolean;
-  /** Redis forgets its scripts (every node), as after a restart or a failover. */
-  flushScripts(): Promise<void>;
+  /**
+   * Redis forgets its scripts (every node), as after a restart or a failover; then `reload` are
+   * loaded again (another client used them since).
+   */
+  flushScripts(reload: readonly string[]): Promise<void>;
   /** Stops server `node` for everyone for `ms` (`CLIENT PAUSE`). */
   pauseNode(node: number, ms: number): Promise<void>;
   /** Redlock mode: restarts node `node` empty (on its port), and resolves once it is back. */
@@ -85,6 +88,12 @@ export interface Deployment {
   /** Redlock mode: the tokens with a copy of a model key on each node. */
   perNode?(key: string): Promise<string[][]>;
   stop(): Promise<void>;
+}
+
+/** One server forgets its scripts, then loads `reload` again (see `Deployment.flushScripts`). */
+async function forget(redis: Redis, reload: readonly string[]): Promise<void> {
+  await redis.script('FLUSH');
+  for (const script of reload) await redis.script('LOAD', script);
 }
 
 /** The tokens holding `name` on one server (a plain lock, a semaphore's or readers' live ones). */
@@ -215,7 +224,7 @@ abstract class Linked implements Deployment {
   abstract owner(key: string): Promise<string[]>;
   abstract copies(key: string): Promise<string[]>;
   abstract ttls(prefix: string): Promise<[string, number][]>;
-  abstract flushScripts(): Promise<void>;
+  abstract flushScripts(reload: readonly string[]): Promise<void>;
   abstract pauseNode(node: number, ms: number): Promise<void>;
   abstract stop(): Promise<void>;
 }
@@ -258,8 +267,8 @@ class Standalone extends Linked {
     return keyTtls(this.redis, prefix);
   }
 
-  async flushScripts(): Promise<void> {
-    await this.redis.script('FLUSH');
+  async flushScripts(reload: readonly string[]): Promise<void> {
+    await forget(this.redis, reload);
   }
 
   pauseNode(_node: number, ms: number): Promise<void> {
@@ -334,8 +343,8 @@ class Redlock extends Linked {
     return (await this.each((redis) => keyTtls(redis, prefix))).flatMap((ttls) => ttls ?? []);
   }
 
-  async flushScripts(): Promise<void> {
-    await this.each((redis) => redis.script('FLUSH'));
+  async flushScripts(reload: readonly string[]): Promise<void> {
+    await this.each((redis) => forget(redis, reload));
   }
 
   pauseNode(node: number, ms: number): Promise<void> {
@@ -422,8 +431,8 @@ class ClusterOfThree extends Linked {
     return (await Promise.all(this.direct.map((redis) => keyTtls(redis, prefix)))).flat();
   }
 
-  async flushScripts(): Promise<void> {
-    await Promise.all(this.direct.map((redis) => redis.script('FLUSH')));
+  async flushScripts(reload: readonly string[]): Promise<void> {
+    await Promise.all(this.direct.map((redis) => forget(redis, reload)));
   }
 
   pauseNode(node: number, ms: number): Promise<void> {

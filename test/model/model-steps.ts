@@ -8,6 +8,8 @@ import {
   type Lock,
   type Leadership,
 } from '../../lib/index.js';
+import { RELEASE_FAIR_SCRIPT, RELEASE_FAIR_SHARDED_SCRIPT } from '../../lib/redis/fair.scripts.js';
+import { DROP_MARK_SCRIPT } from '../../lib/redis/lock.scripts.js';
 import type { App, Deployment } from './model-deployment.js';
 import {
   SEMAPHORE_LIMIT,
@@ -162,6 +164,9 @@ abstract class Step implements fc.AsyncCommand<Model, Real> {
   }
 }
 
+/** The scripts a waiter's give-up runs (see `FlushScriptsStep`). */
+const GIVE_UP_SCRIPTS = [RELEASE_FAIR_SCRIPT, RELEASE_FAIR_SHARDED_SCRIPT, DROP_MARK_SCRIPT];
+
 /** What the steps of `model`'s sequence drive (fast-check's `check` is given the model only). */
 const driven = new WeakMap<object, Real>();
 export const drive = (model: Model, real: Real): void => void driven.set(model, real);
@@ -180,11 +185,14 @@ class AcquireStep extends Step {
     readonly wait: 'try' | 0 | 300 | 1_500 | 3_000,
     readonly autoExtend: boolean,
     readonly holdAtLeast: number,
+    /** A waiter's caller that gives up this soon (ms; 0: never), its first attempt on its way. */
+    readonly quitAfter = 0,
   ) {
     super();
   }
   get args() {
-    return [this.slot, this.keySet, this.ttl, this.wait, this.autoExtend, this.holdAtLeast];
+    const args = [this.slot, this.keySet, this.ttl, this.wait, this.autoExtend, this.holdAtLeast];
+    return this.quitAfter > 0 ? [...args, this.quitAfter] : args;
   }
   async run(model: Model, real: Real): Promise<void> {
     const keys = KEY_SETS[this.keySet].map((i) => model.keys[i]);
@@ -209,6 +217,7 @@ class AcquireStep extends Step {
       const waiter = { app, keys, abort: new AbortController() };
       model.waiting.add(waiter);
       const { signal } = waiter.abort;
+      const quit = quitting(waiter.abort, this.quitAfter);
       const call = model
         .bounded(what, acquireTimeout + bound, () =>
           app.locks.acquire(key, { ...options, acquireTimeout, signal }),
@@ -221,7 +230,10 @@ class AcquireStep extends Step {
               timeout: acquireTimeout,
             }),
         )
-        .finally(() => model.waiting.delete(waiter));
+        .finally(() => {
+          clearTimeout(quit);
+          model.waiting.delete(waiter);
+        });
       // A wait is left running (a waiter, in its app's queue); an attempt is awaited.
       if (acquireTimeout > 0) model.pending.push(call);
       else await call;
@@ -333,11 +345,14 @@ class ShapeStep extends Step {
     readonly shape: 'place' | 'read' | 'write' | 'fair',
     readonly ttl: number,
     readonly wait: 'try' | 300,
+    /** See `AcquireStep.quitAfter`. */
+    readonly quitAfter = 0,
   ) {
     super();
   }
   get args() {
-    return [this.slot, this.shape, this.ttl, this.wait];
+    const args = [this.slot, this.shape, this.ttl, this.wait];
+    return this.quitAfter > 0 ? [...args, this.quitAfter] : args;
   }
   override check(model: Readonly<Model>): boolean {
     return model.deployment.shapes;
@@ -368,6 +383,7 @@ class ShapeStep extends Step {
       const waiter = { app, keys: [key], abort: new AbortController() };
       model.waiting.add(waiter);
       const { signal } = waiter.abort;
+      const quit = quitting(waiter.abort, this.quitAfter);
       model.pending.push(
         model
           .bounded(what, acquireTimeout + 2 * model.commandTimeout, () =>
@@ -381,11 +397,21 @@ class ShapeStep extends Step {
                 timeout: acquireTimeout,
               }),
           )
-          .finally(() => model.waiting.delete(waiter)),
+          .finally(() => {
+            clearTimeout(quit);
+            model.waiting.delete(waiter);
+          }),
       );
     }
     await model.check();
   }
+}
+
+const WENT_AWAY = new Error('the caller went away');
+
+/** Aborts a waiter `ms` after now (a caller that gives up at once; 0: never). */
+function quitting(abort: AbortController, ms: number): NodeJS.Timeout | undefined {
+  return ms > 0 ? setTimeout(() => abort.abort(WENT_AWAY), ms) : undefined;
 }
 
 /** A waiter's caller gives up: its `AbortSignal` aborts (a client that went away). */
@@ -402,7 +428,7 @@ class AbortStep extends Step {
   }
   async run(model: Model): Promise<void> {
     const waiters = [...model.waiting];
-    waiters[this.pick % waiters.length].abort.abort(new Error('the caller went away'));
+    waiters[this.pick % waiters.length].abort.abort(WENT_AWAY);
     await model.check();
   }
 }
@@ -540,12 +566,30 @@ class StallStep extends Step {
   }
 }
 
-/** Redis forgets its scripts (as after a restart or a failover): they are loaded again. */
+/**
+ * Redis forgets its scripts (as after a restart or a failover): they are loaded again. With
+ * `reload`, another instance's give-ups (a fair waiter leaving the queue, a writer's mark dropped)
+ * have loaded theirs again already, while an attempt still takes the `NOSCRIPT` detour; with
+ * `slow`, slot 0's link is slow from then on (150 ms each way, as while clients reconnect after a
+ * failover), so that what it sends next is on that detour for a while.
+ */
 class FlushScriptsStep extends Step {
   readonly kind = 'flush';
-  readonly args = [];
+  constructor(
+    readonly reload = false,
+    readonly slow = false,
+  ) {
+    super();
+  }
+  get args() {
+    return this.reload || this.slow ? [this.reload, this.slow] : [];
+  }
   async run(model: Model, real: Real): Promise<void> {
-    await real.deployment.flushScripts();
+    await real.deployment.flushScripts(this.reload ? GIVE_UP_SCRIPTS : []);
+    if (this.slow) {
+      real.deployment.latency(150);
+      model.latencyMs = 150;
+    }
     await model.check();
   }
 }
@@ -1036,6 +1080,7 @@ const STEPS: [fc.Arbitrary<Step>, number][] = [
         fc.constantFrom('try' as const, 0 as const, 300 as const, 1_500 as const, 3_000 as const),
         fc.boolean(),
         fc.constantFrom(0, 0, 100, 5_000),
+        fc.constantFrom(0, 0, 0, 20),
       )
       .map((args) => new AcquireStep(...args)),
     4,
@@ -1046,7 +1091,7 @@ const STEPS: [fc.Arbitrary<Step>, number][] = [
   [fc.constantFrom(10, 100, 320).map((ms) => new SleepStep(ms)), 2],
   [fc.constantFrom(0, 0, 150).map((ms) => new LatencyStep(ms)), 1],
   [fc.constantFrom(100, 400).map((ms) => new StallStep(ms)), 1],
-  [fc.constant(new FlushScriptsStep()), 1],
+  [fc.tuple(fc.boolean(), fc.boolean()).map((args) => new FlushScriptsStep(...args)), 2],
   [
     fc
       .tuple(fc.nat({ max: 2 }), fc.constantFrom(100, 400))
@@ -1130,9 +1175,10 @@ const STEPS: [fc.Arbitrary<Step>, number][] = [
         fc.constantFrom('place' as const, 'read' as const, 'write' as const, 'fair' as const),
         fc.constantFrom(150, 1_000, 30_000),
         fc.constantFrom('try' as const, 300 as const),
+        fc.constantFrom(0, 20),
       )
       .map((args) => new ShapeStep(...args)),
-    2,
+    3,
   ],
   [
     fc

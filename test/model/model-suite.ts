@@ -11,7 +11,8 @@ import { drive, replay, settle, steps, type Real } from './model-steps.js';
  * `MODEL_RUNS` random sequences (default 12) of up to `MODEL_STEPS` steps (default 40), after
  * every kept sequence of `model-corpus.json` (each one that found a bug, replayed as it is);
  * `MODEL_SEED` replays one random run (fast-check prints the seed, and the shrunk sequence as
- * JSON lines to keep in the corpus). `MODEL_SHRINK=0` stops at the first failure.
+ * JSON lines to keep in the corpus), `MODEL_PATH` with it the failing run's path (it alone, then its
+ * shrinking). `MODEL_SHRINK=0` stops at the first failure.
  */
 const RUNS = process.env.MODEL_RUNS === undefined ? undefined : Number(process.env.MODEL_RUNS);
 const STEPS = Number(process.env.MODEL_STEPS ?? 40);
@@ -114,6 +115,8 @@ export function modelSuite(
     const options = {
       endOnFailure: process.env.MODEL_SHRINK === '0',
       includeErrorInReport: true,
+      // With MODEL_SEED, the `path` fast-check printed: that run alone, then its shrinking.
+      path: process.env.MODEL_PATH,
     };
 
     // The same sequences on every run of the gate (and on every deployment): what they cover is
