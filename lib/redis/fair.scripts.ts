@@ -23,9 +23,10 @@ if #gone > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now) end
  * Fair (FIFO) lock. KEYS[1] lock key, KEYS[2] fence counter, KEYS[3] queue, KEYS[4] waiters' stay,
  * KEYS[5] an own token's fence record (see RENEW_OWN); ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fence
  * counter TTL ms, ARGV[4] how long a waiter's place lasts without another attempt (ms), ARGV[5]
- * '1' for the caller's own token (its fence is recorded). The lock goes only to the head of the queue (or to anyone
- * when nobody queues): a newcomer that will wait (ARGV[4] > 0) joins the tail, one that will not
- * (`tryAcquire`) takes no place, and neither takes a free key ahead of those who came first. Returns the fence, or -2 - the holder's remaining TTL (-1 without one), or 0 (free,
+ * '1' for the caller's own token (its fence is recorded). The lock goes only to the head of the
+ * queue (or to anyone when nobody queues): a newcomer that will wait (ARGV[4] > 0) joins the tail,
+ * one that will not (`tryAcquire`) takes no place, and neither takes a free key ahead of those who
+ * came first. Returns the fence, or -2 - the holder's remaining TTL (-1 without one), or 0 (free,
  * but not this waiter's turn: it retries when woken or after its pause).
  */
 export const ACQUIRE_FAIR_SCRIPT = `

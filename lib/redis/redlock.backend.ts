@@ -19,6 +19,11 @@ import { Quorum, type Tally } from './quorum.js';
 import { RedisLockBackend } from './redis-lock.backend.js';
 import { ReleaseNotifier } from './release.notifier.js';
 
+/** The grants of a decided acquisition round. */
+function grantsOf(tally: Tally<AcquireAttempt>): Extract<AcquireAttempt, { acquired: true }>[] {
+  return tally.yes.flatMap(({ value }) => (value.acquired ? [value] : []));
+}
+
 /**
  * The fence of a grant by a majority (`grants`, each node's; `quorum` nodes make one). A caller's
  * own token that still holds the lock on a majority (`renewed` there) keeps the fence it was
@@ -29,11 +34,6 @@ import { ReleaseNotifier } from './release.notifier.js';
  * fence is a new one, the highest the majority answered, so that it is above every fence granted
  * since those copies' record.
  */
-/** The grants of a decided acquisition round. */
-function grantsOf(tally: Tally<AcquireAttempt>): Extract<AcquireAttempt, { acquired: true }>[] {
-  return tally.yes.flatMap(({ value }) => (value.acquired ? [value] : []));
-}
-
 function holderFence(
   grants: readonly Extract<AcquireAttempt, { acquired: true }>[],
   quorum: number,
