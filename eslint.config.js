@@ -10,6 +10,8 @@ export default tseslint.config(
       'test/consumers/**',
       '.dependency-cruiser.cjs',
       'knip.json',
+      '.stryker-tmp/**',
+      '.stryker-reports/**',
     ],
   },
   ...tseslint.configs.recommendedTypeChecked,

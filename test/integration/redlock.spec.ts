@@ -609,6 +609,36 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     assert.equal(await again.release(), true);
   });
 
+  it('decides each round as soon as its outcome is known: two frozen nodes of five cost a grant, a refusal, an extension and a release no time (commandTimeout 1 s)', async () => {
+    const key = uniqueKey();
+    const held = await other.locks.acquire(key, { ttl: 10_000 });
+    assert.ok(await eventually(async () => (await holders(key, held.token)) === NODES));
+    const times: [string, number][] = [];
+    const timed = async <T>(what: string, call: () => Promise<T>): Promise<T> => {
+      const started = performance.now();
+      const value = await call();
+      times.push([what, performance.now() - started]);
+      return value;
+    };
+    const watch = watchStalls();
+    await pausing([3, 4], async () => {
+      // Three nodes answer that someone else holds it: no majority can say yes any more.
+      assert.equal(await timed('refusal', () => locks.tryAcquire(key)), null);
+      assert.equal(await timed('release', () => held.release()), true);
+      const lock = await timed('grant', () => locks.acquire(key, { ttl: 10_000 }));
+      await timed('extension', () => lock.extend(10_000));
+      assert.equal(await lock.release(), true);
+    });
+    const stalled = watch.stop();
+    for (const [what, ms] of times) {
+      // Waiting for a frozen node would take the whole commandTimeout (1,000 ms).
+      assert.ok(
+        ms < 400 + stalled,
+        `${what}: ${ms.toFixed(0)} ms (event loop stalled ${stalled.toFixed(0)} ms)`,
+      );
+    }
+  });
+
   it("a failed attempt's undo is announced as one release, with one id on every node, not an empty message per node", async () => {
     const key = uniqueKey();
     const held = await locks.acquire(key, { ttl: 10_000 });

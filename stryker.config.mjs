@@ -1,0 +1,69 @@
+// Mutation testing (`npm run test:mutation`, see scripts/mutation.mjs): one Stryker run per group
+// of safety-critical files, each mutant run against the compiled specs that cover those files,
+// with the gate's setup (unhandled rejections and leaked handles fail a test). STRYKER_GROUP picks
+// the group. The Lua scripts are template strings, which Stryker does not mutate as Lua: their
+// owner checks and fences are guarded by the mutant tests named in the README instead.
+
+/** Group name → the files mutated and the specs that must kill their mutants. */
+export const GROUPS = {
+  quorum: {
+    mutate: ['lib/redis/quorum.ts'],
+    tests: ['build/test/integration/redlock.spec.js'],
+  },
+  lease: {
+    mutate: ['lib/engine/lock.lease.ts'],
+    tests: ['build/test/integration/lease.spec.js', 'build/test/integration/lock-service.spec.js'],
+  },
+  'multi-key': {
+    mutate: ['lib/engine/multi-key.acquisition.ts'],
+    tests: [
+      'build/test/integration/multi-key.spec.js',
+      'build/test/integration/hold-at-least.spec.js',
+    ],
+  },
+  redlock: {
+    mutate: ['lib/redis/redlock.backend.ts'],
+    tests: ['build/test/unit/redlock-undo.spec.js', 'build/test/integration/redlock.spec.js'],
+  },
+  handoff: {
+    mutate: ['lib/redis/handoff.ts'],
+    tests: ['build/test/integration/waiting.spec.js'],
+  },
+  reentry: {
+    mutate: ['lib/engine/lock.reentry.ts'],
+    tests: ['build/test/integration/reentrancy.spec.js'],
+  },
+  leadership: {
+    mutate: ['lib/lock.leadership.ts'],
+    tests: ['build/test/integration/leadership.spec.js'],
+  },
+};
+
+const name = process.env.STRYKER_GROUP ?? 'quorum';
+const group = GROUPS[name];
+if (!group)
+  throw new Error(`STRYKER_GROUP: no group "${name}" (${Object.keys(GROUPS).join(', ')})`);
+
+export default {
+  testRunner: 'tap',
+  plugins: ['@stryker-mutator/tap-runner'],
+  mutate: group.mutate,
+  // Mutant schemata are compiled once, type checks off in the mutated files.
+  buildCommand: 'tsc -p tsconfig.json',
+  tap: {
+    testFiles: group.tests,
+    nodeArgs: ['--require', '{{hookFile}}', '--import', './build/test/support/setup.js'],
+    forceBail: true,
+  },
+  coverageAnalysis: 'perTest',
+  // Messages and log lines are not safety lines.
+  mutator: { excludedMutations: ['StringLiteral'] },
+  ignoreStatic: true,
+  // Two cores: one mutant at a time keeps the specs' own timing bounds honest.
+  concurrency: 1,
+  timeoutMS: 120_000,
+  reporters: ['clear-text', 'progress', 'json'],
+  jsonReporter: { fileName: `.stryker-reports/${name}.json` },
+  tempDirName: '.stryker-tmp',
+  cleanTempDir: true,
+};
