@@ -929,6 +929,37 @@ describe('waiting for a held lock', () => {
     }
   });
 
+  it("tryAcquire() meeting this process's own given-up attempt on the key is not busy: it waits for that attempt's undo and tries once more, within 3 × commandTimeout", async () => {
+    const proxy = await FaultProxy.start(() => server.port);
+    const app = await startLockModule({
+      connection: `redis://127.0.0.1:${proxy.port}`,
+      commandTimeout: 300,
+    });
+    try {
+      await (await app.locks.acquire(uniqueKey())).release(); // the connection and scripts warm
+      proxy.setLatency(140); // a 280 ms round trip: every reply within commandTimeout
+      const key = uniqueKey();
+      const controller = new AbortController();
+      const first = app.locks.tryAcquire(key, { signal: controller.signal });
+      setTimeout(() => controller.abort(new Error('the caller went away')), 5);
+      await assert.rejects(first, LockAcquireAbortedError);
+      // The first attempt's grant is on its way; once it lands, it is undone.
+      const watch = watchStalls();
+      const started = performance.now();
+      const second = await app.locks.tryAcquire(key);
+      const elapsed = performance.now() - started;
+      assert.ok(second, 'busy with its own given-up attempt');
+      // Its attempt finds the late grant, waits for the undo, then tries again: three round trips.
+      assertWithin(elapsed, 3 * 300, watch, 'tryAcquire() behind its own undo');
+      watch.stop();
+      await second.release();
+    } finally {
+      proxy.setLatency(0);
+      await app.close();
+      await proxy.close();
+    }
+  });
+
   it('a subscriber reset while it subscribes again after a reconnection: no unhandled rejection, and it subscribes again', async () => {
     const proxy = await FaultProxy.start(() => server.port);
     const app = await startLockModule({ connection: `redis://127.0.0.1:${proxy.port}` });
