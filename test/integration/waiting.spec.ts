@@ -422,8 +422,11 @@ describe('waiting for a held lock', () => {
       const pttl = await redis.pttl(`lock:{${key}}:turns`);
       assert.ok(pttl > 60_000, `the queue's TTL fell to ${pttl} ms`);
       await held.release();
-      await (await first).release();
-      await (await second).release();
+      // Each releases once it has it, in whichever order: the release names the slow process,
+      // but the quick one's 100 ms poll may take the key first (polls are not named; a release
+      // whose message is late on a loaded machine loses to it). Awaiting the slow one's lock
+      // before releasing the quick one's would then wait out its acquireTimeout.
+      await Promise.all([first, second].map(async (lock) => (await lock).release()));
     } finally {
       await slow.close();
       await quick.close();
