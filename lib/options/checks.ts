@@ -198,10 +198,13 @@ export function rejectUnknownKeys(
 ): void {
   for (const name of Object.keys(object)) {
     if (!known.includes(name)) {
+      const near = closest(name, known);
       const hint =
         path === '' && DEFAULTS_KEYS.includes(name)
           ? ` (did you mean the module option defaults.${name}?)`
-          : '';
+          : near !== undefined
+            ? ` (did you mean ${path}${near}?)`
+            : '';
       fail(
         `${path}${name}`,
         (object as Record<string, unknown>)[name],
@@ -209,6 +212,34 @@ export function rejectUnknownKeys(
       );
     }
   }
+}
+
+/**
+ * The known name a mistyped one most likely meant: the same name in another case, or the nearest
+ * within two edits (insertions, deletions, substitutions), if exactly one is that near.
+ */
+function closest(name: string, known: readonly string[]): string | undefined {
+  const sameCase = known.find((candidate) => candidate.toLowerCase() === name.toLowerCase());
+  if (sameCase !== undefined) return sameCase;
+  const near = known.filter((candidate) => editDistance(name, candidate) <= 2);
+  return near.length === 1 ? near[0] : undefined;
+}
+
+/** Levenshtein distance, one row at a time. */
+function editDistance(a: string, b: string): number {
+  let previous = Array.from({ length: b.length + 1 }, (_, j) => j);
+  for (let i = 1; i <= a.length; i++) {
+    const row = [i];
+    for (let j = 1; j <= b.length; j++) {
+      row[j] = Math.min(
+        previous[j] + 1,
+        row[j - 1] + 1,
+        previous[j - 1] + (a[i - 1] === b[j - 1] ? 0 : 1),
+      );
+    }
+    previous = row;
+  }
+  return previous[b.length];
 }
 
 export function isRedisClient(value: unknown): value is Redis | Cluster {

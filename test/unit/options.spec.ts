@@ -7,6 +7,9 @@ import {
   type ResolvedDefaults,
 } from '../../lib/options/defaults.js';
 import { resolveAcquireOptions } from '../../lib/options/acquire-options.js';
+import { resolveModuleOptions } from '../../lib/options/module-options.js';
+import { validateWithLockOptions } from '../../lib/options/decorator-options.js';
+import { RedisLockConfigurationError } from '../../lib/index.js';
 
 describe('per-call options (pure validation)', () => {
   const defaults: ResolvedDefaults = { ...DEFAULT_LOCK_DEFAULTS };
@@ -122,5 +125,47 @@ describe('per-call options (pure validation)', () => {
     const error = argumentError(() => resolveAcquireOptions('k', { ttl: -5 }, defaults, 'acquire'));
     assert.match(error.message, /ttl/);
     assert.match(error.message, /-5/);
+  });
+
+  it('a mistyped option gets "did you mean", at every level; a name near none gets no guess', () => {
+    const message = (fn: () => unknown): string => {
+      try {
+        fn();
+      } catch (error) {
+        assert.ok(
+          error instanceof LockArgumentError || error instanceof RedisLockConfigurationError,
+          String(error),
+        );
+        return error.message;
+      }
+      assert.fail('expected an error');
+    };
+    const connection = 'redis://127.0.0.1:1';
+    assert.match(
+      message(() => resolveModuleOptions({ connection, defaults: { acquireTimout: 5 } } as never)),
+      /"defaults\.acquireTimout".*did you mean defaults\.acquireTimeout\?/,
+    );
+    assert.match(
+      message(() => resolveModuleOptions({ connection, keyprefix: 'x:' } as never)),
+      /did you mean keyPrefix\?/,
+    );
+    assert.match(
+      message(() =>
+        resolveModuleOptions({ connection, replicaAck: { replica: 1, timeout: 5 } } as never),
+      ),
+      /did you mean replicaAck\.replicas\?/,
+    );
+    assert.match(
+      message(() => resolveAcquireOptions('k', { acquireTimout: 5 } as never, defaults, 'acquire')),
+      /did you mean acquireTimeout\?/,
+    );
+    assert.match(
+      message(() => validateWithLockOptions({ key: 'k', onbusy: 'skip' } as never, 'C.m')),
+      /did you mean .*onBusy\?/,
+    );
+    assert.doesNotMatch(
+      message(() => resolveAcquireOptions('k', { zzzzzzzz: 5 } as never, defaults, 'acquire')),
+      /did you mean/,
+    );
   });
 });
