@@ -81,7 +81,7 @@ export function assertLeadArguments(work: unknown, options: unknown): void {
 }
 
 /**
- * Campaigns for `key` until stopped: takes the lock (waiting on its release messages, as every
+ * @internal Campaigns for `key` until stopped: takes the lock (waiting on its release messages, as every
  * waiter does), runs `work` for the term, releases, and campaigns again. A term that ends by
  * itself (its work settled or the lock was lost) is followed by a pause of `pause` ms before the
  * next campaign, so the others get a turn and a work that returns at once does not spin.
@@ -208,7 +208,7 @@ export class Campaign implements Leadership {
   }
 }
 
-/** The leaderships of one `LockService`: started by `lead()`, stopped at shutdown. */
+/** @internal The leaderships of one `LockService`: started by `lead()`, stopped at shutdown. */
 export class Leaderships {
   private readonly campaigns = new Set<Campaign>();
 

@@ -23,15 +23,15 @@ export interface LockOwnerHooks extends LeaseOwner {
  * holds, `holdAtLeast`, and the turns of the calls nested in its holder's flow (see `enter()`).
  */
 export class LockHandle extends Lease implements Lock, Linked<LockHandle>, ReentryLevel {
-  /** @internal Neighbours among the locks its service holds (see `LinkedList`). */
+  /** Neighbours among the locks its service holds (see `LinkedList`). */
   prev: LockHandle | undefined = undefined;
-  /** @internal */
+  /** See `prev`. */
   next: LockHandle | undefined = undefined;
-  /** @internal See `AcquireOptions.holdAtLeast`: what the caller asked for (0: nothing). */
+  /** See `AcquireOptions.holdAtLeast`: what the caller asked for (0: nothing). */
   holdAtLeast = 0;
   /** Until when (`performance.now()`) a release only shortens the key's TTL (see `releaseInRedis`). */
   private holdUntil = 0;
-  /** @internal The view a call nested in its holder's flow took last (see `ReentryLevel`). */
+  /** The view a call nested in its holder's flow took last (see `ReentryLevel`). */
   inner: LockReentry | undefined = undefined;
   /** Calls waiting for their turn to re-enter (see `turnChanged()`). */
   private turn: { promise: Promise<void>; resolve: () => void } | undefined;
@@ -90,7 +90,7 @@ export class LockHandle extends Lease implements Lock, Linked<LockHandle>, Reent
     return enterHold(this);
   }
 
-  /** @internal Settles when a view of this hold ends, or the hold does: a turn may be free. */
+  /** Settles when a view of this hold ends, or the hold does: a turn may be free. */
   turnChanged(): Promise<void> {
     if (!this.turn) {
       let resolve!: () => void;
@@ -101,7 +101,7 @@ export class LockHandle extends Lease implements Lock, Linked<LockHandle>, Reent
   }
 
   /**
-   * @internal A view ended (`later`), or the hold: whoever waits for a turn looks again. After a
+   * A view ended (`later`), or the hold: whoever waits for a turn looks again. After a
    * view, not before the flow it returned to has run what it runs without waiting: a section
    * that ends right after its nested call ends the hold before a fork that waited looks, and the
    * fork then takes the key afresh instead of a view the section's end would cut short.
@@ -129,7 +129,7 @@ export class LockHandle extends Lease implements Lock, Linked<LockHandle>, Reent
   }
 
   /**
-   * @internal Gives back a lock no work ran under (a partial acquisition of several keys, a grant
+   * Gives back a lock no work ran under (a partial acquisition of several keys, a grant
    * that came as shutdown began): deleted at once, whatever `holdAtLeast` asked of a finished job.
    */
   undo(): Promise<boolean> {
@@ -177,7 +177,7 @@ export class LockHandle extends Lease implements Lock, Linked<LockHandle>, Reent
   }
 
   /**
-   * @internal Keeps the key taken until `ms` from now (the grant's reply) even if released
+   * Keeps the key taken until `ms` from now (the grant's reply) even if released
    * sooner (see `AcquireOptions.holdAtLeast`).
    */
   holdFor(ms: number): void {

@@ -59,11 +59,11 @@ export abstract class Lease implements HeldLease {
     protected readonly owner: LeaseOwner,
     /** What it holds: the plain lock, a place in a semaphore, or a read lock. */
     readonly shape: LockShape = PLAIN,
-    /** @internal See `HeldLease.fenceLimit`. */
+    /** See `HeldLease.fenceLimit`. */
     readonly fenceLimit: number = fence,
-    /** @internal Its own token write, when it was passed on before Redis knew. */
+    /** Its own token write, when it was passed on before Redis knew. */
     public swap?: PendingSwap,
-    /** @internal See `HeldLease.confirmedAt`: `acquiredAt` unless it was passed on. */
+    /** See `HeldLease.confirmedAt`: `acquiredAt` unless it was passed on. */
     confirmedAt: number = acquiredAt,
   ) {
     this.expiry = expiresAt;
@@ -86,12 +86,12 @@ export abstract class Lease implements HeldLease {
     return this.expiry;
   }
 
-  /** @internal See `HeldLease.confirmedAt`. */
+  /** See `HeldLease.confirmedAt`. */
   get confirmedAt(): number {
     return this.confirmed;
   }
 
-  /** @internal Why the lease ended early (`signal`'s abort reason), without creating the signal. */
+  /** Why the lease ended early (`signal`'s abort reason), without creating the signal. */
   get lossReason(): LockLostError | undefined {
     return this.endReason;
   }
@@ -101,12 +101,12 @@ export abstract class Lease implements HeldLease {
     return this.state === 'released';
   }
 
-  /** @internal The TTL the lease is kept with (the last extension's). */
+  /** The TTL the lease is kept with (the last extension's). */
   get leaseTtl(): number {
     return this.ttl;
   }
 
-  /** @internal Whether a watchdog keeps the lease. */
+  /** Whether a watchdog keeps the lease. */
   get extendsItself(): boolean {
     return this.autoExtend;
   }

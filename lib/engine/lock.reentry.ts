@@ -73,9 +73,9 @@ export function enterHold(hold: ReentrantHold & ReentryLevel): LockReentry | und
  * never waits.
  */
 export class LockReentry implements Lock, ReentryLevel {
-  /** @internal See `ReentryLevel`. */
+  /** See `ReentryLevel`. */
   inner: LockReentry | undefined = undefined;
-  /** @internal This view's own `release()` came. */
+  /** This view's own `release()` came. */
   ended = false;
   /** Why the hold ended while this view was still inside, if it did. */
   private cutShort: LockLostError | undefined;
@@ -121,12 +121,12 @@ export class LockReentry implements Lock, ReentryLevel {
     return this.controller.signal;
   }
 
-  /** @internal What the outer lock holds. */
+  /** What the outer lock holds. */
   get shape(): LockShape {
     return this.hold.shape;
   }
 
-  /** @internal Why this view's hold ended early, without creating its signal. */
+  /** Why this view's hold ended early, without creating its signal. */
   get lossReason(): LockLostError | undefined {
     return this.cutShort ?? this.hold.lossReason;
   }
@@ -141,17 +141,17 @@ export class LockReentry implements Lock, ReentryLevel {
     return this.hold.belongsTo(hooks);
   }
 
-  /** @internal See `LockHandle.leaseTtl`. */
+  /** See `LockHandle.leaseTtl`. */
   get leaseTtl(): number {
     return this.hold.leaseTtl;
   }
 
-  /** @internal See `LockHandle.extendsItself`. */
+  /** See `LockHandle.extendsItself`. */
   get extendsItself(): boolean {
     return this.hold.extendsItself;
   }
 
-  /** @internal See `LockHandle.holdAtLeast`. */
+  /** See `LockHandle.holdAtLeast`. */
   get holdAtLeast(): number {
     return this.hold.holdAtLeast;
   }
@@ -165,12 +165,12 @@ export class LockReentry implements Lock, ReentryLevel {
     return enterLevel(this, this.hold);
   }
 
-  /** @internal See `LockHandle.turnChanged`. */
+  /** See `LockHandle.turnChanged`. */
   turnChanged(): Promise<void> {
     return this.hold.turnChanged();
   }
 
-  /** @internal The hold ended while this view may be inside: see `cutViews`. */
+  /** The hold ended while this view may be inside: see `cutViews`. */
   cut(reason: LockLostError): void {
     if (this.ended || this.cutShort) return;
     this.cutShort = reason;
@@ -188,7 +188,7 @@ export class LockReentry implements Lock, ReentryLevel {
     return Promise.resolve(this.cutShort === undefined && held);
   }
 
-  /** @internal An undo (no work ran): the same as `release()` for a view. */
+  /** An undo (no work ran): the same as `release()` for a view. */
   undo(): Promise<boolean> {
     return this.release();
   }

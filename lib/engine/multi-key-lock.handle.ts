@@ -45,23 +45,23 @@ export class MultiKeyLock implements Lock {
     return (this.joinedSignal ??= AbortSignal.any(this.handles.map((handle) => handle.signal)));
   }
 
-  /** @internal Why a key's lease ended early, without creating any signal. */
+  /** Why a key's lease ended early, without creating any signal. */
   get lossReason(): Error | undefined {
     for (const handle of this.handles) if (handle.lossReason) return handle.lossReason;
     return undefined;
   }
 
-  /** @internal True once every key has been released. */
+  /** True once every key has been released. */
   get released(): boolean {
     return this.handles.every((handle) => handle.released);
   }
 
-  /** @internal The lock of one of the keys, if this lock holds it. */
+  /** The lock of one of the keys, if this lock holds it. */
   handleOf(key: string): KeyHold | undefined {
     return this.handles.find((handle) => handle.key === key);
   }
 
-  /** @internal Whether every key's lock was taken by the service these hooks belong to. */
+  /** Whether every key's lock was taken by the service these hooks belong to. */
   belongsTo(hooks: LockOwnerHooks): boolean {
     return this.handles.every((handle) => handle.belongsTo(hooks));
   }
@@ -74,7 +74,7 @@ export class MultiKeyLock implements Lock {
     return every(this.handles.map((handle) => handle.release()));
   }
 
-  /** @internal Gives back every key after no work ran: see `LockHandle.undo`. */
+  /** Gives back every key after no work ran: see `LockHandle.undo`. */
   async undo(): Promise<boolean> {
     return every(this.handles.map((handle) => handle.undo()));
   }

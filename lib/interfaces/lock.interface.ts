@@ -73,7 +73,7 @@ export interface AcquireOptions {
   /**
    * Extend the lock in the background, when a third of its lease has passed (every `ttl / 3`),
    * for as long as it is held.
-   * @default false for acquire() / tryAcquire(), true for using() and @WithLock
+   * @default `false` for `acquire()` / `tryAcquire()`, `true` for `using()` and `@WithLock`
    */
   autoExtend?: boolean;
   /** Cancels the wait: the call rejects with `LockAcquireAbortedError`. Has no effect once the lock is held. */
