@@ -77,4 +77,29 @@ describe('the npm package', () => {
     assert.match(read('dist/interfaces/redis-lock-options.interface.d.ts'), /@default 1_000/);
     assert.match(read('dist/health/redis-lock.health.d.ts'), /Up when Redis answers a PING/);
   });
+
+  it('leaves @internal items out of its type declarations, which type-check on their own', () => {
+    const declarations = files.filter((path) => path.endsWith('.d.ts'));
+    const text = declarations.map(read).join('\n');
+    for (const internal of [
+      'class Campaign',
+      'class Leaderships',
+      'startLeaderMethods',
+      'checkHealth(',
+    ]) {
+      assert.ok(!text.includes(internal), `${internal} is in the published .d.ts`);
+    }
+    // What a consumer with skipLibCheck off compiles: every .d.ts, strict, no stripped member that
+    // another declaration still needs (a class that no longer implements its interface).
+    execFileSync(
+      process.execPath,
+      [
+        join(root, 'node_modules/typescript/bin/tsc'),
+        ...['--ignoreConfig', '--noEmit', '--strict', '--target', 'es2022', '--types', 'node'],
+        ...['--module', 'nodenext', '--moduleResolution', 'nodenext', '--experimentalDecorators'],
+        ...declarations,
+      ],
+      { cwd: root, encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] },
+    );
+  });
 });
