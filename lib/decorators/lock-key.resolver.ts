@@ -10,6 +10,13 @@ type Part =
   | string
   | { readonly placeholder: string; readonly index: number; readonly path: readonly string[] };
 
+/** What TypeScript declared of the decorated method's parameters (see `compileLockKey`). */
+export interface DeclaredParameters {
+  /** `design:paramtypes`: one constructor per parameter (`Object` for any, unknown, unions...). */
+  readonly types: readonly unknown[];
+  readonly hasRest: boolean;
+}
+
 const PLACEHOLDER = /^(\d+)((?:\.[A-Za-z_$][\w$]*)*)$/;
 
 /**
@@ -18,8 +25,12 @@ const PLACEHOLDER = /^(\d+)((?:\.[A-Za-z_$][\w$]*)*)$/;
  * braces is literal; a template without placeholders is a fixed key. Malformed templates throw
  * `RedisLockConfigurationError` at once.
  */
-export function compileLockKey(source: unknown, method: string): LockKeyResolver {
-  if (!Array.isArray(source)) return compileOne(source, method);
+export function compileLockKey(
+  source: unknown,
+  method: string,
+  params?: DeclaredParameters,
+): LockKeyResolver {
+  if (!Array.isArray(source)) return compileOne(source, method, params);
   if (source.length === 0) {
     throw new RedisLockConfigurationError(
       `@WithLock(${method}).key`,
@@ -27,12 +38,16 @@ export function compileLockKey(source: unknown, method: string): LockKeyResolver
       'must name at least one key',
     );
   }
-  const resolvers = source.map((each: unknown) => compileOne(each, method));
+  const resolvers = source.map((each: unknown) => compileOne(each, method, params));
   return (args) => resolvers.map((resolve) => resolve(args));
 }
 
 /** One key's template or function (see `compileLockKey`). */
-function compileOne(source: unknown, method: string): (args: readonly unknown[]) => string {
+function compileOne(
+  source: unknown,
+  method: string,
+  params: DeclaredParameters | undefined,
+): (args: readonly unknown[]) => string {
   const option = `@WithLock(${method}).key`;
   if (typeof source === 'function') {
     const fn = source as (...args: unknown[]) => unknown;
@@ -51,9 +66,13 @@ function compileOne(source: unknown, method: string): (args: readonly unknown[])
       'must be a non-empty template string or a function of the arguments',
     );
   }
-  const parts = parseTemplate(source, (problem) => {
+  const fail = (problem: string): never => {
     throw new RedisLockConfigurationError(option, source, problem);
-  });
+  };
+  const parts = parseTemplate(source, fail);
+  if (params !== undefined) {
+    checkAgainstParameters(parts, params.types, method, params.hasRest, fail);
+  }
   return (args) =>
     parts
       .map((part) => (typeof part === 'string' ? part : resolvePart(part, args, method, source)))
@@ -90,6 +109,83 @@ function parseTemplate(template: string, fail: (problem: string) => never): Part
     rest = rest.slice(end + 1);
   }
   return parts;
+}
+
+/** Primitive parameter types, each with a value whose own properties it has. */
+const PRIMITIVES = new Map<unknown, unknown>([
+  [String, ''],
+  [Number, 0],
+  [Boolean, false],
+  [BigInt, 0n],
+]);
+
+/**
+ * What the method's declared parameters (`design:paramtypes`, emitted by TypeScript with
+ * `emitDecoratorMetadata`, as every Nest app has) tell of a template before any call: a
+ * placeholder past the last parameter, a property read from a string or number, or a whole
+ * class instance (a DTO) used as a key part can never make a key. Left alone: parameters typed
+ * `any`, `unknown`, an interface or a union (all `Object`), and the count of a method with a rest
+ * parameter (TypeScript gives its element type, so the count says nothing then).
+ */
+function checkAgainstParameters(
+  parts: readonly Part[],
+  params: readonly unknown[],
+  method: string,
+  hasRest: boolean,
+  fail: (problem: string) => never,
+): void {
+  for (const part of parts) {
+    if (typeof part === 'string') continue;
+    const { placeholder, index, path } = part;
+    if (index >= params.length && !hasRest) {
+      fail(
+        `${placeholder} reads argument ${index}, but ${method} declares ${params.length} ` +
+          `parameter${params.length === 1 ? '' : 's'} (numbered from 0)`,
+      );
+    }
+    const type = params[index];
+    if (typeof type !== 'function') continue;
+    if (PRIMITIVES.has(type)) {
+      if (path.length > 0 && !Object.hasOwn(Object(PRIMITIVES.get(type)) as object, path[0])) {
+        fail(
+          `${placeholder} reads property "${path[0]}" of parameter ${index}, which is a ` +
+            `${type.name.toLowerCase()}: write {${index}}`,
+        );
+      }
+    } else if (path.length === 0 && type !== Object && type !== Array && type !== Function) {
+      fail(
+        `${placeholder} uses parameter ${index} whole, a ${type.name}: a key part must be a ` +
+          `string or a number; name one of its properties, such as {${index}.id}`,
+      );
+    }
+  }
+}
+
+/**
+ * Whether a function's parameter list has a rest parameter: its source up to the parenthesis that
+ * closes the list, brackets and strings skipped. `true` when the source cannot be read that way
+ * (then nothing is concluded from the parameter count).
+ */
+export function hasRestParameter(fn: object): boolean {
+  const source = Function.prototype.toString.call(fn);
+  const open = source.indexOf('(');
+  if (open < 0) return true;
+  let depth = 0;
+  let quote: string | undefined;
+  let outside = ''; // the list without its strings
+  for (let i = open; i < source.length; i++) {
+    const char = source[i];
+    if (quote !== undefined) {
+      if (char === '\\') i++;
+      else if (char === quote) quote = undefined;
+      continue;
+    }
+    if (char === '"' || char === "'" || char === '`') quote = char;
+    else if ('([{'.includes(char)) depth++;
+    else if (')]}'.includes(char) && --depth === 0) return outside.includes('...');
+    outside += char;
+  }
+  return true;
 }
 
 function resolvePart(

@@ -19,7 +19,7 @@ import { SKIP_WHEN_BUSY } from '../options/acquire-options.js';
 import { validateWithLockOptions } from '../options/decorator-options.js';
 import { answerLockTimeout } from './lock-timeout.answer.js';
 import { injectLockService, lockServiceOf, refuseStatic } from './lock-service.injection.js';
-import { compileLockKey, type LockKeyResolver } from './lock-key.resolver.js';
+import { compileLockKey, hasRestParameter, type LockKeyResolver } from './lock-key.resolver.js';
 
 const logger = new Logger('RedisLock');
 
@@ -169,7 +169,6 @@ export function WithLock(
     const method = `${target.constructor.name}.${String(propertyKey)}`;
     const options = withLockOptions(optionsOrKey, durations, method);
     validateWithLockOptions(options, method);
-    const resolveKey = compileLockKey(options.key, method);
     const original: unknown = descriptor.value;
     if (typeof original !== 'function') {
       throw new RedisLockConfigurationError(
@@ -178,6 +177,12 @@ export function WithLock(
         'can only decorate a method',
       );
     }
+    const types = declaredParameterTypes(target, propertyKey);
+    const resolveKey = compileLockKey(
+      options.key,
+      method,
+      types && { types, hasRest: hasRestParameter(original) },
+    );
     refuseStatic(target, `@WithLock(${method})`);
     if (/^\[object (Async)?GeneratorFunction\]$/.test(Object.prototype.toString.call(original))) {
       throw new RedisLockConfigurationError(
@@ -260,6 +265,21 @@ export function WithLock(
 }
 
 /** The options object of either form of `@WithLock`. */
+/**
+ * The method's declared parameter types (`design:paramtypes`), when TypeScript emitted them
+ * (`emitDecoratorMetadata`, on in every Nest app) and reflect-metadata is loaded (Nest loads it).
+ */
+function declaredParameterTypes(
+  target: object,
+  key: string | symbol,
+): readonly unknown[] | undefined {
+  const reflect = Reflect as unknown as {
+    getMetadata?: (name: string, target: object, key: string | symbol) => unknown;
+  };
+  const types = reflect.getMetadata?.('design:paramtypes', target, key);
+  return Array.isArray(types) ? types : undefined;
+}
+
 function withLockOptions(
   optionsOrKey: WithLockOptions | LockKeySource | readonly LockKeySource[],
   durations: unknown[],

@@ -16,6 +16,7 @@ import {
   type ExceptionFilter,
   type CanActivate,
   type INestApplication,
+  Query,
 } from '@nestjs/common';
 import { Reflector } from '@nestjs/core';
 import { ClientProxyFactory, MessagePattern, TcpContext, Transport } from '@nestjs/microservices';
@@ -235,8 +236,9 @@ class OrdersController {
   }
 
   @Get('missing')
-  @WithLock({ key: 'order:{0.nope}', acquireTimeout: 200 })
-  async missing(): Promise<string> {
+  @WithLock({ key: 'order:{0.id}', acquireTimeout: 200 })
+  async missing(@Query() query: { id?: string }): Promise<string> {
+    void query; // no ?id=: {0.id} resolves to undefined
     return 'never';
   }
 

@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { LockKeyResolutionError } from '../../lib/index.js';
-import { compileLockKey } from '../../lib/decorators/lock-key.resolver.js';
+import { LockKeyResolutionError, RedisLockConfigurationError, WithLock } from '../../lib/index.js';
+import { compileLockKey, hasRestParameter } from '../../lib/decorators/lock-key.resolver.js';
 
 const resolve = (template: string, ...args: unknown[]): string | string[] =>
   compileLockKey(template, 'Test.method')(args);
@@ -35,5 +35,114 @@ describe('key templates read own properties only', () => {
     } finally {
       delete proto.id;
     }
+  });
+});
+
+describe('@WithLock templates checked against the declared parameters, when the class is defined', () => {
+  class PayDto {
+    orderId = '';
+  }
+  const refused = (pattern: RegExp) => (error: unknown) =>
+    error instanceof RedisLockConfigurationError && pattern.test(error.message);
+
+  it('refuses a placeholder past the last parameter', () => {
+    assert.throws(
+      () => {
+        class Orders {
+          @WithLock('order:{1}')
+          async pay(id: string): Promise<string> {
+            return id;
+          }
+        }
+        return Orders;
+      },
+      refused(/\{1\} reads argument 1, but Orders\.pay declares 1 parameter/),
+    );
+  });
+
+  it('refuses a property of a string or number parameter, and a DTO used whole', () => {
+    assert.throws(
+      () => {
+        class Orders {
+          @WithLock({ key: ['order:{0}', 'acct:{0.id}'] })
+          async pay(id: string): Promise<string> {
+            return id;
+          }
+        }
+        return Orders;
+      },
+      refused(/\{0\.id\} reads property "id" of parameter 0, which is a string: write \{0\}/),
+    );
+    assert.throws(
+      () => {
+        class Orders {
+          @WithLock('order:{1.id}')
+          async pay(tenant: string, id: number): Promise<string> {
+            return `${tenant}${id}`;
+          }
+        }
+        return Orders;
+      },
+      refused(/which is a number/),
+    );
+    assert.throws(
+      () => {
+        class Orders {
+          @WithLock('order:{0}')
+          async pay(dto: PayDto): Promise<string> {
+            return dto.orderId;
+          }
+        }
+        return Orders;
+      },
+      refused(/\{0\} uses parameter 0 whole, a PayDto.*\{0\.id\}/),
+    );
+  });
+
+  it('accepts what may resolve: a DTO property, a string whole or its length, untyped, union and rest parameters', () => {
+    class Orders {
+      @WithLock('order:{0.orderId}')
+      async a(dto: PayDto): Promise<string> {
+        return dto.orderId;
+      }
+      @WithLock('order:{0}:{0.length}')
+      async b(id: string): Promise<string> {
+        return id;
+      }
+      @WithLock('order:{0.id}:{1}')
+      async c(query: { id?: string }, n: string | number): Promise<string> {
+        return `${query.id}${n}`;
+      }
+      @WithLock('order:{2}')
+      async d(...ids: string[]): Promise<string> {
+        return ids.join();
+      }
+      @WithLock((id: string) => `order:${id}`)
+      async e(id: string): Promise<string> {
+        return id;
+      }
+    }
+    assert.equal(typeof Orders.prototype.a, 'function');
+  });
+});
+
+describe('hasRestParameter reads the parameter list of a function', () => {
+  it('finds a rest parameter after defaults with brackets and strings, and none where there is none', () => {
+    const f = (n: number): number => n;
+    const cases: [object, boolean][] = [
+      [(a: number, ...rest: number[]) => a + rest.length, true],
+      [(a = f(1), b = ')', ...rest: string[]) => [a, b, rest], true],
+      [({ x }: { x: number }, [y] = [1]) => x + y, false],
+      [(s = '...') => s, false],
+      [
+        function named(this: void, a: string) {
+          return a;
+        },
+        false,
+      ],
+      [async (...all: unknown[]) => all, true],
+    ];
+    for (const [fn, expected] of cases)
+      assert.equal(hasRestParameter(fn), expected, Function.prototype.toString.call(fn));
   });
 });
