@@ -58,7 +58,12 @@ export async function answerLockTimeout(
   }
 }
 
-/** Seconds a client should wait before retrying: the holder's remaining TTL, at least 1. */
+/**
+ * Seconds a client should wait before retrying, at least 1: how long the key's holds last, as this
+ * process saw (never longer than the holder's lock still runs), else the holder's remaining TTL,
+ * else `acquireTimeout`.
+ */
 function retryAfterSeconds(error: LockAcquireTimeoutError): number {
-  return Math.max(1, Math.ceil((error.retryAfterMs ?? error.acquireTimeout) / 1_000));
+  const ms = error.expectedWaitMs ?? error.retryAfterMs ?? error.acquireTimeout;
+  return Math.max(1, Math.ceil(ms / 1_000));
 }

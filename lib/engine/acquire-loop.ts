@@ -301,6 +301,7 @@ export class AcquireLoop {
       opts.acquireTimeout,
       last.retryAfter,
       last.held,
+      events.expectedWaitMs(key, last.retryAfter),
     );
   }
 

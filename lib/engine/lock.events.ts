@@ -2,6 +2,9 @@ import type { Logger } from '@nestjs/common';
 import { Observable, Subject } from 'rxjs';
 import type { LockEvent } from '../interfaces/lock-event.interface.js';
 
+/** How many keys' hold times `LockEvents` keeps (the most recently released). */
+const HOLD_KEYS = 1_000;
+
 /**
  * The lock events of one `LockService`. Free while nobody listens: emitters check `observed`
  * before they build an event. Events are delivered synchronously, in order, to every subscriber;
@@ -10,6 +13,8 @@ import type { LockEvent } from '../interfaces/lock-event.interface.js';
 export class LockEvents {
   private readonly subject = new Subject<LockEvent>();
   private subscribers = 0;
+  /** How long each key's holds in this process lasted lately: a moving average, in ms. */
+  private readonly holds = new Map<string, number>();
   readonly observable: Observable<LockEvent>;
 
   constructor(private readonly logger: Logger) {
@@ -36,6 +41,33 @@ export class LockEvents {
       // operator chain that throws synchronously.
       this.logger.warn(`A LockService.events subscriber threw: ${String(error)}`);
     }
+  }
+
+  /**
+   * Notes how long a hold of `key` lasted (at its release), for `expectedWaitMs`. Kept for the
+   * last `HOLD_KEYS` keys released, so a stream of distinct keys costs bounded memory.
+   */
+  noteHold(key: string, heldMs: number): void {
+    const before = this.holds.get(key);
+    if (before === undefined) {
+      if (this.holds.size >= HOLD_KEYS) this.holds.delete(this.holds.keys().next().value as string);
+      this.holds.set(key, heldMs);
+    } else {
+      // Moved to the end, the most recently released; each hold weighs a quarter.
+      this.holds.delete(key);
+      this.holds.set(key, before + (heldMs - before) / 4);
+    }
+  }
+
+  /**
+   * How long a caller that found `key` taken may expect to wait: how long a hold of it lasts, as
+   * this process saw lately, but no longer than the holder's lock still runs (`remainingMs`, if
+   * known); `undefined` if this process saw no hold of it. The instances of an app run the same
+   * code, so the holds one of them sees stand for the others'.
+   */
+  expectedWaitMs(key: string, remainingMs: number | undefined): number | undefined {
+    const typical = this.holds.get(key);
+    return typical === undefined ? undefined : Math.min(typical, remainingMs ?? Infinity);
   }
 
   /** Completes the stream (module shutdown). */

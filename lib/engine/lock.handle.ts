@@ -202,8 +202,9 @@ export class LockHandle extends Lease implements Lock, Linked<LockHandle>, Reent
 
   private reportRelease(shutdown: boolean): void {
     const { events } = this.owner;
-    if (!events.observed) return;
     const heldMs = performance.now() - this.acquiredAt;
+    if (!shutdown) events.noteHold(this.key, heldMs);
+    if (!events.observed) return;
     events.emit({ type: 'released', key: this.key, fence: this.fence, heldMs, shutdown });
   }
 

@@ -71,7 +71,14 @@ export class MultiKeyAcquisition {
         events.emit({ type: opts.skipWhenBusy && held ? 'skipped' : 'timeout', key, waitedMs });
       }
       if (mode === 'tryAcquire') return null;
-      throw new LockAcquireTimeoutError(key, waitedMs, opts.acquireTimeout, retryAfter, held);
+      throw new LockAcquireTimeoutError(
+        key,
+        waitedMs,
+        opts.acquireTimeout,
+        retryAfter,
+        held,
+        events.expectedWaitMs(key, retryAfter),
+      );
     }
   }
 

@@ -97,6 +97,12 @@ export class LockAcquireTimeoutError extends RedisLockError {
      * last one was taken, a fair waiter behind a queue entry of a caller that no longer asks.
      */
     readonly busy = true,
+    /**
+     * How long the key stays taken, as far as this process knows: a moving average of its last
+     * holds of the key, at most `retryAfterMs` (`undefined` if it saw none). What a route's 409
+     * gives as `Retry-After` (at least 1 s).
+     */
+    readonly expectedWaitMs?: number,
   ) {
     super(
       `Could not acquire lock "${key}" within ${acquireTimeout} ms (waited ${Math.round(waitedMs)} ms): ` +

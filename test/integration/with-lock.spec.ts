@@ -369,7 +369,35 @@ describe('@WithLock', () => {
         try {
           const busy = await fetch(`${url}/orders/constant`);
           assert.equal(busy.status, 409);
-          assert.equal(busy.headers.get('retry-after'), '5');
+          // The route's own hold just now lasted milliseconds: retry in 1 s, not the 5 s TTL.
+          assert.equal(busy.headers.get('retry-after'), '1');
+        } finally {
+          await held.release();
+        }
+      });
+
+      it("Retry-After is how long this process saw the key held lately, at most the holder's remaining TTL, else that TTL", async () => {
+        const id = Math.floor(Math.random() * 1e9);
+        const retryAfter = async (): Promise<string | null> => {
+          const busy = await fetch(`${url}/orders/above/${id}`);
+          assert.equal(busy.status, 409);
+          return busy.headers.get('retry-after');
+        };
+        // Nothing seen of this key yet: the holder's remaining TTL.
+        let held = await locks.acquire(`order:${id}`, { ttl: 10_000 });
+        assert.equal(await retryAfter(), '10');
+        await sleep(1_100);
+        await held.release(); // a hold of ~1.1 s
+        held = await locks.acquire(`order:${id}`, { ttl: 10_000 });
+        try {
+          assert.equal(await retryAfter(), '2', 'the hold seen, not the 10 s TTL');
+        } finally {
+          await held.release();
+        }
+        // A holder whose lock runs out sooner than the holds seen: its remaining TTL (≥ 1 s).
+        held = await locks.acquire(`order:${id}`, { ttl: 800 });
+        try {
+          assert.equal(await retryAfter(), '1');
         } finally {
           await held.release();
         }
