@@ -96,6 +96,7 @@ export class RedisLockModule
   async onModuleInit(): Promise<void> {
     this.followLazyModules();
     try {
+      this.refuseTwoGlobal();
       this.adopt([...this.modules.values()]);
     } catch (error) {
       // A failed init is not followed by a shutdown in every Nest version: close what is open.
@@ -123,6 +124,24 @@ export class RedisLockModule
     // distance calculation takes it.
     const root = [...this.modules.values()][1]?.instance as object | undefined;
     if (!root || !runAfter(root, 'onApplicationBootstrap', start)) start();
+  }
+
+  /**
+   * Two global registrations in one app would each offer their LockService everywhere, and Nest
+   * would give every module one of them without a word: which one (with its `keyPrefix`, its
+   * Redis) is not for the library to guess.
+   */
+  private refuseTwoGlobal(): void {
+    const global = [...this.modules.values()].filter(
+      (module) => module.metatype === RedisLockModule && module.isGlobal,
+    );
+    if (global.length > 1) {
+      throw new RedisLockConfigurationError(
+        'isGlobal',
+        true,
+        `this app registers RedisLockModule with isGlobal ${global.length} times, so which LockService a module gets is undefined: register one of them globally and import the others (without isGlobal) into the modules that need them`,
+      );
+    }
   }
 
   /** Goes through `modules` (see `onModuleInit`); they count as adopted once that succeeded. */

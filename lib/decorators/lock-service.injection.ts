@@ -4,9 +4,12 @@ import { LockService } from '../lock.service.js';
 
 /**
  * Where Nest injects the app's own LockService into every instance of a class using `@WithLock`
- * or `@WhileLeader`: the one of the module the instance is made in.
+ * or `@WhileLeader`: the one of the module the instance is made in. Its description is what Nest's
+ * error names when that module cannot see a LockService, so it says what to do.
  */
-const LOCK_SERVICE = Symbol('nestjs-redis-lock:LockService');
+const LOCK_SERVICE = Symbol(
+  'the LockService that @WithLock and @WhileLeader need: import RedisLockModule into this module, or register it with isGlobal: true',
+);
 /** On a class with `@WithLock` or `@WhileLeader` methods (see `lockedInstance`). */
 const LOCKED_CLASS = Symbol('nestjs-redis-lock:locked-class');
 

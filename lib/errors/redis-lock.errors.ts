@@ -31,7 +31,7 @@ export class RedisLockConfigurationError extends RedisLockError {
     readonly problem: string,
   ) {
     const shown = withoutSecrets(value);
-    super(`Invalid option "${option}" (${describe(shown)}): ${problem}`);
+    super(`Invalid option "${option}"${given(shown)}: ${problem}`);
     this.value = shown;
   }
 }
@@ -49,7 +49,7 @@ export class LockArgumentError extends RedisLockError {
     /** What is wrong and how to fix it. */
     readonly problem: string,
   ) {
-    super(`Invalid lock argument "${argument}" (${describe(value, argument)}): ${problem}`);
+    super(`Invalid lock argument "${argument}"${given(value, argument)}: ${problem}`);
   }
 }
 
@@ -303,8 +303,29 @@ function describe(value: unknown, name?: string): string {
   if (typeof value === 'number' || typeof value === 'boolean' || value == null) {
     return String(value);
   }
-  if (typeof value === 'function') return 'a function';
-  return `a ${value.constructor?.name ?? 'value'}`;
+  if (typeof value === 'bigint') return `${value}n`;
+  if (typeof value === 'symbol') return value.toString();
+  if (typeof value === 'function') {
+    const kind = /^class[\s{]/.test(Function.prototype.toString.call(value))
+      ? 'the class'
+      : 'a function';
+    return value.name ? `${kind} ${value.name}` : kind;
+  }
+  if (Array.isArray(value)) return `an array of ${value.length}`;
+  const proto: unknown = Object.getPrototypeOf(value);
+  if (proto === Object.prototype || proto === null) {
+    const keys = Object.keys(value);
+    if (keys.length === 0) return 'an empty object';
+    const shown = keys.slice(0, 5).join(', ') + (keys.length > 5 ? ', …' : '');
+    return `an object with ${shown}`;
+  }
+  const type = (value as { constructor?: { name?: string } }).constructor?.name;
+  return type ? `an instance of ${type}` : 'an object';
+}
+
+/** ` (the value)` after an option's name, or nothing when it was not given (`undefined`). */
+function given(value: unknown, name?: string): string {
+  return value === undefined ? '' : ` (${describe(value, name)})`;
 }
 
 /** A cause's message, without its own final period (the sentence around it ends with one). */

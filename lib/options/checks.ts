@@ -73,7 +73,11 @@ export function ttlProblem(value: unknown): string | undefined {
 export function durationProblem(value: unknown, allowZero: boolean): string | undefined {
   const floor = allowZero ? '>= 0' : '> 0';
   if (typeof value !== 'number' || !Number.isFinite(value) || !Number.isInteger(value)) {
-    return `must be a whole number of milliseconds ${floor}`;
+    const hint =
+      typeof value === 'string' && value.trim() !== '' && Number.isFinite(Number(value))
+        ? ' (this is a string: values read from the environment or a ConfigService are strings; convert them with Number(...))'
+        : '';
+    return `must be a whole number of milliseconds ${floor}${hint}`;
   }
   if (allowZero ? value < 0 : value <= 0) return `must be ${floor}`;
   if (value > MAX_DURATION) return `must be at most ${MAX_DURATION} ms (~24.8 days)`;

@@ -10,6 +10,7 @@ import {
   RedisLockConfigurationError,
   RedisLockModule,
   RedisLockShutdownError,
+  WithLock,
   type RedisLockModuleOptions,
 } from '../../lib/index.js';
 import { createLockBackend } from '../../lib/redis/lock-backend.factory.js';
@@ -24,6 +25,17 @@ class Consumer {
 }
 @Module({ providers: [Consumer] })
 class FeatureModule {}
+
+/** A provider with a locked method, in a module that does not import RedisLockModule. */
+@Injectable()
+class LockedConsumer {
+  @WithLock('order:{0}')
+  async pay(id: string): Promise<string> {
+    return id;
+  }
+}
+@Module({ providers: [LockedConsumer] })
+class LockedFeatureModule {}
 
 describe('RedisLockModule', () => {
   let server: RedisServer;
@@ -145,6 +157,54 @@ describe('RedisLockModule', () => {
       }).compile();
       await assertWorks(module.get(Consumer).locks);
       await module.close();
+    });
+
+    it('two global registrations in one app fail the boot; one global and one imported is fine', async () => {
+      await assert.rejects(
+        Test.createTestingModule({
+          imports: [
+            RedisLockModule.forRoot({ connection: server.url, isGlobal: true, keyPrefix: 'a:' }),
+            RedisLockModule.forRoot({ connection: server.url, isGlobal: true, keyPrefix: 'b:' }),
+            FeatureModule,
+          ],
+        })
+          .compile()
+          .then((module) => module.init()),
+        (error: Error) =>
+          error instanceof RedisLockConfigurationError &&
+          error.option === 'isGlobal' &&
+          /registers RedisLockModule with isGlobal 2 times/.test(error.message),
+      );
+      @Module({
+        imports: [RedisLockModule.forRoot({ connection: server.url, keyPrefix: 'b:' })],
+        providers: [Consumer],
+      })
+      class OwnLocksModule {}
+      const module = await Test.createTestingModule({
+        imports: [
+          RedisLockModule.forRoot({ connection: server.url, isGlobal: true, keyPrefix: 'a:' }),
+          OwnLocksModule,
+          FeatureModule,
+        ],
+      }).compile();
+      await module.init();
+      await assertWorks(module.select(FeatureModule).get(Consumer, { strict: true }).locks, 'a:');
+      await assertWorks(module.select(OwnLocksModule).get(Consumer, { strict: true }).locks, 'b:');
+      await module.close();
+    });
+
+    it('a @WithLock provider in a module that cannot see LockService fails the boot saying what to do', async () => {
+      await assert.rejects(
+        Test.createTestingModule({
+          imports: [RedisLockModule.forRoot({ connection: server.url }), LockedFeatureModule],
+        }).compile(),
+        (error: Error) =>
+          /LockedConsumer/.test(error.message) &&
+          /import RedisLockModule into this module, or register it with isGlobal: true/.test(
+            error.message,
+          ) &&
+          !/nestjs-redis-lock:/.test(error.message),
+      );
     });
   });
 

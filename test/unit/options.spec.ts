@@ -168,4 +168,32 @@ describe('per-call options (pure validation)', () => {
       /did you mean/,
     );
   });
+
+  it('messages show what was given in words, nothing for what was not, and why a string is no duration', () => {
+    const message = (options: object): string => {
+      try {
+        resolveModuleOptions(options as never);
+      } catch (error) {
+        assert.ok(error instanceof RedisLockConfigurationError, String(error));
+        return error.message;
+      }
+      assert.fail('expected a RedisLockConfigurationError');
+    };
+    class Svc {}
+    const connection = 'redis://127.0.0.1:1';
+    assert.match(message({ client: new Svc() }), /"client" \(an instance of Svc\): /);
+    assert.match(message({ connection: Svc }), /"connection" \(the class Svc\): /);
+    assert.match(message({ connection, defaults: [] }), /"defaults" \(an array of 0\)/);
+    assert.match(message({ connection, replicaAck: { x: 1 } }), /replicaAck\.x/);
+    assert.match(
+      message({ client: {}, connection }),
+      /^Invalid option "client \+ connection": give/,
+    );
+    assert.doesNotMatch(message({}), /undefined/);
+    assert.match(
+      message({ connection, defaults: { ttl: '5000' } }),
+      /"defaults\.ttl" \("5000"\): .*values read from the environment .* are strings; convert them with Number/,
+    );
+    assert.doesNotMatch(message({ connection, defaults: { ttl: 'soon' } }), /environment/);
+  });
 });
