@@ -172,7 +172,7 @@ describe('per-call options (pure validation)', () => {
   it('messages show what was given in words, nothing for what was not, and why a string is no duration', () => {
     const message = (options: object): string => {
       try {
-        resolveModuleOptions(options as never);
+        resolveModuleOptions(options);
       } catch (error) {
         assert.ok(error instanceof RedisLockConfigurationError, String(error));
         return error.message;
