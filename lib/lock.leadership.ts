@@ -1,3 +1,4 @@
+import { OutageLog } from './utils/outage-log.js';
 import type { Logger } from '@nestjs/common';
 import { Subject, type Observable } from 'rxjs';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -101,6 +102,9 @@ export class Campaign implements Leadership {
   readonly done: Promise<void>;
   readonly changes: Observable<boolean> = this.subject.asObservable();
 
+  /** Failed campaign attempts while Redis cannot be reached: logged once per outage. */
+  private readonly outage: OutageLog;
+
   constructor(
     readonly key: string,
     private readonly work: (term: LeaderTerm) => unknown,
@@ -109,6 +113,7 @@ export class Campaign implements Leadership {
     private readonly runTerm: TermRunner,
     private readonly logger: Logger,
   ) {
+    this.outage = new OutageLog(logger, `Campaign for leadership of "${key}"`);
     this.done = outsideLocks(() => this.campaign());
   }
 
@@ -148,10 +153,11 @@ export class Campaign implements Leadership {
         await this.runTerm.run(this.key, (lock) => this.term(lock), options);
       } catch (error) {
         if (stopped.aborted || error instanceof RedisLockShutdownError) break;
-        if (error instanceof LockAcquireTimeoutError) continue;
-        this.logger.warn(
-          `Campaign for leadership of "${this.key}" failed; trying again in ${this.pause} ms: ${String(error)}`,
-        );
+        if (error instanceof LockAcquireTimeoutError) {
+          this.outage.recovered(); // Redis answered: someone else leads
+          continue;
+        }
+        this.outage.failed(error, this.pause);
       }
       await sleep(this.pause, undefined, { signal: stopped }).catch(() => undefined);
     }
@@ -170,6 +176,7 @@ export class Campaign implements Leadership {
    * to finish on its own.
    */
   private async term(lock: Lock): Promise<void> {
+    this.outage.recovered();
     if (this.stopper.signal.aborted) return;
     const signal = AbortSignal.any([lock.signal, this.stopper.signal]);
     const cease = (): void => this.change(false);

@@ -289,7 +289,7 @@ describe('leadership (lead, @WhileLeader)', { timeout: 90_000 }, () => {
     }
   });
 
-  it('with Redis not answering, the campaign keeps trying and stop() settles at once', async () => {
+  it('with Redis not answering, the campaign keeps trying, logs the outage once and its end once, leads when Redis is back, and stop() settles at once', async () => {
     const proxy = await FaultProxy.start(() => server.port);
     const app = await startLockModule({
       connection: `redis://127.0.0.1:${proxy.port}`,
@@ -299,12 +299,26 @@ describe('leadership (lead, @WhileLeader)', { timeout: 90_000 }, () => {
     const { capture, restore } = LogCapture.install();
     try {
       proxy.stall();
-      const work = async (): Promise<void> => assert.fail('never leads without Redis');
+      let led = false;
+      const work = async ({ signal }: LeaderTerm): Promise<void> => {
+        led = true;
+        await new Promise((resolve) => signal.addEventListener('abort', resolve, { once: true }));
+      };
       const leadership = app.locks.lead(uniqueKey('leader'), work);
-      const warned = (): number =>
-        capture.lines.filter(({ message }) => message.includes('Campaign')).length;
-      assert.ok(await eventually(() => warned() >= 1, 10_000), 'the failed campaigns are logged');
+      const lines = (level: string): string[] =>
+        capture.lines
+          .filter((line) => line.level === level && line.message.includes('Campaign'))
+          .map(({ message }) => message);
+      assert.ok(await eventually(() => lines('warn').length >= 1, 10_000), 'the outage is logged');
+      await sleep(1_500); // several more attempts (one every ~300 ms): no more lines
+      assert.equal(lines('warn').length, 1, lines('warn').join('\n'));
+      assert.match(lines('warn')[0], /failed; trying again every 100 ms/);
       assert.equal(leadership.isLeader, false);
+      assert.equal(led, false);
+      proxy.heal();
+      assert.ok(await eventually(() => leadership.isLeader, 10_000), 'leads once Redis is back');
+      assert.equal(lines('log').length, 1);
+      assert.match(lines('log')[0], /works again after \d+\.\d s \(\d+ failed attempts\)/);
       await leadership.stop();
     } finally {
       restore();
