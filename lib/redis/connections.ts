@@ -201,7 +201,11 @@ export async function pingHealth(
     await within(client.ping(), commandTimeout, []);
     return { up: true, details: { latencyMs: round(performance.now() - started) } };
   } catch (error) {
-    return { up: false, details: { error: describeFailure(error, commandTimeout) } };
+    // While the connection is down, why (refused, auth, a timeout) says more than a PING's
+    // silence or ioredis' retry-limit message.
+    const why =
+      unreachable(client) ?? describeFailure(explainFailure(client, error), commandTimeout);
+    return { up: false, details: { error: why } };
   }
 }
 

@@ -5,7 +5,7 @@ import { Test } from '@nestjs/testing';
 import { HealthCheck, HealthCheckService, TerminusModule } from '@nestjs/terminus';
 import { RedisLockModule, type RedisLockModuleOptions } from '../../lib/index.js';
 import { RedisLockHealthIndicator } from '../../lib/health/index.js';
-import { eventually } from '../support/lock-module.js';
+import { eventually, sleep } from '../support/lock-module.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
 import { assertWithin, watchStalls } from '../support/timing.js';
 
@@ -85,6 +85,28 @@ describe('RedisLockHealthIndicator (nestjs-redis-lock/health)', () => {
       const [gone, , tookGone] = await get(url);
       assert.equal(gone, 503);
       assertWithin(tookGone, 500, watch, 'the report with Redis gone');
+      // It says which Redis and why, not a silence: the port refuses connections.
+      const reports: string[] = [];
+      for (let i = 0; i < 3; i++) {
+        reports.push(String((await get(url))[1].error?.locks.error));
+        await sleep(150);
+      }
+      assert.deepEqual(
+        reports.filter((report) => !/Redis at 127\.0\.0\.1:\d+ is unreachable/.test(report)),
+        [],
+        'every report while the port refuses connections names the Redis and says it is unreachable',
+      );
+      let said = '';
+      const refused = new RegExp(
+        `Redis at 127\\.0\\.0\\.1:${server.port} is unreachable \\(connect ECONNREFUSED`,
+      );
+      assert.ok(
+        await eventually(async () => {
+          said = String((await get(url))[1].error?.locks.error);
+          return refused.test(said);
+        }, 3_000),
+        said,
+      );
       watch.stop();
       servers[0] = await server.restart();
       assert.ok(
