@@ -157,7 +157,7 @@ export class Campaign implements Leadership {
           this.outage.recovered(); // Redis answered: someone else leads
           continue;
         }
-        this.outage.failed(error, this.pause);
+        this.outage.failed(error, `trying again every ${this.pause} ms`);
       }
       await sleep(this.pause, undefined, { signal: stopped }).catch(() => undefined);
     }

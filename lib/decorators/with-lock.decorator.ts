@@ -17,6 +17,7 @@ import type { AcquireOptions } from '../interfaces/lock.interface.js';
 import type { LockKeySource, WithLockOptions } from '../interfaces/with-lock-options.interface.js';
 import { SKIP_WHEN_BUSY } from '../options/acquire-options.js';
 import { validateWithLockOptions } from '../options/decorator-options.js';
+import { OutageLog } from '../utils/outage-log.js';
 import { answerLockTimeout } from './lock-timeout.answer.js';
 import { injectLockService, lockServiceOf, refuseStatic } from './lock-service.injection.js';
 import { compileLockKey, hasRestParameter, type LockKeyResolver } from './lock-key.resolver.js';
@@ -127,7 +128,12 @@ interface ParameterMetadata {
 }
 
 /** A decorated method, with its arguments (the handler's context taken off) and that context. */
-type LockedCall = (this: object, args: unknown[], context: ExecutionContext | undefined) => unknown;
+type LockedCall = (
+  this: object,
+  args: unknown[],
+  context: ExecutionContext | undefined,
+  job?: OutageLog,
+) => unknown;
 
 /**
  * Runs the method while holding a distributed lock whose key comes from the method's arguments,
@@ -226,9 +232,15 @@ export function WithLock(
     const onSubscribe = lockOnSubscribe(call, method, resolveKey, acquireOptions, answer, skip);
     // Decided at the first call, when every decorator (whatever its order) has left its metadata.
     let observable: boolean | undefined;
+    /** A scheduled job that skips when busy: its outages, logged once each (see `skipWhenBusy`). */
+    let job: OutageLog | null | undefined;
     const wrapper = function (this: object, ...args: unknown[]): unknown {
       observable ??=
         declared === 'observable' || Reflect.getMetadata(NEST_SSE_METADATA, wrapper) === true;
+      job ??=
+        skip && Reflect.getMetadata(SCHEDULER_TYPE, wrapper) !== undefined
+          ? new OutageLog(logger, `The scheduled job ${method}`)
+          : null;
       let context: ExecutionContext | undefined;
       const last = args[args.length - 1];
       if (typeof last === 'function' && handlerCalls.has(last as HandlerCall)) {
@@ -238,7 +250,7 @@ export function WithLock(
         // over HTTP, the transport's arguments elsewhere (`(data, context)` for a microservice).
         if (parameters.length === 0) args = context.getType() === 'http' ? [] : context.getArgs();
       }
-      return (observable ? onSubscribe : onCall).call(this, args, context);
+      return (observable ? onSubscribe : onCall).call(this, args, context, job ?? undefined);
     };
 
     // Decorators listed below this one have put their metadata on the original function.
@@ -393,10 +405,18 @@ function lockOnCall(
       acquireOptions,
     );
   };
-  return function (args, context) {
+  return function (args, context, job) {
     const started = { ran: false };
     let pending = locked.call(this, args, started);
-    if (skip) pending = pending.catch((error: unknown) => skipWhenBusy(error, started.ran, method));
+    if (skip) {
+      pending = pending.then(
+        (result) => {
+          job?.recovered();
+          return result;
+        },
+        (error: unknown) => skipWhenBusy(error, started.ran, method, job),
+      );
+    }
     return context ? pending.catch((error: unknown) => answer(this, error, context)) : pending;
   };
 }
@@ -405,10 +425,23 @@ function lockOnCall(
  * `onBusy: 'skip'`: a call whose own lock was taken by another holder (the method never ran)
  * resolves `undefined`, said at debug level; any other failure passes on: a Redis that does not
  * answer, a lock nobody else held but that came too late (`busy: false`), or a lock timeout from
- * inside the method.
+ * inside the method. Except for a scheduled job's fire (`job`) whose lock could not reach Redis:
+ * the scheduler would log each fire's error with its stack, so the outage is logged once when it
+ * starts, summarised while it lasts and ended with a line (`OutageLog`), and the fire resolves
+ * `undefined`, not run.
  */
-function skipWhenBusy(error: unknown, ran: boolean, method: string): undefined {
+function skipWhenBusy(
+  error: unknown,
+  ran: boolean,
+  method: string,
+  job: OutageLog | undefined,
+): undefined {
+  if (!ran && job && error instanceof LockBackendError) {
+    job.failed(error, 'its fires are not run while its lock cannot reach Redis');
+    return undefined;
+  }
   if (ran || !(error instanceof LockAcquireTimeoutError) || !error.busy) throw error;
+  job?.recovered();
   logger.debug(`${method} skipped: lock "${error.key}" is held by another holder`);
   return undefined;
 }
@@ -448,7 +481,8 @@ function lockOnSubscribe(
         }),
       );
       // Skipped: completes empty (`endHold` is set once the method was called).
-      if (skip) held = held.catch((error: unknown) => skipWhenBusy(error, !!endHold, method));
+      if (skip)
+        held = held.catch((error: unknown) => skipWhenBusy(error, !!endHold, method, undefined));
       (context ? held.catch((error: unknown) => answer(this, error, context)) : held).then(
         () => subscriber.complete(),
         (error: unknown) => subscriber.error(error),

@@ -19,14 +19,14 @@ export class OutageLog {
     private readonly now: () => number = () => performance.now(),
   ) {}
 
-  /** One more failure; `retryMs`: when the next attempt comes. */
-  failed(error: unknown, retryMs: number): void {
+  /** One more failure; `next`: what happens next (`trying again every 100 ms`). */
+  failed(error: unknown, next: string): void {
     const now = this.now();
     this.failures++;
     if (this.since === undefined) {
       this.since = this.lastLine = now;
       this.logger.warn(
-        `${this.what} failed; trying again every ${retryMs} ms (a summary every ${Math.round(this.summaryMs / 1_000)} s while it fails, and a line when it works again): ${String(error)}`,
+        `${this.what} failed; ${next} (a summary every ${Math.round(this.summaryMs / 1_000)} s while it fails, and a line when it works again): ${String(error)}`,
       );
     } else if (now - this.lastLine >= this.summaryMs) {
       this.lastLine = now;

@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { Controller, Get, Injectable, Param, type INestApplication } from '@nestjs/common';
+import { Interval } from '@nestjs/schedule';
 import { defer, Observable, of, toArray, firstValueFrom } from 'rxjs';
 import {
   LockAcquireTimeoutError,
@@ -11,7 +12,13 @@ import {
   type LockEvent,
 } from '../../lib/index.js';
 import { FaultProxy } from '../support/fault-proxy.js';
-import { LogCapture, startHttpApp, startLockModule, uniqueKey } from '../support/lock-module.js';
+import {
+  eventually,
+  LogCapture,
+  startHttpApp,
+  startLockModule,
+  uniqueKey,
+} from '../support/lock-module.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
 
 let runs = 0;
@@ -36,6 +43,17 @@ class Jobs {
   @WithLock({ key: 'outer:{0}', onBusy: 'skip' })
   async inner(name: string, locks: LockService): Promise<void> {
     await locks.acquire(`inner:${name}`, { acquireTimeout: 20 });
+  }
+}
+
+/** A scheduled job (the scheduler is not started here: the test calls it as a fire would). */
+@Injectable()
+class ScheduledJob {
+  @Interval(3_600_000)
+  @WithLock({ key: 'scheduled:{0}', onBusy: 'skip' })
+  async fire(_name: string): Promise<string> {
+    runs++;
+    return 'ran';
   }
 }
 
@@ -168,6 +186,49 @@ describe("@WithLock onBusy: 'skip'", () => {
       );
       assert.equal(runs, 0);
     } finally {
+      proxy.heal();
+      await slow.close();
+      await proxy.close();
+    }
+  });
+
+  it('a scheduled job whose lock cannot reach Redis: each fire resolves undefined, not run, and the outage is logged once, then its end once', async () => {
+    const proxy = await FaultProxy.start(() => server.port);
+    const slow = await startLockModule(
+      { connection: `redis://127.0.0.1:${proxy.port}`, commandTimeout: 200 },
+      [ScheduledJob],
+    );
+    const { capture, restore } = LogCapture.install();
+    try {
+      await slow.locks.isLocked(uniqueKey()); // a connection, before the partition
+      const job = slow.module.get(ScheduledJob);
+      const name = uniqueKey('s');
+      proxy.stall();
+      runs = 0;
+      for (let fire = 0; fire < 4; fire++) assert.equal(await job.fire(name), undefined);
+      assert.equal(runs, 0);
+      const lines = (level: string): string[] =>
+        capture.lines
+          .filter((line) => line.level === level && line.message.includes('ScheduledJob.fire'))
+          .map(({ message }) => message);
+      assert.equal(lines('warn').length, 1, lines('warn').join('\n'));
+      assert.match(
+        lines('warn')[0],
+        /The scheduled job ScheduledJob\.fire failed; its fires are not run while its lock cannot reach Redis .*Redis failed during acquire/,
+      );
+      assert.deepEqual(lines('error'), []);
+      proxy.heal();
+      assert.ok(
+        await eventually(async () => (await job.fire(name)) === 'ran', 5_000),
+        'runs once Redis is back',
+      );
+      assert.equal(lines('log').length, 1);
+      assert.match(
+        lines('log')[0],
+        /ScheduledJob\.fire works again after .* \(\d+ failed attempts\)/,
+      );
+    } finally {
+      restore();
       proxy.heal();
       await slow.close();
       await proxy.close();

@@ -13,7 +13,8 @@ describe('OutageLog: a repeating failure logged once, summarised, and ended', ()
     let now = 0;
     const outage = new OutageLog(logger, 'Campaign for "k"', 60_000, () => now);
     outage.recovered(); // nothing to end
-    for (; now < 150_000; now += 1_000) outage.failed(new Error('down'), 1_000);
+    for (; now < 150_000; now += 1_000)
+      outage.failed(new Error('down'), 'trying again every 1000 ms');
     outage.recovered();
     outage.recovered();
     assert.deepEqual(lines, [
@@ -22,7 +23,7 @@ describe('OutageLog: a repeating failure logged once, summarised, and ended', ()
       'warn Campaign for "k" still fails after 120.0 s (121 attempts): Error: down',
       'log Campaign for "k" works again after 150.0 s (150 failed attempts)',
     ]);
-    outage.failed('again', 1_000);
+    outage.failed('again', 'trying again every 1000 ms');
     assert.match(lines.at(-1) ?? '', /^warn Campaign for "k" failed; .*: again$/);
   });
 });
