@@ -166,6 +166,11 @@ export class LockService implements OnApplicationBootstrap, OnModuleDestroy, OnA
     return this.engine.running;
   }
 
+  /** @internal The TTL of a lock whose call gives none (`defaults.ttl`). */
+  get defaultTtl(): number {
+    return this.defaults.ttl;
+  }
+
   /**
    * @internal For `RedisLockHealthIndicator`: whether Redis answers a PING (in Redlock mode, a
    * majority of nodes), within `commandTimeout`. Never rejects.

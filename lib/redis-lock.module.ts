@@ -17,8 +17,12 @@ import {
   type InstanceWrapper,
   type NestModule,
 } from './decorators/app-instances.js';
-import { lockedInstance, provideLockService } from './decorators/lock-service.injection.js';
-import { warnAboutUnskippedJobs } from './decorators/with-lock.decorator.js';
+import {
+  lockedInstance,
+  lockServiceIn,
+  provideLockService,
+} from './decorators/lock-service.injection.js';
+import { checkHoldAtLeast, warnAboutUnskippedJobs } from './decorators/with-lock.decorator.js';
 import {
   checkLeaderMethods,
   hasLeaderMethods,
@@ -98,6 +102,10 @@ export class RedisLockModule
     try {
       this.refuseTwoGlobal();
       this.adopt([...this.modules.values()]);
+      for (const instance of new Set(wrappersOf(this.modules.values()).flatMap(lastingInstances))) {
+        const locks = lockedInstance(instance) ? lockServiceIn(instance) : undefined;
+        if (locks?.defaultTtl !== undefined) checkHoldAtLeast(instance, locks.defaultTtl);
+      }
     } catch (error) {
       // A failed init is not followed by a shutdown in every Nest version: close what is open.
       await Promise.all([...this.services()].map((service) => service.onApplicationShutdown()));

@@ -50,6 +50,13 @@ type HandlerCall = () => ExecutionContext;
 const handlerCalls = new WeakSet<HandlerCall>();
 /** On a class's prototype, per method name: `@WithLock` decorated it there, with this `onBusy`. */
 const LOCKED_METHOD = Symbol('nestjs-redis-lock:locked-method');
+
+/** What `LOCKED_METHOD` records of a `@WithLock` method, for the checks when the app starts. */
+interface LockedMethod {
+  readonly onBusy: 'fail' | 'skip';
+  readonly ttl: number | undefined;
+  readonly holdAtLeast: number | undefined;
+}
 /** `@nestjs/schedule`'s mark of a `@Cron`, `@Interval` or `@Timeout` method. */
 const SCHEDULER_TYPE = 'SCHEDULER_TYPE';
 /** Per handler function Nest calls: whether it is a locked method (see `lockedHandler`). */
@@ -62,20 +69,48 @@ const lockedHandlers = new WeakMap<object, boolean>();
  * third argument of `@WithLock(key, ttl, acquireTimeout)` as a hold-at-least, which it is not).
  */
 export function warnAboutUnskippedJobs(instance: object, logger: Logger): void {
+  for (const [proto, key, locked, method] of lockedMethodsOf(instance)) {
+    if (locked.onBusy !== 'fail') continue;
+    if (Reflect.getMetadata(SCHEDULER_TYPE, method) === undefined || warned.has(method)) continue;
+    warned.add(method);
+    logger.warn(
+      `@WithLock on the scheduled job ${proto.constructor.name}.${String(key)} has no onBusy: 'skip': every instance will run every fire, one after another, waiting for the lock. For a job that runs once per fire across the fleet, add onBusy: 'skip' (and holdAtLeast: a little more than the spread of your instances' timers).`,
+    );
+  }
+}
+
+/**
+ * @internal Refuses, when the app starts, a `@WithLock` method of `instance` whose `holdAtLeast`
+ * exceeds the TTL it will lock with: its own `ttl` is checked when the class is defined, but one
+ * that takes the module's `defaults.ttl` could only fail at every call (a job at every fire).
+ */
+export function checkHoldAtLeast(instance: object, defaultTtl: number): void {
+  for (const [proto, key, locked] of lockedMethodsOf(instance)) {
+    const { holdAtLeast, ttl } = locked;
+    if (ttl !== undefined || holdAtLeast === undefined || holdAtLeast <= defaultTtl) continue;
+    throw new RedisLockConfigurationError(
+      `@WithLock(${proto.constructor.name}.${String(key)}).holdAtLeast`,
+      holdAtLeast,
+      `must not exceed the ttl the method locks with: the module's defaults.ttl (${defaultTtl} ms), as it gives no ttl of its own. Give it a ttl of at least ${holdAtLeast} ms, or a shorter holdAtLeast`,
+    );
+  }
+}
+
+/** The `@WithLock` methods of `instance`'s class chain: where, the name, the record, the function. */
+function* lockedMethodsOf(
+  instance: object,
+): Generator<[object, string | symbol, LockedMethod, object]> {
   for (
     let proto = Object.getPrototypeOf(instance) as object | null;
     proto && proto !== Object.prototype;
     proto = Object.getPrototypeOf(proto) as object | null
   ) {
     for (const key of Reflect.ownKeys(proto)) {
-      const onBusy = Reflect.getOwnMetadata(LOCKED_METHOD, proto, key) as string | undefined;
+      const locked = Reflect.getOwnMetadata(LOCKED_METHOD, proto, key) as LockedMethod | undefined;
       const method = Object.getOwnPropertyDescriptor(proto, key)?.value as unknown;
-      if (onBusy !== 'fail' || typeof method !== 'function') continue;
-      if (Reflect.getMetadata(SCHEDULER_TYPE, method) === undefined || warned.has(method)) continue;
-      warned.add(method);
-      logger.warn(
-        `@WithLock on the scheduled job ${proto.constructor.name}.${String(key)} has no onBusy: 'skip': every instance will run every fire, one after another, waiting for the lock. For a job that runs once per fire across the fleet, add onBusy: 'skip' (and holdAtLeast: a little more than the spread of your instances' timers).`,
-      );
+      if (locked !== undefined && typeof method === 'function') {
+        yield [proto, key, locked, method];
+      }
     }
   }
 }
@@ -258,7 +293,12 @@ export function WithLock(
       Reflect.defineMetadata(metadataKey, Reflect.getOwnMetadata(metadataKey, original), wrapper);
     }
     Object.defineProperty(wrapper, 'name', { value: call.name });
-    Reflect.defineMetadata(LOCKED_METHOD, options.onBusy ?? 'fail', target, propertyKey);
+    const record: LockedMethod = {
+      onBusy: options.onBusy ?? 'fail',
+      ttl: options.ttl,
+      holdAtLeast: options.holdAtLeast,
+    };
+    Reflect.defineMetadata(LOCKED_METHOD, record, target, propertyKey);
     descriptor.value = wrapper as never;
     // After every declared parameter: `length` stops at the first one with a default value, the
     // declared types (emitted by TypeScript) do not.
@@ -360,7 +400,7 @@ function unavailable(error: LockBackendError): ServiceUnavailableException {
     {
       statusCode: 503,
       error: 'Service Unavailable',
-      message: `The lock service is unavailable: ${error.message} Retry later.`,
+      message: `The lock service is unavailable: ${error.message}`,
     },
     { cause: error },
   );

@@ -37,6 +37,13 @@ class LockedConsumer {
 @Module({ providers: [LockedConsumer] })
 class LockedFeatureModule {}
 
+/** A job that keeps its key 30 s, with no ttl of its own: it locks with the module's default. */
+@Injectable()
+class LongHoldJob {
+  @WithLock({ key: 'job:report', onBusy: 'skip', holdAtLeast: 30_000 })
+  async run(): Promise<void> {}
+}
+
 describe('RedisLockModule', () => {
   let server: RedisServer;
   let redis: Redis;
@@ -190,6 +197,28 @@ describe('RedisLockModule', () => {
       await module.init();
       await assertWorks(module.select(FeatureModule).get(Consumer, { strict: true }).locks, 'a:');
       await assertWorks(module.select(OwnLocksModule).get(Consumer, { strict: true }).locks, 'b:');
+      await module.close();
+    });
+
+    it("a holdAtLeast above the module's defaults.ttl, on a method with no ttl of its own, fails the boot (not every call)", async () => {
+      await assert.rejects(
+        Test.createTestingModule({
+          imports: [RedisLockModule.forRoot({ connection: server.url })],
+          providers: [LongHoldJob],
+        })
+          .compile()
+          .then((module) => module.init()),
+        (error: Error) =>
+          error instanceof RedisLockConfigurationError &&
+          error.option === '@WithLock(LongHoldJob.run).holdAtLeast' &&
+          /defaults\.ttl \(10000 ms\).*ttl of at least 30000 ms/.test(error.message),
+      );
+      const module = await Test.createTestingModule({
+        imports: [RedisLockModule.forRoot({ connection: server.url, defaults: { ttl: 60_000 } })],
+        providers: [LongHoldJob],
+      }).compile();
+      await module.init();
+      await module.get(LongHoldJob).run();
       await module.close();
     });
 

@@ -1,12 +1,18 @@
 /** The README's recipes, run as written against real Redis. */
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
-import { Module } from '@nestjs/common';
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath, pathToFileURL } from 'node:url';
+import { Controller, Module, Param, Post, type Type } from '@nestjs/common';
+import { APP_FILTER } from '@nestjs/core';
+import ts from 'typescript';
 import { Test } from '@nestjs/testing';
 import { getRedisConnectionToken, RedisModule } from '@nestjs-modules/ioredis';
 import type { Redis } from 'ioredis';
 import { LockService, RedisLockModule } from '../../lib/index.js';
-import { uniqueKey } from '../support/lock-module.js';
+import { FaultProxy } from '../support/fault-proxy.js';
+import { LogCapture, startHttpApp, uniqueKey } from '../support/lock-module.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
 
 describe('recipe: the client of @nestjs-modules/ioredis', () => {
@@ -46,3 +52,87 @@ describe('recipe: the client of @nestjs-modules/ioredis', () => {
     await module.close();
   });
 });
+
+/**
+ * The exception filter of docs/errors.md, taken from the guide as printed (transpiled as a user's
+ * build would), answering `using()`'s lock errors in a route as `@WithLock` does.
+ */
+describe('recipe: the LockErrorsFilter of the errors guide', () => {
+  @Controller('orders')
+  class ShipController {
+    constructor(private readonly locks: LockService) {}
+
+    @Post(':id/ship')
+    ship(@Param('id') id: string) {
+      return this.locks.using(`order:${id}`, async () => ({ shipped: id }), {
+        acquireTimeout: 100,
+      });
+    }
+  }
+
+  it('busy: 409 with Retry-After; Redis out of reach: 503, within commandTimeout', async () => {
+    const { LockErrorsFilter } = (await fromGuide('docs/errors.md', 'class LockErrorsFilter')) as {
+      LockErrorsFilter: Type;
+    };
+    const server = await startRedis();
+    const proxy = await FaultProxy.start(() => server.port);
+    const { app, locks, url } = await startHttpApp(
+      { connection: `redis://127.0.0.1:${proxy.port}`, commandTimeout: 300 },
+      {
+        controllers: [ShipController],
+        providers: [{ provide: APP_FILTER, useClass: LockErrorsFilter }],
+      },
+      new LogCapture(),
+    );
+    try {
+      const id = uniqueKey();
+      assert.equal((await fetch(`${url}/orders/${id}/ship`, { method: 'POST' })).status, 201);
+      const held = await locks.acquire(`order:${id}`, { ttl: 5_000 });
+      try {
+        const busy = await fetch(`${url}/orders/${id}/ship`, { method: 'POST' });
+        assert.equal(busy.status, 409);
+        assert.equal(busy.headers.get('retry-after'), '1', 'the route holds the key for ms');
+        assert.match(((await busy.json()) as { message: string }).message, /Could not acquire/);
+      } finally {
+        await held.release();
+      }
+      proxy.stall();
+      const started = performance.now();
+      const out = await fetch(`${url}/orders/${id}/ship`, { method: 'POST' });
+      assert.equal(out.status, 503);
+      assert.ok(performance.now() - started < 300 + 1_500, 'answered within commandTimeout');
+      assert.match(((await out.json()) as { message: string }).message, /Redis failed during/);
+    } finally {
+      proxy.heal();
+      await app.close();
+      await proxy.close();
+      await server.stop();
+    }
+  });
+});
+
+/** The module a guide's TypeScript block makes, transpiled as printed, the package resolved here. */
+async function fromGuide(page: string, marker: string): Promise<Record<string, unknown>> {
+  const root = fileURLToPath(new URL('../../../', import.meta.url));
+  const text = readFileSync(join(root, page), 'utf8');
+  const block = [...text.matchAll(/```ts\n([\s\S]*?)```/g)]
+    .map((match) => match[1])
+    .find((code) => code.includes(marker));
+  assert.ok(block, `no block with ${marker} in ${page}`);
+  const library = new URL('../../lib/index.js', import.meta.url).href;
+  const { outputText } = ts.transpileModule(
+    block.replaceAll("'nestjs-redis-lock'", `'${library}'`),
+    {
+      compilerOptions: {
+        module: ts.ModuleKind.ES2022,
+        target: ts.ScriptTarget.ES2022,
+        experimentalDecorators: true,
+        emitDecoratorMetadata: true,
+      },
+    },
+  );
+  const file = join(root, 'build', 'recipes', `${marker.replace(/\W+/g, '-')}.mjs`);
+  mkdirSync(dirname(file), { recursive: true });
+  writeFileSync(file, outputText);
+  return (await import(pathToFileURL(file).href)) as Record<string, unknown>;
+}
