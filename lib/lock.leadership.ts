@@ -66,6 +66,8 @@ export interface TermRunner {
    * on its way) may still hold `key`: its late grant undone, within a bound.
    */
   undone(key: string): Promise<void>;
+  /** Whether Redis answers for `key` (a read that changes nothing): `LockService.isLocked()`. */
+  probe(key: string): Promise<unknown>;
 }
 
 /**
@@ -150,6 +152,12 @@ export class Campaign implements Leadership {
     };
     while (!stopped.aborted) {
       try {
+        // After a failed attempt, one read first: Redis answering ends the outage now, not when
+        // this campaign next leads or its long wait for the lock ends.
+        if (this.outage.failing) {
+          await this.runTerm.probe(this.key);
+          this.outage.recovered();
+        }
         await this.runTerm.run(this.key, (lock) => this.term(lock), options);
       } catch (error) {
         if (stopped.aborted || error instanceof RedisLockShutdownError) break;

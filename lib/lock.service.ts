@@ -60,6 +60,7 @@ export class LockService implements OnApplicationBootstrap, OnModuleDestroy, OnA
       {
         run: (key, term, acquire) => this.engine.using(key, term, acquire),
         undone: (key) => this.engine.undone(key),
+        probe: (key) => this.engine.isLocked(key),
       },
       this.logger,
     );

@@ -14,7 +14,12 @@ type Part =
 export interface DeclaredParameters {
   /** `design:paramtypes`: one constructor per parameter (`Object` for any, unknown, unions...). */
   readonly types: readonly unknown[];
-  readonly hasRest: boolean;
+  /**
+   * Whether `types` counts every argument a call may pass: the method's `length` equals it (no
+   * default value and no rest parameter, which `length` stops at; TypeScript gives a rest
+   * parameter's element type, so its count says nothing).
+   */
+  readonly exact: boolean;
 }
 
 const PLACEHOLDER = /^(\d+)((?:\.[A-Za-z_$][\w$]*)*)$/;
@@ -71,7 +76,7 @@ function compileOne(
   };
   const parts = parseTemplate(source, fail);
   if (params !== undefined) {
-    checkAgainstParameters(parts, params.types, method, params.hasRest, fail);
+    checkAgainstParameters(parts, params.types, method, params.exact, fail);
   }
   return (args) =>
     parts
@@ -122,22 +127,23 @@ const PRIMITIVES = new Map<unknown, unknown>([
 /**
  * What the method's declared parameters (`design:paramtypes`, emitted by TypeScript with
  * `emitDecoratorMetadata`, as every Nest app has) tell of a template before any call: a
- * placeholder past the last parameter, a property read from a string or number, or a whole
- * class instance (a DTO) used as a key part can never make a key. Left alone: parameters typed
- * `any`, `unknown`, an interface or a union (all `Object`), and the count of a method with a rest
- * parameter (TypeScript gives its element type, so the count says nothing then).
+ * placeholder past the last parameter, or a property read from a string or number parameter,
+ * can never make a key. Left alone: the count of a method with a default value or a rest
+ * parameter (see `DeclaredParameters.exact`), and parameters whose declared type a route may not
+ * keep (`@Query('day') day: Date` is a string without a transforming pipe), so a class-typed
+ * parameter used whole is left to the call.
  */
 function checkAgainstParameters(
   parts: readonly Part[],
   params: readonly unknown[],
   method: string,
-  hasRest: boolean,
+  exact: boolean,
   fail: (problem: string) => never,
 ): void {
   for (const part of parts) {
     if (typeof part === 'string') continue;
     const { placeholder, index, path } = part;
-    if (index >= params.length && !hasRest) {
+    if (index >= params.length && exact) {
       fail(
         `${placeholder} reads argument ${index}, but ${method} declares ${params.length} ` +
           `parameter${params.length === 1 ? '' : 's'} (numbered from 0)`,
@@ -152,40 +158,8 @@ function checkAgainstParameters(
             `${type.name.toLowerCase()}: write {${index}}`,
         );
       }
-    } else if (path.length === 0 && type !== Object && type !== Array && type !== Function) {
-      fail(
-        `${placeholder} uses parameter ${index} whole, a ${type.name}: a key part must be a ` +
-          `string or a number; name one of its properties, such as {${index}.id}`,
-      );
     }
   }
-}
-
-/**
- * Whether a function's parameter list has a rest parameter: its source up to the parenthesis that
- * closes the list, brackets and strings skipped. `true` when the source cannot be read that way
- * (then nothing is concluded from the parameter count).
- */
-export function hasRestParameter(fn: object): boolean {
-  const source = Function.prototype.toString.call(fn);
-  const open = source.indexOf('(');
-  if (open < 0) return true;
-  let depth = 0;
-  let quote: string | undefined;
-  let outside = ''; // the list without its strings
-  for (let i = open; i < source.length; i++) {
-    const char = source[i];
-    if (quote !== undefined) {
-      if (char === '\\') i++;
-      else if (char === quote) quote = undefined;
-      continue;
-    }
-    if (char === '"' || char === "'" || char === '`') quote = char;
-    else if ('([{'.includes(char)) depth++;
-    else if (')]}'.includes(char) && --depth === 0) return outside.includes('...');
-    outside += char;
-  }
-  return true;
 }
 
 function resolvePart(

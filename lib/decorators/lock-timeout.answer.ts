@@ -33,7 +33,9 @@ export async function answerLockTimeout(
         {
           statusCode: status,
           error: STATUS_CODES[status] ?? 'Error',
-          message: `The resource is busy: another request holds its lock. Retry after ${seconds} s.`,
+          message: error.busy
+            ? `The resource is busy: another request holds its lock. Retry after ${seconds} s.`
+            : `The resource's lock could not be taken in time (Redis answered too late). Retry after ${seconds} s.`,
         },
         status,
         { cause: error },

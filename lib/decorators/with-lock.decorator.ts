@@ -20,7 +20,7 @@ import { validateWithLockOptions } from '../options/decorator-options.js';
 import { OutageLog } from '../utils/outage-log.js';
 import { answerLockTimeout } from './lock-timeout.answer.js';
 import { injectLockService, lockServiceOf, refuseStatic } from './lock-service.injection.js';
-import { compileLockKey, hasRestParameter, type LockKeyResolver } from './lock-key.resolver.js';
+import { compileLockKey, type LockKeyResolver } from './lock-key.resolver.js';
 
 const logger = new Logger('RedisLock');
 
@@ -222,7 +222,7 @@ export function WithLock(
     const resolveKey = compileLockKey(
       options.key,
       method,
-      types && { types, hasRest: hasRestParameter(original) },
+      types && { types, exact: (original as () => unknown).length === types.length },
     );
     refuseStatic(target, `@WithLock(${method})`);
     if (/^\[object (Async)?GeneratorFunction\]$/.test(Object.prototype.toString.call(original))) {
@@ -480,8 +480,8 @@ function skipWhenBusy(
     job.failed(error, 'its fires are not run while its lock cannot reach Redis');
     return undefined;
   }
+  job?.recovered(); // its lock reached Redis: the method ran (and threw), or the key was busy
   if (ran || !(error instanceof LockAcquireTimeoutError) || !error.busy) throw error;
-  job?.recovered();
   logger.debug(`${method} skipped: lock "${error.key}" is held by another holder`);
   return undefined;
 }

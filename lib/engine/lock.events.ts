@@ -61,13 +61,16 @@ export class LockEvents {
 
   /**
    * How long a caller that found `key` taken may expect to wait: how long a hold of it lasts, as
-   * this process saw lately, but no longer than the holder's lock still runs (`remainingMs`, if
-   * known); `undefined` if this process saw no hold of it. The instances of an app run the same
-   * code, so the holds one of them sees stand for the others'.
+   * this process saw lately, but no longer than the holder's lock still runs (`remainingMs`);
+   * `undefined` if this process saw no hold of it, or if no holder's remaining TTL is known
+   * (nobody held it: a grant that came too late). The instances of an app run the same code, so
+   * the holds one of them sees stand for the others'.
    */
   expectedWaitMs(key: string, remainingMs: number | undefined): number | undefined {
     const typical = this.holds.get(key);
-    return typical === undefined ? undefined : Math.min(typical, remainingMs ?? Infinity);
+    return typical === undefined || remainingMs === undefined
+      ? undefined
+      : Math.min(typical, remainingMs);
   }
 
   /** Completes the stream (module shutdown). */

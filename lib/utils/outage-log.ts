@@ -19,6 +19,11 @@ export class OutageLog {
     private readonly now: () => number = () => performance.now(),
   ) {}
 
+  /** Whether an outage is going on (a failure not yet followed by `recovered()`). */
+  get failing(): boolean {
+    return this.since !== undefined;
+  }
+
   /** One more failure; `next`: what happens next (`trying again every 100 ms`). */
   failed(error: unknown, next: string): void {
     const now = this.now();

@@ -328,6 +328,46 @@ describe('leadership (lead, @WhileLeader)', { timeout: 90_000 }, () => {
     }
   });
 
+  it('a campaign waiting behind another leader says at once when Redis is back, not when it next leads (found by a review)', async () => {
+    const proxy = await FaultProxy.start(() => server.port);
+    const app = await startLockModule({
+      connection: `redis://127.0.0.1:${proxy.port}`,
+      commandTimeout: 200,
+      defaults: { retryInterval: 100 },
+    });
+    const other = await startLockModule({ connection: server.url });
+    const key = uniqueKey('leader');
+    const held = await other.locks.acquire(key, { ttl: 60_000 });
+    const { capture, restore } = LogCapture.install();
+    try {
+      await app.locks.isLocked(key); // connected before the outage
+      const leadership = app.locks.lead(key, async () => {});
+      const lines = (level: string): string[] =>
+        capture.lines
+          .filter((line) => line.level === level && line.message.includes('Campaign'))
+          .map(({ message }) => message);
+      proxy.stall();
+      assert.ok(await eventually(() => lines('warn').length === 1, 10_000), 'the outage');
+      proxy.heal();
+      assert.ok(
+        await eventually(() => lines('log').length === 1, 5_000),
+        'its end, while another instance still leads',
+      );
+      assert.equal(leadership.isLeader, false);
+      proxy.stall();
+      assert.ok(await eventually(() => lines('warn').length === 2, 10_000), 'a second outage');
+      proxy.heal();
+      await leadership.stop();
+    } finally {
+      restore();
+      proxy.heal();
+      await held.release();
+      await other.close();
+      await app.close();
+      await proxy.close();
+    }
+  });
+
   it('lead() once the module is shutting down throws RedisLockShutdownError', async () => {
     const app = await startLockModule({ connection: server.url });
     await app.close();

@@ -51,8 +51,9 @@ class Jobs {
 class ScheduledJob {
   @Interval(3_600_000)
   @WithLock({ key: 'scheduled:{0}', onBusy: 'skip' })
-  async fire(_name: string): Promise<string> {
+  async fire(_name: string, fail = false): Promise<string> {
     runs++;
+    if (fail) throw new Error('the job itself failed');
     return 'ran';
   }
 }
@@ -218,15 +219,29 @@ describe("@WithLock onBusy: 'skip'", () => {
       );
       assert.deepEqual(lines('error'), []);
       proxy.heal();
+      // The first fire after Redis is back runs and throws: its lock worked, so the outage ends.
       assert.ok(
-        await eventually(async () => (await job.fire(name)) === 'ran', 5_000),
-        'runs once Redis is back',
+        await eventually(async () => {
+          try {
+            await job.fire(name, true);
+            return false;
+          } catch (error) {
+            return (error as Error).message === 'the job itself failed';
+          }
+        }, 5_000),
+        'runs once Redis is back, its own error passed on',
       );
       assert.equal(lines('log').length, 1);
       assert.match(
         lines('log')[0],
         /ScheduledJob\.fire works again after .* \(\d+ failed attempts\)/,
       );
+      // A second outage is a new one: warned again (found by a review: it was silent).
+      proxy.stall();
+      assert.equal(await job.fire(name), undefined);
+      assert.equal(lines('warn').length, 2);
+      proxy.heal();
+      assert.ok(await eventually(async () => (await job.fire(name)) === 'ran', 5_000));
     } finally {
       restore();
       proxy.heal();

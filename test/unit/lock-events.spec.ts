@@ -4,13 +4,14 @@ import { Logger } from '@nestjs/common';
 import { LockEvents } from '../../lib/engine/lock.events.js';
 
 describe('the hold times behind Retry-After (LockEvents)', () => {
-  it('a moving average per key (each hold a quarter), at most the holder’s remaining TTL', () => {
+  it('a moving average per key (each hold a quarter), at most the holder’s remaining TTL, none without a holder', () => {
     const events = new LockEvents(new Logger('test'));
     assert.equal(events.expectedWaitMs('k', 5_000), undefined, 'nothing seen');
     events.noteHold('k', 1_000);
     assert.equal(events.expectedWaitMs('k', 5_000), 1_000);
     events.noteHold('k', 3_000);
-    assert.equal(events.expectedWaitMs('k', undefined), 1_500);
+    assert.equal(events.expectedWaitMs('k', 60_000), 1_500);
+    assert.equal(events.expectedWaitMs('k', undefined), undefined, 'no holder known: no estimate');
     assert.equal(events.expectedWaitMs('k', 700), 700, 'never past the holder’s lock');
   });
 
@@ -21,10 +22,10 @@ describe('the hold times behind Retry-After (LockEvents)', () => {
     for (let i = 0; i < 998; i++) events.noteHold(`k${i}`, 1);
     events.noteHold('kept', 20); // released again: now the most recent
     events.noteHold('one more', 1);
-    assert.equal(events.expectedWaitMs('first', undefined), undefined, 'the oldest went');
-    assert.equal(events.expectedWaitMs('kept', undefined), 12.5);
+    assert.equal(events.expectedWaitMs('first', 60_000), undefined, 'the oldest went');
+    assert.equal(events.expectedWaitMs('kept', 60_000), 12.5);
     events.noteHold('and another', 1);
-    assert.equal(events.expectedWaitMs('k0', undefined), undefined);
-    assert.equal(events.expectedWaitMs('kept', undefined), 12.5);
+    assert.equal(events.expectedWaitMs('k0', 60_000), undefined);
+    assert.equal(events.expectedWaitMs('kept', 60_000), 12.5);
   });
 });
