@@ -65,6 +65,8 @@ const ISOLATED = [
   'integration/redlock.spec.js',
   'e2e/sample-command.e2e.spec.js',
   'package/pack.spec.js',
+  // Builds dist/ as pack.spec does (so never beside it): the snippets compile against its .d.ts.
+  'package/snippets.spec.js',
   'demo/demo.spec.js',
   // Waits on timers mostly, but the BESIDE lane is the longer one (~195 s against ~150 s).
   'integration/jobs.spec.js',

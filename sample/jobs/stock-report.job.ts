@@ -10,7 +10,8 @@ const STOCK_REPORT = 'stock-report';
 /**
  * A scheduled job that every instance of the app runs on the same `@Cron`, but only one should
  * run per fire: `onBusy: 'skip'` skips the fire where another instance has the lock (no error, a
- * debug line), and `holdAtLeast` keeps the key taken for 5 s after even a quick run, so an
+ * debug line), and `holdAtLeast` keeps the key taken for 5 s after even a quick run (with a TTL of
+ * its own: the chaos workers run this app with 1 s locks, which the boot check refuses), so an
  * instance whose clock or timer is a few seconds behind does not run the same fire again.
  */
 @Injectable()
@@ -31,7 +32,7 @@ export class StockReportJob implements OnApplicationBootstrap {
 
   /** Writes a stock report: `true`, or `undefined` when another instance has this fire. */
   @Cron('*/30 * * * * *', { name: STOCK_REPORT, disabled: true })
-  @WithLock({ key: 'job:stock-report', onBusy: 'skip', holdAtLeast: 5_000 })
+  @WithLock({ key: 'job:stock-report', onBusy: 'skip', ttl: 10_000, holdAtLeast: 5_000 })
   async run(): Promise<true | undefined> {
     const lock = getCurrentLock()!;
     const report: Record<string, number> = {};

@@ -1,7 +1,8 @@
 /**
  * Every TypeScript block of the README and the guides in docs/ that is a whole file (it has an
  * `import`) compiles, strict, as a user would paste it: `nestjs-redis-lock` and
- * `nestjs-redis-lock/health` resolve to this package's sources; a relative import that no other
+ * `nestjs-redis-lock/health` resolve to the package's published type declarations (`dist/`, built
+ * here as `prepack` builds it: the `.d.ts` without `@internal` items); a relative import that no other
  * block of the same page provides (`./orders.js`: "your own providers") gets a stub whose classes
  * accept anything. Blocks of one page share a directory, so the quick start's two files import
  * each other. Fragments (no `import`) are left to the reader.
@@ -10,7 +11,8 @@ import assert from 'node:assert/strict';
 import { mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { dirname, join, relative } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { describe, it } from 'node:test';
+import { execFileSync } from 'node:child_process';
+import { before, describe, it } from 'node:test';
 import ts from 'typescript';
 
 const root = fileURLToPath(new URL('../../../', import.meta.url));
@@ -48,6 +50,10 @@ function stub(names: string[]): string {
 }
 
 describe('the code of the README and the guides', () => {
+  before(() => {
+    execFileSync('npm', ['run', 'build', '--silent'], { cwd: root, stdio: 'ignore' });
+  });
+
   it('every whole-file TypeScript block compiles, strict, as pasted', () => {
     const work = join(root, 'build', 'snippets');
     rmSync(work, { recursive: true, force: true });
@@ -93,8 +99,8 @@ describe('the code of the README and the guides', () => {
       skipLibCheck: true,
       noEmit: true,
       paths: {
-        'nestjs-redis-lock': [join(root, 'lib/index.ts')],
-        'nestjs-redis-lock/health': [join(root, 'lib/health/index.ts')],
+        'nestjs-redis-lock': [join(root, 'dist/index.d.ts')],
+        'nestjs-redis-lock/health': [join(root, 'dist/health/index.d.ts')],
       },
     });
     const problems = ts
