@@ -10,10 +10,11 @@ import {
   LockQuorumError,
   RedisLockConfigurationError,
   RedisLockModule,
-  type LockService,
+  LockService,
 } from '../../lib/index.js';
 import {
   eventually,
+  LogCapture,
   sleep,
   startLockModule,
   startNonPollingApp,
@@ -178,12 +179,27 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     }
   });
 
-  it('four nodes: a lock needs three of them; two that answer are no majority', async () => {
-    const four = await startLockModule({
-      nodes: servers.slice(0, 4).map((server) => server.url),
-      commandTimeout: 300,
-    });
+  it('four nodes: the module warns at start; a lock needs three of them; two that answer are no majority', async () => {
+    const capture = new LogCapture();
+    const module = await Test.createTestingModule({
+      imports: [
+        RedisLockModule.forRoot({
+          nodes: servers.slice(0, 4).map((server) => server.url),
+          commandTimeout: 300,
+        }),
+      ],
+    })
+      .setLogger(capture)
+      .compile();
+    await module.init();
+    const four = { locks: module.get(LockService), close: () => module.close() };
     try {
+      assert.deepEqual(
+        capture.lines.filter((line) => line.level === 'warn').map(({ message }) => message),
+        [
+          'Redlock with 4 nodes tolerates no more failures than with 3: use an odd number of nodes.',
+        ],
+      );
       const key = uniqueKey();
       const error = await pausing([2, 3], () =>
         four.locks.acquire(key, { acquireTimeout: 0 }).then(
