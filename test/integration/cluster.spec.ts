@@ -131,7 +131,7 @@ describe('on Redis Cluster', () => {
     // One start of the processes: first the control without the lock, then under it.
     const { raced, locked } = await raceThenLock(target, 3, 300, 25, read);
     assert.ok(raced < 900, `the control lost no update: ${raced}`);
-    assert.equal(locked, 75);
+    assert.equal(locked, 75, `lost updates under the lock: ${locked} of 75`);
   });
 
   it('a counting semaphore keeps its holders in one slot: limit 2 across two apps, the third waits for a release and is woken', async () => {
@@ -149,8 +149,8 @@ describe('on Redis Cluster', () => {
     const read = (counter: string): Promise<string | null> => clients[0].get(counter);
     const target = `cluster:${cluster.nodes.map((node) => node.port).join(',')}`;
     const { peak, entries } = await countSemaphore(target, 3, 20, 2, read);
-    assert.equal(peak, 2);
-    assert.equal(entries, 60);
+    assert.equal(peak, 2, `overlap: ${peak} holders at once, the limit is 2`);
+    assert.equal(entries, 60, `lost updates under the lock: ${entries} entries of 60`);
   });
 
   it('read locks: readers share a key, a writer waits for the last one and is woken; across processes no writer overlaps anyone', async () => {
@@ -168,8 +168,12 @@ describe('on Redis Cluster', () => {
     const read = (counter: string): Promise<string | null> => clients[0].get(counter);
     const target = `cluster:${cluster.nodes.map((node) => node.port).join(',')}`;
     const result = await countReadersWriters(target, 2, 2, 20, 'lock', read);
-    assert.equal(result.violations, 0);
-    assert.equal(result.counter, 40);
+    assert.equal(
+      result.violations,
+      0,
+      `overlap: ${result.violations} times a writer beside another holder`,
+    );
+    assert.equal(result.counter, 40, `lost updates under the lock: ${result.counter} of 40`);
   });
 
   it('fair locks: waiters in two apps get the key in arrival order', async () => {
@@ -200,7 +204,11 @@ describe('on Redis Cluster', () => {
       raced.some((n) => n < 800),
       `the control lost no update: ${raced.join(', ')}`,
     );
-    assert.deepEqual(locked, [80, 80]);
+    assert.deepEqual(
+      locked,
+      [80, 80],
+      `lost updates under the lock: ${String(locked)} of [80, 80]`,
+    );
   });
 
   it('announces releases with sharded pub/sub, on the node that owns the key only', async () => {

@@ -53,7 +53,7 @@ describe('locks across processes', () => {
     // iterations that the processes overlap (the start barrier lines them up).
     const { raced, locked } = await raceThenLock(String(server.port), 4, 300, 40, read);
     assert.ok(raced < 1_200, `expected lost updates in the control, got ${raced}`);
-    assert.equal(locked, 160);
+    assert.equal(locked, 160, `lost updates under the lock: ${locked} of 160`);
   });
 
   it('several keys: 4 processes, two naming them in the opposite order, end with exact counts and no deadlock (control without the lock loses updates)', async () => {
@@ -62,14 +62,18 @@ describe('locks across processes', () => {
       raced.some((n) => n < 800),
       `the control lost no update: ${raced.join(', ')}`,
     );
-    assert.deepEqual(locked, [160, 160]);
+    assert.deepEqual(
+      locked,
+      [160, 160],
+      `lost updates under the lock: ${String(locked)} of [160, 160]`,
+    );
   });
 
   it('4 processes incrementing under a fair lock end with the exact count (control: without it, they lose updates)', async () => {
     const target = String(server.port);
     const { raced, locked } = await raceThenLock(target, 4, 300, 25, read, 'fair');
     assert.ok(raced < 1_200, `the control lost no update: ${raced}`);
-    assert.equal(locked, 100);
+    assert.equal(locked, 100, `lost updates under the lock: ${locked} of 100`);
   });
 
   it('a counting semaphore across 4 processes, limit 2: never more than 2 inside, every entry counted (control: without it, more)', async () => {
@@ -77,8 +81,8 @@ describe('locks across processes', () => {
     const control = await countSemaphore(target, 4, 30, 0, read);
     assert.ok(control.peak > 2, `control peak ${control.peak}`);
     const { peak, entries } = await countSemaphore(target, 4, 30, 2, read);
-    assert.equal(peak, 2);
-    assert.equal(entries, 120);
+    assert.equal(peak, 2, `overlap: ${peak} holders at once, the limit is 2`);
+    assert.equal(entries, 120, `lost updates under the lock: ${entries} entries of 120`);
   });
 
   it('read locks across processes (3 readers, 2 writers): no writer overlaps anyone, readers share, the writers’ count is exact (control: without the lock, violations)', async () => {
@@ -86,8 +90,12 @@ describe('locks across processes', () => {
     const control = await countReadersWriters(target, 3, 2, 60, 'nolock', read);
     assert.ok(control.violations > 0, JSON.stringify(control));
     const result = await countReadersWriters(target, 3, 2, 30, 'lock', read);
-    assert.equal(result.violations, 0);
-    assert.equal(result.counter, 60);
+    assert.equal(
+      result.violations,
+      0,
+      `overlap: ${result.violations} times a writer beside another holder`,
+    );
+    assert.equal(result.counter, 60, `lost updates under the lock: ${result.counter} of 60`);
     assert.ok(result.shared > 0, 'readers shared the key');
   });
 

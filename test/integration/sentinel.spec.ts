@@ -120,7 +120,7 @@ describe('through Sentinel', () => {
       // One start of the processes: first the control without the lock, then under it.
       const { raced, locked } = await raceThenLock(target, 3, 300, 25, read);
       assert.ok(raced < 900, `the control lost no update: ${raced}`);
-      assert.equal(locked, 75);
+      assert.equal(locked, 75, `lost updates under the lock: ${locked} of 75`);
     } finally {
       direct.disconnect();
     }
