@@ -1,4 +1,3 @@
-import { OutageLog } from './utils/outage-log.js';
 import type { Logger } from '@nestjs/common';
 import { Subject, type Observable } from 'rxjs';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -12,6 +11,7 @@ import type { AcquireOptions, Lock } from './interfaces/lock.interface.js';
 import { inChainOf, outsideLocks } from './engine/lock.context.js';
 import { ignoreDeadline, within } from './utils/within.js';
 import { leadOptionsProblem } from './options/acquire-options.js';
+import { OutageLog } from './utils/outage-log.js';
 
 /** One term of a leadership: what `work` gets while this instance leads. */
 export interface LeaderTerm {
