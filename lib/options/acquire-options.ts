@@ -11,6 +11,7 @@ import {
   isOptionsObject,
   lockShape,
   rejectUnknownKeys,
+  tokenProblem,
   ttlProblem,
 } from './checks.js';
 import { ResolvedDefaults } from './defaults.js';
@@ -93,9 +94,8 @@ export function resolveCallOptions(
   if (opts.signal !== undefined && !(opts.signal instanceof AbortSignal)) {
     fail('signal', opts.signal, 'must be an AbortSignal');
   }
-  if (opts.token !== undefined && (typeof opts.token !== 'string' || opts.token.length === 0)) {
-    fail('token', opts.token, 'must be a non-empty string');
-  }
+  const badToken = opts.token === undefined ? undefined : tokenProblem(opts.token);
+  if (badToken) fail('token', opts.token, badToken);
   const shape =
     opts.limit === undefined && opts.mode === undefined && opts.fair === undefined
       ? PLAIN

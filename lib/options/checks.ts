@@ -160,6 +160,26 @@ export function assertKey(key: unknown): asserts key is string {
   }
 }
 
+/** The longest owner token a caller may give, in UTF-16 code units (a generated one has 32). */
+const MAX_TOKEN_LENGTH = 256;
+
+/**
+ * What is wrong with a caller's own `token`, or `undefined`: it must be a non-empty, well-formed
+ * string (a lone surrogate reaches Redis as U+FFFD, so two different tokens would hold one lock)
+ * of at most `MAX_TOKEN_LENGTH` characters (it is stored with every lock and sent with every
+ * extension and release).
+ */
+export function tokenProblem(token: unknown): string | undefined {
+  if (typeof token !== 'string' || token.length === 0) return 'must be a non-empty string';
+  if (!(token as unknown as WellFormed).isWellFormed()) {
+    return 'must be well-formed Unicode (it contains a lone UTF-16 surrogate, which has no UTF-8 form: two tokens would become one in Redis)';
+  }
+  if (token.length > MAX_TOKEN_LENGTH) {
+    return `must be at most ${MAX_TOKEN_LENGTH} characters (a generated token has 32)`;
+  }
+  return undefined;
+}
+
 /**
  * The keys of a multi-key lock in the order they are locked: each checked as a key, none twice,
  * sorted by UTF-16 code units — one order for every caller and process, whatever order each

@@ -196,4 +196,20 @@ describe('per-call options (pure validation)', () => {
     );
     assert.doesNotMatch(message({ connection, defaults: { ttl: 'soon' } }), /environment/);
   });
+
+  it("a caller's token is checked as a key is: well-formed, and bounded (two lone surrogates would be one token in Redis)", () => {
+    for (const token of ['tok\uD800', 'tok\uDBFF', '\uDC00']) {
+      const error = argumentError(() => resolveAcquireOptions('k', { token }, defaults, 'acquire'));
+      assert.equal(error.argument, 'token');
+      assert.match(error.message, /well-formed Unicode/);
+    }
+    const long = argumentError(() =>
+      resolveAcquireOptions('k', { token: 'x'.repeat(257) }, defaults, 'acquire'),
+    );
+    assert.match(long.message, /at most 256 characters/);
+    assert.doesNotMatch(long.message, /x{20}/, 'the token is never echoed');
+    for (const token of ['x'.repeat(256), 'tok-é-🔒', 'a']) {
+      assert.equal(resolveAcquireOptions('k', { token }, defaults, 'acquire').token, token);
+    }
+  });
 });
