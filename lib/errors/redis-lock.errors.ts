@@ -316,11 +316,17 @@ function describe(value: unknown, name?: string): string {
   if (proto === Object.prototype || proto === null) {
     const keys = Object.keys(value);
     if (keys.length === 0) return 'an empty object';
-    const shown = keys.slice(0, 5).join(', ') + (keys.length > 5 ? ', …' : '');
-    return `an object with ${shown}`;
+    // The names may come from a request body: quoted (no line breaks) and cut short.
+    const names = keys
+      .slice(0, 5)
+      .map((key) => JSON.stringify(key.length > 30 ? `${key.slice(0, 30)}…` : key));
+    return `an object with ${names.join(', ')}${keys.length > 5 ? ', …' : ''}`;
   }
-  const type = (value as { constructor?: { name?: string } }).constructor?.name;
-  return type ? `an instance of ${type}` : 'an object';
+  // The class's own name, from its prototype (never a property the data may carry itself).
+  const type: unknown = (proto as { constructor?: { name?: unknown } } | null)?.constructor?.name;
+  return typeof type === 'string' && /^[\w$]{1,60}$/.test(type)
+    ? `an instance of ${type}`
+    : 'an object';
 }
 
 /** ` (the value)` after an option's name, or nothing when it was not given (`undefined`). */

@@ -136,3 +136,21 @@ describe('@WithLock templates checked against the declared parameters, when the 
     assert.equal(typeof Orders.prototype.a, 'function');
   });
 });
+
+describe('a key that cannot be built says so without letting request data forge log lines', () => {
+  it('names from a JSON body are quoted, a constructor.name the data carries is never used', () => {
+    const body = JSON.parse(
+      '{"id": {"constructor": {"name": "x\\n[Nest] 1 LOG [AuthService] admin logged in"}, "a\\nb": 1}}',
+    ) as unknown;
+    let message = '';
+    try {
+      resolve('order:{0.id}', body);
+    } catch (error) {
+      assert.ok(error instanceof LockKeyResolutionError);
+      message = error.message;
+    }
+    assert.match(message, /resolved to an object with "constructor", "a\\nb"/);
+    assert.doesNotMatch(message, /\n/);
+    assert.doesNotMatch(message, /AuthService/);
+  });
+});
