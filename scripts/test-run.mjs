@@ -68,8 +68,6 @@ const ISOLATED = [
   // Builds dist/ as pack.spec does (so never beside it): the snippets compile against its .d.ts.
   'package/snippets.spec.js',
   'demo/demo.spec.js',
-  // Waits on timers mostly, but the BESIDE lane is the longer one (~195 s against ~150 s).
-  'integration/jobs.spec.js',
 ];
 
 /**
@@ -86,6 +84,7 @@ const BESIDE = [
   'faults/hostile-input.spec.js',
   'integration/health.spec.js',
   'integration/replica-ack.spec.js',
+  'integration/jobs.spec.js',
   'integration/model-redlock.spec.js',
   'integration/model-cluster.spec.js',
 ];
