@@ -13,6 +13,7 @@ export {
   RedisLockConfigurationError,
   RedisLockError,
   RedisLockShutdownError,
+  type LockKeyProblem,
   type LockLostReason,
   type LockOperation,
 } from './errors/redis-lock.errors.js';

@@ -6,6 +6,7 @@ import {
   LockAcquireTimeoutError,
   LockArgumentError,
   RedisLockShutdownError,
+  quoteKey,
 } from './errors/redis-lock.errors.js';
 import type { AcquireOptions, Lock } from './interfaces/lock.interface.js';
 import { inChainOf, outsideLocks } from './engine/lock.context.js';
@@ -115,7 +116,7 @@ export class Campaign implements Leadership {
     private readonly runTerm: TermRunner,
     private readonly logger: Logger,
   ) {
-    this.outage = new OutageLog(logger, `Campaign for leadership of "${key}"`);
+    this.outage = new OutageLog(logger, `Campaign for leadership of ${quoteKey(key)}`);
     this.done = outsideLocks(() => this.campaign());
   }
 
@@ -197,7 +198,7 @@ export class Campaign implements Leadership {
     const work = new Promise((resolve) => resolve(this.work(term))).catch((error: unknown) => {
       if (signal.aborted) return;
       this.logger.error(
-        `Leader work for "${this.key}" (term ${lock.fence}) failed; campaigning again: ${String(error)}`,
+        `Leader work for ${quoteKey(this.key)} (term ${lock.fence}) failed; campaigning again: ${String(error)}`,
         error instanceof Error ? error.stack : undefined,
       );
     });
@@ -210,7 +211,7 @@ export class Campaign implements Leadership {
       this.change(false);
       if (lock.signal.aborted && !this.stopper.signal.aborted) {
         this.logger.warn(
-          `Lost leadership of "${this.key}" (term ${lock.fence}): ${String(lock.signal.reason)}`,
+          `Lost leadership of ${quoteKey(this.key)} (term ${lock.fence}): ${String(lock.signal.reason)}`,
         );
       }
     }
@@ -261,7 +262,7 @@ export class Leaderships {
       ignoreDeadline(error);
       for (const campaign of campaigns.filter((each) => !settled.has(each))) {
         this.logger.warn(
-          `Leader work for "${campaign.key}" did not return within ${campaign.ttl} ms of its term's signal aborting on shutdown: its lock is released now, and another instance may lead while it still runs (its stale fence is what stops its writes)`,
+          `Leader work for ${quoteKey(campaign.key)} did not return within ${campaign.ttl} ms of its term's signal aborting on shutdown: its lock is released now, and another instance may lead while it still runs (its stale fence is what stops its writes)`,
         );
       }
     });

@@ -125,7 +125,7 @@ export class LockService implements OnApplicationBootstrap, OnModuleDestroy, OnA
 
   /** Whether anyone holds the lock on `key` right now. Only a hint: it may change at once. */
   async isLocked(key: string): Promise<boolean> {
-    assertKey(key);
+    assertKey(key, this.defaults.maxKeyLength);
     return this.engine.isLocked(key);
   }
 
@@ -165,6 +165,11 @@ export class LockService implements OnApplicationBootstrap, OnModuleDestroy, OnA
   /** @internal Until its shutdown begins. */
   get running(): boolean {
     return this.engine.running;
+  }
+
+  /** @internal The module's `maxKeyLength`, which `@WithLock` checks its keys against. */
+  get maxKeyLength(): number {
+    return this.defaults.maxKeyLength;
   }
 
   /** @internal The TTL of a lock whose call gives none (`defaults.ttl`). */

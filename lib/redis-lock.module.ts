@@ -22,7 +22,7 @@ import {
   lockServiceIn,
   provideLockService,
 } from './decorators/lock-service.injection.js';
-import { checkHoldAtLeast, warnAboutUnskippedJobs } from './decorators/with-lock.decorator.js';
+import { checkLockedMethods, warnAboutUnskippedJobs } from './decorators/with-lock.decorator.js';
 import {
   checkLeaderMethods,
   hasLeaderMethods,
@@ -104,7 +104,10 @@ export class RedisLockModule
       this.adopt([...this.modules.values()]);
       for (const instance of new Set(wrappersOf(this.modules.values()).flatMap(lastingInstances))) {
         const locks = lockedInstance(instance) ? lockServiceIn(instance) : undefined;
-        if (locks?.defaultTtl !== undefined) checkHoldAtLeast(instance, locks.defaultTtl);
+        // A test double of LockService may have neither.
+        if (locks?.defaultTtl !== undefined && locks.maxKeyLength !== undefined) {
+          checkLockedMethods(instance, locks);
+        }
       }
     } catch (error) {
       // A failed init is not followed by a shutdown in every Nest version: close what is open.

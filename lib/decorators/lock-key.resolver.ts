@@ -2,9 +2,20 @@ import {
   LockKeyResolutionError,
   RedisLockConfigurationError,
 } from '../errors/redis-lock.errors.js';
+import { isWellFormed } from '../options/checks.js';
 
-/** Builds the lock key (or keys) from a call's arguments. */
-export type LockKeyResolver = (args: readonly unknown[]) => string | string[];
+/**
+ * Builds the lock key (or keys) from a call's arguments; a key longer than `maxKeyLength` (the
+ * decorator's, else the module's, which the caller passes) or refused by `validateKey` throws
+ * `LockKeyResolutionError`.
+ */
+export type LockKeyResolver = (args: readonly unknown[], maxKeyLength: number) => string | string[];
+
+/** The decorator's own checks of a built key (see `WithLockOptions`). */
+export interface KeyChecks {
+  readonly maxKeyLength?: number;
+  readonly validateKey?: (key: string, args: readonly unknown[]) => boolean;
+}
 
 type Part =
   | string
@@ -29,13 +40,26 @@ const PLACEHOLDER = /^(\d+)((?:\.[A-Za-z_$][\w$]*)*)$/;
  * `'{1.tenant}:{0}'`. `{N}` is the N-th argument, `.name` steps into an own property. Text outside
  * braces is literal; a template without placeholders is a fixed key. Malformed templates throw
  * `RedisLockConfigurationError` at once.
+ *
+ * A placeholder's value is percent-encoded (`%XX` per UTF-8 byte) where it has a `%`, a brace, a
+ * `:`, a control character, or any other character that is neither a letter nor a digit and
+ * appears in the template's own text: a value can never write the template's separators, so two
+ * different argument lists never build one key, and a value cannot build a key that another
+ * template (or code) writes with those separators (`order:{0}` with `42:refund` is
+ * `order:42%3Arefund`, never `order:42:refund`). Two placeholders must be apart by such a
+ * separator. Key functions are not encoded: what they return is the key.
  */
 export function compileLockKey(
   source: unknown,
   method: string,
   params?: DeclaredParameters,
+  checks: KeyChecks = {},
 ): LockKeyResolver {
-  if (!Array.isArray(source)) return compileOne(source, method, params);
+  const check = keyCheck(method, checks);
+  if (!Array.isArray(source)) {
+    const resolve = compileOne(source, method, params);
+    return (args, max) => check(resolve(args), source as string, args, max);
+  }
   if (source.length === 0) {
     throw new RedisLockConfigurationError(
       `@WithLock(${method}).key`,
@@ -44,7 +68,26 @@ export function compileLockKey(
     );
   }
   const resolvers = source.map((each: unknown) => compileOne(each, method, params));
-  return (args) => resolvers.map((resolve) => resolve(args));
+  return (args, max) =>
+    resolvers.map((resolve, i) => check(resolve(args), source[i] as string, args, max));
+}
+
+/** The checks of every built key: `maxKeyLength` (the decorator's, else the module's) and `validateKey`. */
+function keyCheck(
+  method: string,
+  { maxKeyLength, validateKey }: KeyChecks,
+): (key: string, source: string, args: readonly unknown[], moduleMax: number) => string {
+  return (key, source, args, moduleMax) => {
+    const template = typeof source === 'function' ? '(key function)' : source;
+    const max = maxKeyLength ?? moduleMax;
+    if (key.length > max) {
+      throw new LockKeyResolutionError(method, template, '(whole key)', key, 'too-long', max);
+    }
+    if (validateKey !== undefined && validateKey(key, args) !== true) {
+      throw new LockKeyResolutionError(method, template, '(whole key)', key, 'refused');
+    }
+    return key;
+  };
 }
 
 /** One key's template or function (see `compileLockKey`). */
@@ -58,7 +101,7 @@ function compileOne(
     const fn = source as (...args: unknown[]) => unknown;
     return (args) => {
       const key = fn(...args);
-      if (typeof key !== 'string' || key.length === 0) {
+      if (typeof key !== 'string' || key.length === 0 || !isWellFormed(key)) {
         throw new LockKeyResolutionError(method, '(key function)', '(key function)', key);
       }
       return key;
@@ -75,13 +118,66 @@ function compileOne(
     throw new RedisLockConfigurationError(option, source, problem);
   };
   const parts = parseTemplate(source, fail);
+  checkSeparators(parts, fail);
   if (params !== undefined) {
     checkAgainstParameters(parts, params.types, method, params.exact, fail);
   }
-  return (args) =>
-    parts
-      .map((part) => (typeof part === 'string' ? part : resolvePart(part, args, method, source)))
-      .join('');
+  const encode = encoderFor(parts);
+  return (args) => {
+    let key = '';
+    for (const part of parts) {
+      key += typeof part === 'string' ? part : encode(resolvePart(part, args, method, source));
+    }
+    return key;
+  };
+}
+
+/** A character that separates the parts of a key: neither a letter nor a digit. */
+const SEPARATOR = /[^\p{L}\p{N}]/u;
+
+/**
+ * Between two placeholders there must be a separator (see `compileLockKey`): with `{0}{1}` or
+ * `{0}x{1}`, `(1, 23)` and `(12, 3)` would build one key.
+ */
+function checkSeparators(parts: readonly Part[], fail: (problem: string) => never): void {
+  let previous: Exclude<Part, string> | undefined;
+  let between = '';
+  for (const part of parts) {
+    if (typeof part === 'string') {
+      between += part;
+      continue;
+    }
+    if (previous !== undefined && !SEPARATOR.test(between)) {
+      fail(
+        `put a separator such as ":" between ${previous.placeholder} and ${part.placeholder}: without one, two different argument lists can build one key`,
+      );
+    }
+    previous = part;
+    between = '';
+  }
+}
+
+/**
+ * The encoding of a template's placeholder values (see `compileLockKey`): `%`, braces, `:`, control
+ * characters and the template's own separators become `%XX` per UTF-8 byte.
+ */
+function encoderFor(parts: readonly Part[]): (value: string) => string {
+  const special = new Set(['%', '{', '}', ':']);
+  for (const part of parts) {
+    if (typeof part !== 'string') continue;
+    for (const char of part) if (SEPARATOR.test(char)) special.add(char);
+  }
+  const escaped = [...special].map((char) => `\\u{${(char.codePointAt(0) ?? 0).toString(16)}}`);
+  const pattern = new RegExp(`[${escaped.join('')}\\p{Cc}]`, 'gu');
+  return (value) => value.replace(pattern, percentEncode);
+}
+
+function percentEncode(char: string): string {
+  let out = '';
+  for (const byte of Buffer.from(char, 'utf8')) {
+    out += `%${byte.toString(16).toUpperCase().padStart(2, '0')}`;
+  }
+  return out;
 }
 
 function parseTemplate(template: string, fail: (problem: string) => never): Part[] {
@@ -179,7 +275,7 @@ function resolvePart(
     value = (value as Record<string, unknown>)[name];
   }
   if (
-    (typeof value === 'string' && value.length > 0) ||
+    (typeof value === 'string' && value.length > 0 && isWellFormed(value)) ||
     (typeof value === 'number' && Number.isFinite(value)) ||
     typeof value === 'bigint'
   ) {

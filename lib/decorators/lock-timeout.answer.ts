@@ -47,17 +47,27 @@ export async function answerLockTimeout(
       return new RpcException({
         status: 'error',
         code: 'LOCK_TIMEOUT',
-        message: error.message,
+        message: withoutKey(error),
         retryAfterMs: error.retryAfterMs,
       });
     }
     case 'ws': {
       const { WsException } = await import('@nestjs/websockets');
-      return new WsException({ status: 'error', code: 'LOCK_TIMEOUT', message: error.message });
+      return new WsException({ status: 'error', code: 'LOCK_TIMEOUT', message: withoutKey(error) });
     }
     default:
       return error;
   }
+}
+
+/**
+ * A lock timeout as a microservice or WebSocket client is told it: without the key, which came
+ * from the message and may hold anything (`timeoutException` can answer with it).
+ */
+function withoutKey(error: LockAcquireTimeoutError): string {
+  return error.busy
+    ? `The resource is busy: another holder kept its lock for ${error.acquireTimeout} ms. Retry later.`
+    : `The resource's lock could not be taken within ${error.acquireTimeout} ms (Redis answered too late). Retry later.`;
 }
 
 /**

@@ -3,6 +3,7 @@ import {
   Inject,
   Logger,
   Optional,
+  BadRequestException,
   ServiceUnavailableException,
   type ExecutionContext,
 } from '@nestjs/common';
@@ -11,11 +12,15 @@ import { from, isObservable, mergeMap, Observable, of, type Subscription } from 
 import {
   LockAcquireTimeoutError,
   LockBackendError,
+  LockKeyResolutionError,
   RedisLockConfigurationError,
+  quoteKey,
 } from '../errors/redis-lock.errors.js';
 import type { AcquireOptions } from '../interfaces/lock.interface.js';
 import type { LockKeySource, WithLockOptions } from '../interfaces/with-lock-options.interface.js';
+import type { LockService } from '../lock.service.js';
 import { SKIP_WHEN_BUSY } from '../options/acquire-options.js';
+import { DEFAULT_MAX_KEY_LENGTH } from '../options/defaults.js';
 import { validateWithLockOptions } from '../options/decorator-options.js';
 import { OutageLog } from '../utils/outage-log.js';
 import { answerLockTimeout } from './lock-timeout.answer.js';
@@ -56,6 +61,7 @@ interface LockedMethod {
   readonly onBusy: 'fail' | 'skip';
   readonly ttl: number | undefined;
   readonly holdAtLeast: number | undefined;
+  readonly maxKeyLength: number | undefined;
 }
 /** `@nestjs/schedule`'s mark of a `@Cron`, `@Interval` or `@Timeout` method. */
 const SCHEDULER_TYPE = 'SCHEDULER_TYPE';
@@ -80,19 +86,32 @@ export function warnAboutUnskippedJobs(instance: object, logger: Logger): void {
 }
 
 /**
- * @internal Refuses, when the app starts, a `@WithLock` method of `instance` whose `holdAtLeast`
- * exceeds the TTL it will lock with: its own `ttl` is checked when the class is defined, but one
- * that takes the module's `defaults.ttl` could only fail at every call (a job at every fire).
+ * @internal Refuses, when the app starts, a `@WithLock` method of `instance` whose options only
+ * the module's make wrong, which would otherwise fail at every call (a job at every fire): a
+ * `holdAtLeast` above the module's `defaults.ttl` the method locks with (its own `ttl` is checked
+ * when the class is defined), a `maxKeyLength` above the module's (which every key is held to).
  */
-export function checkHoldAtLeast(instance: object, defaultTtl: number): void {
+export function checkLockedMethods(
+  instance: object,
+  module: { readonly defaultTtl: number; readonly maxKeyLength: number },
+): void {
   for (const [proto, key, locked] of lockedMethodsOf(instance)) {
-    const { holdAtLeast, ttl } = locked;
-    if (ttl !== undefined || holdAtLeast === undefined || holdAtLeast <= defaultTtl) continue;
-    throw new RedisLockConfigurationError(
-      `@WithLock(${proto.constructor.name}.${String(key)}).holdAtLeast`,
-      holdAtLeast,
-      `must not exceed the ttl the method locks with: the module's defaults.ttl (${defaultTtl} ms), as it gives no ttl of its own. Give it a ttl of at least ${holdAtLeast} ms, or a shorter holdAtLeast`,
-    );
+    const { holdAtLeast, ttl, maxKeyLength } = locked;
+    const where = `@WithLock(${proto.constructor.name}.${String(key)})`;
+    if (ttl === undefined && holdAtLeast !== undefined && holdAtLeast > module.defaultTtl) {
+      throw new RedisLockConfigurationError(
+        `${where}.holdAtLeast`,
+        holdAtLeast,
+        `must not exceed the ttl the method locks with: the module's defaults.ttl (${module.defaultTtl} ms), as it gives no ttl of its own. Give it a ttl of at least ${holdAtLeast} ms, or a shorter holdAtLeast`,
+      );
+    }
+    if (maxKeyLength !== undefined && maxKeyLength > module.maxKeyLength) {
+      throw new RedisLockConfigurationError(
+        `${where}.maxKeyLength`,
+        maxKeyLength,
+        `must not exceed the module's maxKeyLength (${module.maxKeyLength}), which every key is held to: raise the module's, or give this method a lower one`,
+      );
+    }
   }
 }
 
@@ -223,6 +242,7 @@ export function WithLock(
       options.key,
       method,
       types && { types, exact: (original as () => unknown).length === types.length },
+      options,
     );
     refuseStatic(target, `@WithLock(${method})`);
     if (/^\[object (Async)?GeneratorFunction\]$/.test(Object.prototype.toString.call(original))) {
@@ -297,6 +317,7 @@ export function WithLock(
       onBusy: options.onBusy ?? 'fail',
       ttl: options.ttl,
       holdAtLeast: options.holdAtLeast,
+      maxKeyLength: options.maxKeyLength,
     };
     Reflect.defineMetadata(LOCKED_METHOD, record, target, propertyKey);
     descriptor.value = wrapper as never;
@@ -378,8 +399,9 @@ type TimeoutAnswer = (
 function timeoutAnswer(options: WithLockOptions, method: string): TimeoutAnswer {
   const own = options.timeoutStatus !== undefined || options.timeoutException !== undefined;
   return async (instance, error, context) => {
-    if (error instanceof LockBackendError && context.getType() === 'http') {
-      throw unavailable(error);
+    if (context.getType() === 'http') {
+      if (error instanceof LockBackendError) throw unavailable(error);
+      if (error instanceof LockKeyResolutionError) throw badKey(error);
     }
     if (!(error instanceof LockAcquireTimeoutError)) throw error;
     // A test double of LockService may have no `timeoutResponse`: the defaults then.
@@ -389,6 +411,29 @@ function timeoutAnswer(options: WithLockOptions, method: string): TimeoutAnswer 
     const adapterHost = (instance as { [ADAPTER_HOST]?: HttpAdapterHost })[ADAPTER_HOST];
     throw await answerLockTimeout(error, context, response, adapterHost);
   };
+}
+
+/**
+ * What an HTTP handler answers whose lock key could not be built from the request: 400, saying
+ * which part, never the key or the value (they came from the request and may be anything); the
+ * `LockKeyResolutionError` is its `cause`.
+ */
+function badKey(error: LockKeyResolutionError): BadRequestException {
+  return new BadRequestException(
+    {
+      statusCode: 400,
+      error: 'Bad Request',
+      message:
+        error.reason === 'too-long'
+          ? `The request names a resource whose lock key is too long (${(error.value as string).length} characters, at most ${error.maxKeyLength}).`
+          : error.reason === 'refused'
+            ? 'The request names a resource that cannot be locked.'
+            : error.placeholder.startsWith('{')
+              ? `The request does not name the resource to lock: ${error.placeholder} of the lock key is missing or not a string or number.`
+              : 'The request does not name the resource to lock.',
+    },
+    { cause: error },
+  );
 }
 
 /**
@@ -406,6 +451,11 @@ function unavailable(error: LockBackendError): ServiceUnavailableException {
   );
 }
 
+/** The module's `maxKeyLength` (a test double of `LockService` may have none: the default then). */
+function maxKeyLengthOf(locks: Partial<Pick<LockService, 'maxKeyLength'>>): number {
+  return locks.maxKeyLength ?? DEFAULT_MAX_KEY_LENGTH;
+}
+
 /** Promise methods: the lock is taken when the method is called, through `LockService.using()`. */
 function lockOnCall(
   call: (...args: unknown[]) => unknown,
@@ -420,8 +470,9 @@ function lockOnCall(
     args: unknown[],
     started: { ran: boolean },
   ): Promise<unknown> {
-    return lockServiceOf(this, '@WithLock', method).using(
-      resolveKey(args),
+    const locks = lockServiceOf(this, '@WithLock', method);
+    return locks.using(
+      resolveKey(args, maxKeyLengthOf(locks)),
       async () => {
         started.ran = true;
         // Awaited here so that a Promise of an Observable is caught as well.
@@ -482,7 +533,7 @@ function skipWhenBusy(
   }
   job?.recovered(); // its lock reached Redis: the method ran (and threw), or the key was busy
   if (ran || !(error instanceof LockAcquireTimeoutError) || !error.busy) throw error;
-  logger.debug(`${method} skipped: lock "${error.key}" is held by another holder`);
+  logger.debug(`${method} skipped: lock ${quoteKey(error.key)} is held by another holder`);
   return undefined;
 }
 
@@ -514,12 +565,13 @@ function lockOnSubscribe(
             complete: resolve,
           });
         });
-      let held = Promise.resolve().then(() =>
-        lockServiceOf(this, '@WithLock', method).using(resolveKey(args), hold, {
+      let held = Promise.resolve().then(() => {
+        const locks = lockServiceOf(this, '@WithLock', method);
+        return locks.using(resolveKey(args, maxKeyLengthOf(locks)), hold, {
           ...acquireOptions,
           signal: unsubscribed.signal,
-        }),
-      );
+        });
+      });
       // Skipped: completes empty (`endHold` is set once the method was called).
       if (skip)
         held = held.catch((error: unknown) => skipWhenBusy(error, !!endHold, method, undefined));

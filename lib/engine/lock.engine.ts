@@ -1,5 +1,9 @@
 import type { Logger } from '@nestjs/common';
-import { LockArgumentError, RedisLockShutdownError } from '../errors/redis-lock.errors.js';
+import {
+  LockArgumentError,
+  RedisLockShutdownError,
+  quoteKey,
+} from '../errors/redis-lock.errors.js';
 import type { BackendHealth, LockBackend } from '../interfaces/lock-backend.interface.js';
 import type { AcquireOptions, Lock } from '../interfaces/lock.interface.js';
 import { lockOrder } from '../options/checks.js';
@@ -167,7 +171,7 @@ export class LockEngine {
     results.forEach((result, i) => {
       if (result.status === 'rejected') {
         this.parts.logger.warn(
-          `Could not release lock "${locks[i].key}" (fence ${locks[i].fence}) on shutdown; it expires after its TTL: ${String(result.reason)}`,
+          `Could not release lock ${quoteKey(locks[i].key)} (fence ${locks[i].fence}) on shutdown; it expires after its TTL: ${String(result.reason)}`,
         );
       }
     });
@@ -181,7 +185,7 @@ export class LockEngine {
     options: AcquireOptions | undefined,
     mode: AcquireMode,
   ): Promise<ChainLock | null> {
-    const keys = lockOrder(list);
+    const keys = lockOrder(list, this.parts.defaults.maxKeyLength);
     const opts = resolveCallOptions(options, this.parts.defaults, mode);
     return keys.length === 1
       ? this.loop.obtain(keys[0], options, mode, opts)
@@ -194,8 +198,8 @@ export class LockEngine {
     // Named only when there is something to say (a release that went well builds no string).
     const name = (): string =>
       lock instanceof MultiKeyLock
-        ? `Locks ${lock.keys.map((key) => `"${key}" (fence ${lock.fences[key]})`).join(', ')}`
-        : `Lock "${lock.key}" (fence ${lock.fence})`;
+        ? `Locks ${lock.keys.map((key) => `${quoteKey(key)} (fence ${lock.fences[key]})`).join(', ')}`
+        : `Lock ${quoteKey(lock.key)} (fence ${lock.fence})`;
     try {
       if (undo) return void (await lock.undo());
       const released = await lock.release();

@@ -1,6 +1,7 @@
 import type { Logger } from '@nestjs/common';
 import {
   LockLostError,
+  quoteKey,
   type LockLostReason,
   type LockOperation,
 } from '../errors/redis-lock.errors.js';
@@ -214,7 +215,7 @@ export abstract class Lease implements HeldLease {
       // Keep trying until the expiry timer declares the lock unconfirmed; warn once per outage.
       if (this.lastExtendError === undefined) {
         this.owner.logger.warn(
-          `Could not extend lock "${this.key}" (fence ${this.fence}), retrying: ${String(error)}`,
+          `Could not extend lock ${quoteKey(this.key)} (fence ${this.fence}), retrying: ${String(error)}`,
         );
       }
       this.lastExtendError = error;

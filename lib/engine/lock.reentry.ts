@@ -1,4 +1,4 @@
-import { LockArgumentError, LockLostError } from '../errors/redis-lock.errors.js';
+import { LockArgumentError, LockLostError, quoteKey } from '../errors/redis-lock.errors.js';
 import type { LockShape } from '../interfaces/lock-backend.interface.js';
 import type { AcquireOptions, Lock } from '../interfaces/lock.interface.js';
 
@@ -224,7 +224,7 @@ export function assertReentry(
     throw new LockArgumentError(
       option,
       value,
-      `this call chain already holds "${key}" with ${outerValue}: a nested call re-enters that hold and cannot change it (leave the option out, or ask for the same)`,
+      `this call chain already holds ${quoteKey(key)} with ${outerValue}: a nested call re-enters that hold and cannot change it (leave the option out, or ask for the same)`,
     );
   };
   if (outer.limit !== shape.limit || outer.mode !== shape.mode || outer.fair !== shape.fair) {

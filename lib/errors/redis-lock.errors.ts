@@ -10,6 +10,19 @@ export class RedisLockError extends Error {
   }
 }
 
+/** Longest part of a key a message or log line shows. */
+const SHOWN_KEY_LENGTH = 100;
+
+/**
+ * A lock key as messages and log lines show it: JSON-quoted (a line break or a quote in a key
+ * that came from a request cannot forge a log line) and cut at 100 characters, with its length.
+ */
+export function quoteKey(key: string): string {
+  return key.length > SHOWN_KEY_LENGTH
+    ? `${JSON.stringify(`${key.slice(0, SHOWN_KEY_LENGTH)}…`)} (${key.length} characters)`
+    : JSON.stringify(key);
+}
+
 /**
  * The configuration is invalid: module options (thrown while the app boots), `@WithLock` options
  * (thrown when the decorator is applied, i.e. when the class is defined), or a `@WithLock` method
@@ -53,10 +66,21 @@ export class LockArgumentError extends RedisLockError {
   }
 }
 
+/** Why `@WithLock` built no key: see {@link LockKeyResolutionError.reason}. */
+export type LockKeyProblem =
+  /** A placeholder resolved to no key part (`undefined`, `null`, an object, `''`…), or the key function returned no key. */
+  | 'unresolved'
+  /** The key is longer than `maxKeyLength`. */
+  | 'too-long'
+  /** The decorator's `validateKey` did not accept it. */
+  | 'refused';
+
 /**
  * `@WithLock` could not build a lock key from the method's arguments: a placeholder resolved to
- * `undefined`, `null`, an object, an empty string or another non-key value, or the key function
- * did not return a non-empty string. No lock was taken and the method did not run.
+ * `undefined`, `null`, an object, an empty string or another non-key value, the key function
+ * did not return a non-empty string, the key is longer than `maxKeyLength`, or `validateKey`
+ * refused it. No lock was taken and the method did not run. A route answers it 400 Bad Request
+ * (the key comes from the request), without the key.
  */
 export class LockKeyResolutionError extends RedisLockError {
   constructor(
@@ -64,14 +88,23 @@ export class LockKeyResolutionError extends RedisLockError {
     readonly method: string,
     /** The key template, or `'(key function)'`. */
     readonly template: string,
-    /** The placeholder that failed (`{0.id}`), or `'(key function)'`. */
+    /** The placeholder that failed (`{0.id}`), `'(key function)'`, or `'(whole key)'` (too long, refused). */
     readonly placeholder: string,
-    /** What it resolved to. */
+    /** What it resolved to (the whole key when too long or refused). */
     readonly value: unknown,
+    /** What is wrong. */
+    readonly reason: LockKeyProblem = 'unresolved',
+    /** The `maxKeyLength` in force, when the key is too long. */
+    readonly maxKeyLength?: number,
   ) {
+    const from = `Cannot build the lock key of ${method} from ${JSON.stringify(template)}`;
     super(
-      `Cannot build the lock key of ${method} from "${template}": ${placeholder} resolved to ${describe(value)}. ` +
-        `A key part must be a non-empty string or a finite number; check the argument the placeholder points at.`,
+      reason === 'too-long'
+        ? `${from}: the key is ${(value as string).length} characters long, more than maxKeyLength (${maxKeyLength}). A key names a resource: check the argument, or raise maxKeyLength.`
+        : reason === 'refused'
+          ? `${from}: validateKey refused the key ${quoteKey(value as string)}. Check the argument.`
+          : `${from}: ${placeholder} resolved to ${describe(value)}. ` +
+            `A key part must be a non-empty, well-formed string or a finite number; check the argument the placeholder points at.`,
     );
   }
 }
@@ -105,7 +138,7 @@ export class LockAcquireTimeoutError extends RedisLockError {
     readonly expectedWaitMs?: number,
   ) {
     super(
-      `Could not acquire lock "${key}" within ${acquireTimeout} ms (waited ${Math.round(waitedMs)} ms): ` +
+      `Could not acquire lock ${quoteKey(key)} within ${acquireTimeout} ms (waited ${Math.round(waitedMs)} ms): ` +
         (busy
           ? 'another holder kept it. Retry later, raise acquireTimeout, or shorten the work done under the lock.'
           : 'nobody else held it, but no grant came with lease left in time (Redis slow to answer, a TTL shorter than a round trip, or a fair queue whose first waiter stopped asking). Check Redis latency against the ttl, or raise acquireTimeout.'),
@@ -149,7 +182,7 @@ export class LockLostError extends RedisLockError {
     readonly reason: LockLostReason,
     options?: { cause?: unknown },
   ) {
-    super(`Lock "${key}" was lost (${LOST_REASONS[reason]}). ${LOST_ADVICE}`, options);
+    super(`Lock ${quoteKey(key)} was lost (${LOST_REASONS[reason]}). ${LOST_ADVICE}`, options);
     Object.defineProperty(this, 'token', { value: token, enumerable: false });
   }
 }
@@ -174,7 +207,7 @@ export class LockAcquireAbortedError extends RedisLockError {
     /** The signal's `reason`. */
     reason: unknown,
   ) {
-    super(`Acquiring lock "${key}" was aborted by the caller's signal.`, { cause: reason });
+    super(`Acquiring lock ${quoteKey(key)} was aborted by the caller's signal.`, { cause: reason });
   }
 }
 
@@ -185,7 +218,7 @@ export class RedisLockShutdownError extends RedisLockError {
     readonly key: string,
   ) {
     super(
-      `Lock "${key}" cannot be acquired: the RedisLockModule is shutting down. ` +
+      `Lock ${quoteKey(key)} cannot be acquired: the RedisLockModule is shutting down. ` +
         `Stop starting locked work once shutdown has begun.`,
     );
   }
@@ -205,8 +238,8 @@ export class LeadershipStoppedError extends RedisLockError {
   ) {
     super(
       by === 'stop'
-        ? `Leadership of "${key}" was given up by stop(): finish the term's work and return.`
-        : `Leadership of "${key}" ends: the RedisLockModule is shutting down. Finish the term's work and return.`,
+        ? `Leadership of ${quoteKey(key)} was given up by stop(): finish the term's work and return.`
+        : `Leadership of ${quoteKey(key)} ends: the RedisLockModule is shutting down. Finish the term's work and return.`,
     );
   }
 }
@@ -236,7 +269,7 @@ export class LockBackendError extends RedisLockError {
     readonly timedOut = false,
   ) {
     super(
-      `Redis failed during ${operation} of lock "${key}": ${causeText(cause)}. ` +
+      `Redis failed during ${operation} of lock ${quoteKey(key)}: ${causeText(cause)}. ` +
         `Check that Redis is reachable; the call may be retried.`,
       { cause },
     );

@@ -80,6 +80,14 @@ export interface RedisLockModuleOptions extends LockTimeoutResponse {
    */
   keyPrefix?: string;
   /**
+   * Longest lock key, in characters (without `keyPrefix`), for every call: a longer key is a
+   * `LockArgumentError`, and on `@WithLock` a `LockKeyResolutionError` (a route answers 400). Keys
+   * built from request input are what this bounds: a key names a resource, it does not carry data.
+   * `@WithLock({ maxKeyLength })` may set a lower one for its method.
+   * @default 512
+   */
+  maxKeyLength?: number;
+  /**
    * Longest wait for any one Redis reply, in ms, for every operation (acquire attempts, release,
    * extension, `isLocked`, closing connections on shutdown). A reply that does not come in time
    * fails the call with `LockBackendError` (`timedOut: true`) instead of waiting for a reconnect

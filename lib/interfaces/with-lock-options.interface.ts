@@ -47,6 +47,19 @@ export interface WithLockOptions
    */
   key: LockKeySource | readonly LockKeySource[];
   /**
+   * Longest key this method may lock, in characters: a longer one is a `LockKeyResolutionError`
+   * (a route answers 400) before any lock is taken. At most the module's `maxKeyLength`, which
+   * applies when this is not set.
+   */
+  maxKeyLength?: number;
+  /**
+   * Checks each key built for a call (after encoding) before any lock is taken: return `true` to
+   * accept it; anything else is a `LockKeyResolutionError` (a route answers 400). Throw your own
+   * error to answer otherwise. For an allow-list of resources a pipe cannot express.
+   * @example (key) => /^order:\d{1,12}$/.test(key)
+   */
+  validateKey?: (key: string, args: readonly unknown[]) => boolean;
+  /**
    * What a call does when another holder has the key. `'fail'`: it fails as any lock timeout does
    * (409, `RpcException`, `WsException`, `LockAcquireTimeoutError`). `'skip'`: the method is not
    * run and the call resolves `undefined` (an Observable method completes empty), for jobs that

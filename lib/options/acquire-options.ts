@@ -59,7 +59,7 @@ export function resolveAcquireOptions(
   defaults: ResolvedDefaults,
   mode: AcquireMode,
 ): ResolvedAcquireOptions {
-  assertKey(key);
+  assertKey(key, defaults.maxKeyLength);
   return resolveCallOptions(options, defaults, mode);
 }
 

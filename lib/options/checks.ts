@@ -1,7 +1,7 @@
 /** The checks every kind of option shares: durations, keys, lock shapes, option objects. */
 
 import type { Cluster, Redis } from 'ioredis';
-import { LockArgumentError } from '../errors/redis-lock.errors.js';
+import { LockArgumentError, quoteKey } from '../errors/redis-lock.errors.js';
 import type { LockShape } from '../interfaces/lock-backend.interface.js';
 import type { LockTimeoutResponse } from '../interfaces/with-lock-options.interface.js';
 import { DEFAULTS_KEYS, MAX_DURATION } from './defaults.js';
@@ -143,21 +143,41 @@ export function checkTimeoutResponse(
 }
 
 /**
- * Throws `LockArgumentError` unless `key` is a non-empty, well-formed Unicode string. A lone
- * surrogate has no UTF-8 form: Redis would receive U+FFFD for it, so two different keys would
- * share one lock.
+ * Throws `LockArgumentError` unless `key` is a non-empty, well-formed Unicode string of at most
+ * `maxLength` characters (the module's `maxKeyLength`). A lone surrogate has no UTF-8 form: Redis
+ * would receive U+FFFD for it, so two different keys would share one lock.
  */
-export function assertKey(key: unknown): asserts key is string {
+export function assertKey(key: unknown, maxLength = Infinity): asserts key is string {
   if (typeof key !== 'string' || key.length === 0) {
     throw new LockArgumentError('key', key, 'must be a non-empty string');
   }
-  if (!(key as unknown as WellFormed).isWellFormed()) {
+  if (!isWellFormed(key)) {
     throw new LockArgumentError(
       'key',
       key,
       'must be well-formed Unicode (it contains a lone UTF-16 surrogate, which has no UTF-8 form)',
     );
   }
+  if (key.length > maxLength) {
+    throw new LockArgumentError('key', key, tooLong(key.length, maxLength));
+  }
+}
+
+/** What is wrong with a `maxKeyLength`, or `undefined`: a whole number of characters, at least 1. */
+export function keyLengthProblem(value: unknown): string | undefined {
+  return typeof value === 'number' && Number.isSafeInteger(value) && value >= 1
+    ? undefined
+    : 'must be a whole number of characters, at least 1';
+}
+
+/** What a key longer than `maxKeyLength` is told. */
+function tooLong(length: number, maxLength: number): string {
+  return `is ${length} characters long, more than maxKeyLength (${maxLength}): a key names a resource, it does not carry data (hash long input into the key, or raise maxKeyLength)`;
+}
+
+/** Whether `text` has no lone UTF-16 surrogate, i.e. has a UTF-8 form. */
+export function isWellFormed(text: string): boolean {
+  return (text as unknown as WellFormed).isWellFormed();
 }
 
 /** The longest owner token a caller may give, in UTF-16 code units (a generated one has 32). */
@@ -171,7 +191,7 @@ const MAX_TOKEN_LENGTH = 256;
  */
 export function tokenProblem(token: unknown): string | undefined {
   if (typeof token !== 'string' || token.length === 0) return 'must be a non-empty string';
-  if (!(token as unknown as WellFormed).isWellFormed()) {
+  if (!isWellFormed(token)) {
     return 'must be well-formed Unicode (it contains a lone UTF-16 surrogate, which has no UTF-8 form: two tokens would become one in Redis)';
   }
   if (token.length > MAX_TOKEN_LENGTH) {
@@ -185,7 +205,7 @@ export function tokenProblem(token: unknown): string | undefined {
  * sorted by UTF-16 code units — one order for every caller and process, whatever order each
  * names them in.
  */
-export function lockOrder(keys: readonly unknown[]): string[] {
+export function lockOrder(keys: readonly unknown[], maxLength = Infinity): string[] {
   if (keys.length === 0) {
     throw new LockArgumentError(
       'key',
@@ -195,9 +215,9 @@ export function lockOrder(keys: readonly unknown[]): string[] {
   }
   const seen = new Set<string>();
   for (const key of keys) {
-    assertKey(key);
+    assertKey(key, maxLength);
     if (seen.has(key)) {
-      throw new LockArgumentError('key', keys, `names "${key}" twice: list each key once`);
+      throw new LockArgumentError('key', keys, `names ${quoteKey(key)} twice: list each key once`);
     }
     seen.add(key);
   }

@@ -8,6 +8,7 @@ import {
   durationProblem,
   holdAtLeastProblem,
   isOptionsObject,
+  keyLengthProblem,
   lockShape,
   rejectUnknownKeys,
   ttlProblem,
@@ -15,6 +16,8 @@ import {
 
 const WITH_LOCK_KEYS = [
   'key',
+  'maxKeyLength',
+  'validateKey',
   'onBusy',
   'holdAtLeast',
   'ttl',
@@ -49,6 +52,17 @@ export function validateWithLockOptions(options: WithLockOptions, method: string
           ? ttlProblem(value)
           : durationProblem(value, true);
     if (problem) fail(`${path}${name}`, value, problem);
+  }
+  if (options.maxKeyLength !== undefined) {
+    const problem = keyLengthProblem(options.maxKeyLength);
+    if (problem) fail(`${path}maxKeyLength`, options.maxKeyLength, problem);
+  }
+  if (options.validateKey !== undefined && typeof options.validateKey !== 'function') {
+    fail(
+      `${path}validateKey`,
+      options.validateKey,
+      'must be a function of (key, args) returning true to accept the key',
+    );
   }
   if (options.autoExtend !== undefined && typeof options.autoExtend !== 'boolean') {
     fail(`${path}autoExtend`, options.autoExtend, 'must be true or false');

@@ -5,6 +5,13 @@ import type { LockDefaults } from '../interfaces/redis-lock-options.interface.js
 /** The built-in defaults: the single place they are written down. */
 export const DEFAULT_KEY_PREFIX = 'lock:';
 
+/**
+ * Default `maxKeyLength`: a key names a resource (`order:<uuid>`, a few ids joined: tens of
+ * characters); 512 leaves room for long compound names and still keeps a request body out of
+ * Redis and out of every log line.
+ */
+export const DEFAULT_MAX_KEY_LENGTH = 512;
+
 export const DEFAULT_LOCK_DEFAULTS = {
   ttl: 10_000,
   acquireTimeout: 5_000,
@@ -57,6 +64,8 @@ export const MAX_DURATION = 2_147_483_647;
 
 export type ResolvedDefaults = Omit<Required<LockDefaults>, 'autoExtend'> & {
   autoExtend: boolean | undefined;
+  /** The module's `maxKeyLength` (a top-level option), which every call's keys are checked against. */
+  maxKeyLength: number;
 };
 
 export const DEFAULTS_KEYS = Object.keys(DEFAULT_LOCK_DEFAULTS);

@@ -13,6 +13,7 @@ import {
   durationProblem,
   isOptionsObject,
   isRedisClient,
+  keyLengthProblem,
   rejectUnknownKeys,
   ttlProblem,
 } from './checks.js';
@@ -24,6 +25,7 @@ import {
   DEFAULT_HANDOFF_TURN,
   DEFAULT_KEY_PREFIX,
   DEFAULT_LOCK_DEFAULTS,
+  DEFAULT_MAX_KEY_LENGTH,
   MIN_REDLOCK_NODES,
   ResolvedDefaults,
 } from './defaults.js';
@@ -51,6 +53,7 @@ const MODULE_KEYS = [
   'nodes',
   'driftFactor',
   'keyPrefix',
+  'maxKeyLength',
   'commandTimeout',
   'fenceRetention',
   'handoffTurn',
@@ -115,7 +118,10 @@ export function resolveModuleOptions(raw: RedisLockModuleOptions): ResolvedModul
   const given = raw.defaults === undefined ? {} : raw.defaults;
   if (!isOptionsObject(given)) fail('defaults', given, 'must be an object');
   rejectUnknownKeys(given, DEFAULTS_KEYS, 'defaults.', fail);
-  const defaults: ResolvedDefaults = { ...DEFAULT_LOCK_DEFAULTS };
+  const maxKeyLength = raw.maxKeyLength === undefined ? DEFAULT_MAX_KEY_LENGTH : raw.maxKeyLength;
+  const maxKeyLengthProblem = keyLengthProblem(maxKeyLength);
+  if (maxKeyLengthProblem) fail('maxKeyLength', maxKeyLength, maxKeyLengthProblem);
+  const defaults: ResolvedDefaults = { ...DEFAULT_LOCK_DEFAULTS, maxKeyLength };
   for (const name of ['ttl', 'acquireTimeout', 'retryInterval', 'retryJitter'] as const) {
     const value = given[name];
     if (value === undefined) continue;

@@ -15,7 +15,7 @@ import {
 import { concatMap, from, interval, map, take, type Observable } from 'rxjs';
 import { WithLock } from '../../lib/index.js';
 import { InventoryService, type MoveResult, type PurchaseResult } from './inventory.service.js';
-import { MovePipe, PurchasePipe, type MoveDto, type PurchaseDto } from './purchase.dto.js';
+import { MovePipe, PurchasePipe, SkuPipe, type MoveDto, type PurchaseDto } from './purchase.dto.js';
 
 @Controller('products')
 export class InventoryController {
@@ -42,15 +42,20 @@ export class InventoryController {
   }
 
   @Get(':sku')
-  async get(@Param('sku') sku: string): Promise<{ sku: string; stock: number }> {
+  async get(@Param('sku', SkuPipe) sku: string): Promise<{ sku: string; stock: number }> {
     return { sku, stock: await this.inventory.stock(sku) };
   }
 
-  /** One purchase per SKU at a time, across every instance of the app. */
+  /**
+   * One purchase per SKU at a time, across every instance of the app. The key comes from the URL:
+   * `SkuPipe` gives each product one spelling (and refuses what is not a SKU) before the lock is
+   * taken, guards (authorisation) run before it too, and a busy SKU answers 409 after the module's
+   * short `acquireTimeout` (2 s) instead of holding the request.
+   */
   @Post(':sku/purchase')
   @WithLock({ key: 'sku:{0}' })
   async purchase(
-    @Param('sku') sku: string,
+    @Param('sku', SkuPipe) sku: string,
     @Body(PurchasePipe) body: PurchaseDto,
   ): Promise<PurchaseResult> {
     // inventory.purchase() locks sku:<sku> too: it re-enters the lock this handler holds.
@@ -60,7 +65,7 @@ export class InventoryController {
   /** The same purchase without any lock: concurrent calls oversell. Here to show the race. */
   @Post(':sku/purchase-unlocked')
   async purchaseUnlocked(
-    @Param('sku') sku: string,
+    @Param('sku', SkuPipe) sku: string,
     @Body(PurchasePipe) body: PurchaseDto,
   ): Promise<PurchaseResult> {
     return this.inventory.sell(sku, body.quantity);
@@ -68,14 +73,20 @@ export class InventoryController {
 
   /** Moves stock to another SKU; `inventory.move()` locks both SKUs together. */
   @Post(':sku/move')
-  async move(@Param('sku') sku: string, @Body(MovePipe) body: MoveDto): Promise<MoveResult> {
+  async move(
+    @Param('sku', SkuPipe) sku: string,
+    @Body(MovePipe) body: MoveDto,
+  ): Promise<MoveResult> {
     if (body.to === sku) throw new BadRequestException('cannot move stock to the same SKU');
     return this.inventory.move(sku, body.to, body.quantity);
   }
 
   @Put(':sku/stock')
   @HttpCode(204)
-  async setStock(@Param('sku') sku: string, @Body() body: { quantity: number }): Promise<void> {
+  async setStock(
+    @Param('sku', SkuPipe) sku: string,
+    @Body() body: { quantity: number },
+  ): Promise<void> {
     await this.inventory.setStock(sku, body.quantity);
   }
 
@@ -87,7 +98,7 @@ export class InventoryController {
    */
   @Sse(':sku/stocktake')
   @WithLock({ key: 'sku:{0}', mode: 'read' })
-  stocktake(@Param('sku') sku: string): Observable<MessageEvent> {
+  stocktake(@Param('sku', SkuPipe) sku: string): Observable<MessageEvent> {
     return interval(Number(process.env.STOCKTAKE_STEP ?? 200)).pipe(
       take(5),
       concatMap((step) => from(this.inventory.stock(sku)).pipe(map((stock) => ({ step, stock })))),

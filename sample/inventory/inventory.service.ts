@@ -111,5 +111,9 @@ export class InventoryService {
   }
 }
 
-export const stockKey = (sku: string): string => `sample:stock:${sku}`;
+/**
+ * Where a SKU's stock lives. The store reads SKUs without regard to case, as many databases do, so
+ * `WIDGET` and `widget` are one product: the routes' lock keys must be too (see `SkuPipe`).
+ */
+export const stockKey = (sku: string): string => `sample:stock:${sku.toLowerCase()}`;
 const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));

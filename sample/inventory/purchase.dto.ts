@@ -1,5 +1,28 @@
 import { BadRequestException, type PipeTransform } from '@nestjs/common';
 
+/**
+ * A SKU from the URL, in the one spelling the lock key is built from. The lock key comes from the
+ * request, so every spelling of one product must give one key (`/products/Widget` and
+ * `/products/%20widget` are the product `widget`: two spellings, two keys, two purchases at once)
+ * and anything that is not a SKU is refused before the lock: Unicode NFC, trimmed, lower case,
+ * letters, digits and dashes only, at most 64 characters.
+ */
+export class SkuPipe implements PipeTransform<unknown, string> {
+  transform(value: unknown): string {
+    return canonicalSku(value, 'sku');
+  }
+}
+
+function canonicalSku(value: unknown, name: string): string {
+  const sku = typeof value === 'string' ? value.normalize('NFC').trim().toLowerCase() : '';
+  if (!/^[a-z0-9][a-z0-9-]{0,63}$/.test(sku)) {
+    throw new BadRequestException(
+      `${name} must be a SKU: letters, digits and dashes, at most 64 characters`,
+    );
+  }
+  return sku;
+}
+
 export interface PurchaseDto {
   quantity: number;
 }
@@ -24,9 +47,9 @@ export interface MoveDto {
 export class MovePipe implements PipeTransform<unknown, MoveDto> {
   transform(value: unknown): MoveDto {
     const body = value as Partial<MoveDto> | undefined;
-    if (typeof body?.to !== 'string' || body.to.length === 0) {
-      throw new BadRequestException('to must name the SKU to move stock to');
-    }
-    return { to: body.to, quantity: new PurchasePipe().transform(value).quantity };
+    return {
+      to: canonicalSku(body?.to, 'to'),
+      quantity: new PurchasePipe().transform(value).quantity,
+    };
   }
 }

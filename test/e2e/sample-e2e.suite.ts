@@ -109,6 +109,37 @@ export function sampleAppSuite(adapterName: keyof typeof ADAPTERS): void {
       assert.equal(await stockOf(sku), 0);
     });
 
+    it('one product, one lock, however the URL spells its SKU: 20 purchases in 4 spellings sell exactly the stock', async () => {
+      const sku = uniqueKey('spelling');
+      await inventory.setStock(sku, 5);
+      const spellings = [
+        sku,
+        sku.toUpperCase(),
+        `%20${sku}`,
+        `${sku[0].toUpperCase()}${sku.slice(1)}%09`,
+      ];
+      const statuses = await Promise.all(
+        Array.from(
+          { length: 20 },
+          async (_, i) => (await post(`/products/${spellings[i % 4]}/purchase`)).status,
+        ),
+      );
+      assert.equal(statuses.filter((s) => s === 201).length, 5, `statuses: ${statuses.join(' ')}`);
+      assert.equal(await stockOf(sku), 0);
+    });
+
+    it('what is not a SKU is refused with 400 before any lock: separators, braces, other scripts, 65 characters', async () => {
+      const sku = uniqueKey('refused');
+      await inventory.setStock(sku, 5);
+      for (const spelling of [`${sku}%3Arefund`, `${sku}%7Bx%7D`, `${sku}%C3%A9`, 'a'.repeat(65)]) {
+        const response = await post(`/products/${spelling}/purchase`);
+        assert.equal(response.status, 400, spelling);
+        assert.match(await response.text(), /sku must be a SKU/);
+      }
+      assert.equal(await stockOf(sku), 5);
+      assert.deepEqual(await redis.keys('sample:lock:*refused*'), []);
+    });
+
     it('control: the same load on the unlocked route oversells', async () => {
       const sku = uniqueKey('last-items');
       await inventory.setStock(sku, 5);

@@ -52,8 +52,10 @@ const validTimeout = (v: unknown): boolean => isWholeMs(v) && v >= 0;
  * `using()` section may outlive it.
  */
 const SHORT_LEASE = 1_000;
+/** The module's maxKeyLength, by default. */
+const MAX_KEY_LENGTH = 512;
 const validKey = (k: unknown): k is string =>
-  typeof k === 'string' && k.length > 0 && !/\p{Surrogate}/u.test(k);
+  typeof k === 'string' && k.length > 0 && k.length <= MAX_KEY_LENGTH && !/\p{Surrogate}/u.test(k);
 
 // --- Arbitraries. ---
 const hostileDuration = fc.oneof(
@@ -101,6 +103,8 @@ const hostileKey = fc.oneof(
     '😀',
     '\uD800',
     'x\uDC00y',
+    'k'.repeat(512),
+    'k'.repeat(513),
     'k'.repeat(20_000),
     ' ',
   ),
@@ -520,46 +524,67 @@ describe('hostile input (property-based)', () => {
       fc.string(),
       fc.integer(),
     );
-    const WELL_FORMED = /^(?:[^{}]|\{\d+(?:\.[A-Za-z_$][\w$]*)*\})+$/;
+    const PLACEHOLDER = /\{(\d+)((?:\.[A-Za-z_$][\w$]*)*)\}/g;
+    const isSeparator = (char: string): boolean => !/[\p{L}\p{N}]/u.test(char);
+    // Well-formed: only placeholders in braces, and a separator between any two of them.
+    const wellFormed = (source: string): boolean =>
+      /^(?:[^{}]|\{\d+(?:\.[A-Za-z_$][\w$]*)*\})+$/.test(source) &&
+      source
+        .split(PLACEHOLDER)
+        .filter((_, i) => i % 3 === 0)
+        .slice(1, -1)
+        .every((between) => [...between].some(isSeparator));
     fc.assert(
       fc.property(template, fc.array(argument, { maxLength: 3 }), (source, args) => {
-        let resolve: (args: readonly unknown[]) => string | string[];
+        let resolve: (args: readonly unknown[], maxKeyLength: number) => string | string[];
         try {
           resolve = compileLockKey(source, 'Fuzz.method');
         } catch (error) {
           assert.ok(error instanceof RedisLockConfigurationError, String(error));
           assert.ok(
-            !WELL_FORMED.test(source),
+            !wellFormed(source),
             `rejected a well-formed template ${JSON.stringify(source)}`,
           );
           return;
         }
-        assert.ok(WELL_FORMED.test(source), `accepted ${JSON.stringify(source)}`);
+        assert.ok(wellFormed(source), `accepted ${JSON.stringify(source)}`);
+        // A value never writes %, braces, :, a control character or the template's separators.
+        const literal = source.replace(PLACEHOLDER, '');
+        const encoded = (value: string): string =>
+          [...value]
+            .map((char) =>
+              '%{}:'.includes(char) ||
+              /\p{Cc}/u.test(char) ||
+              (isSeparator(char) && literal.includes(char))
+                ? Buffer.from(char)
+                    .toString('hex')
+                    .toUpperCase()
+                    .replace(/../g, (byte) => `%${byte}`)
+                : char,
+            )
+            .join('');
         // The oracle: each placeholder must land on a non-empty string, finite number or bigint.
         let badPart = false;
-        const expected = source.replace(
-          /\{(\d+)((?:\.[A-Za-z_$][\w$]*)*)\}/g,
-          (_, index: string, path: string) => {
-            let value: unknown = args[Number(index)];
-            for (const name of path.split('.').slice(1)) {
-              // Own properties only (inherited ones are missing).
-              const own =
-                value !== null &&
-                value !== undefined &&
-                Object.prototype.hasOwnProperty.call(Object(value), name);
-              value = own ? (value as Record<string, unknown>)[name] : undefined;
-              if (!own) break;
-            }
-            const fine =
-              (typeof value === 'string' && value.length > 0) ||
-              (typeof value === 'number' && Number.isFinite(value)) ||
-              typeof value === 'bigint';
-            if (!fine) badPart = true;
-            return fine ? String(value) : '';
-          },
-        );
+        const expected = source.replace(PLACEHOLDER, (_, index: string, path: string) => {
+          let value: unknown = args[Number(index)];
+          for (const name of path.split('.').slice(1)) {
+            // Own properties only (inherited ones are missing).
+            const own =
+              value !== null &&
+              value !== undefined &&
+              Object.prototype.hasOwnProperty.call(Object(value), name);
+            value = own ? (value as Record<string, unknown>)[name] : undefined;
+            if (!own) break;
+          }
+          const fine =
+            (typeof value === 'string' && value.length > 0 && !/\p{Surrogate}/u.test(value)) ||
+            (typeof value === 'number' && Number.isFinite(value)) ||
+            typeof value === 'bigint';
+          if (!fine) badPart = true;
+          return fine ? encoded(String(value)) : '';
+        });
         try {
-          assert.equal(resolve(args), expected);
+          assert.equal(resolve(args, Infinity), expected);
           assert.ok(!badPart);
         } catch (error) {
           if (error instanceof assert.AssertionError) throw error;

@@ -86,7 +86,7 @@ describe('holdAtLeast', () => {
   });
 
   it('a call that got nothing keeps nothing: a partial acquisition of several keys is undone at once', async () => {
-    const [a, b] = [uniqueKey('job:a'), uniqueKey('job:b')];
+    const [a, b] = [uniqueKey('job-a'), uniqueKey('job-b')];
     const taken = await env.other.locks.acquire(b, { ttl: 10_000 });
     try {
       // `a` is taken first (the keys go in order), then `b` is found busy: `a` is given back.

@@ -6,6 +6,7 @@ import { Test } from '@nestjs/testing';
 import { Redis, type RedisOptions } from 'ioredis';
 import {
   LockLostError,
+  LockArgumentError,
   LockService,
   RedisLockConfigurationError,
   RedisLockModule,
@@ -42,6 +43,15 @@ class LockedFeatureModule {}
 class LongHoldJob {
   @WithLock({ key: 'job:report', onBusy: 'skip', holdAtLeast: 30_000 })
   async run(): Promise<void> {}
+}
+
+/** Keys up to 1,000 characters: more than the module's default maxKeyLength allows. */
+@Injectable()
+class LongKeys {
+  @WithLock({ key: 'doc:{0}', maxKeyLength: 1_000 })
+  async save(id: string): Promise<string> {
+    return id;
+  }
 }
 
 describe('RedisLockModule', () => {
@@ -219,6 +229,43 @@ describe('RedisLockModule', () => {
       }).compile();
       await module.init();
       await module.get(LongHoldJob).run();
+      await module.close();
+    });
+
+    it("a @WithLock maxKeyLength above the module's fails the boot; maxKeyLength is checked like every option", async () => {
+      await assert.rejects(
+        Test.createTestingModule({
+          imports: [RedisLockModule.forRoot({ connection: server.url })],
+          providers: [LongKeys],
+        })
+          .compile()
+          .then((module) => module.init()),
+        (error: Error) =>
+          error instanceof RedisLockConfigurationError &&
+          error.option === '@WithLock(LongKeys.save).maxKeyLength' &&
+          /must not exceed the module's maxKeyLength \(512\)/.test(error.message),
+      );
+      for (const bad of [0, 1.5, '100', -1]) {
+        assert.throws(
+          () => resolveModuleOptions({ connection: server.url, maxKeyLength: bad as number }),
+          (error: Error) =>
+            error instanceof RedisLockConfigurationError && error.option === 'maxKeyLength',
+        );
+      }
+      const module = await Test.createTestingModule({
+        imports: [RedisLockModule.forRoot({ connection: server.url, maxKeyLength: 1_000 })],
+        providers: [LongKeys],
+      }).compile();
+      await module.init();
+      const id = 'x'.repeat(990);
+      assert.equal(await module.get(LongKeys).save(id), id);
+      const locks = module.get(LockService);
+      await assert.rejects(
+        locks.using('y'.repeat(1_001), () => 'never'),
+        (error: Error) =>
+          error instanceof LockArgumentError &&
+          /is 1001 characters long, more than maxKeyLength \(1000\)/.test(error.message),
+      );
       await module.close();
     });
 

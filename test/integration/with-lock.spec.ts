@@ -242,6 +242,29 @@ class OrdersController {
     return 'never';
   }
 
+  /** A value from the URL that spells another route's key ('42:refund'). */
+  @Get('pay/:id')
+  @WithLock({ key: 'order:{0}', acquireTimeout: 200 })
+  async pay(@Param('id') id: string): Promise<{ id: string; key: string | undefined }> {
+    return { id, key: getCurrentLock()?.key };
+  }
+
+  @Get('short-key/:id')
+  @WithLock({ key: 'order:{0}', acquireTimeout: 200, maxKeyLength: 16 })
+  async shortKey(@Param('id') id: string): Promise<string> {
+    return id;
+  }
+
+  @Get('allowed/:id')
+  @WithLock({
+    key: 'order:{0}',
+    acquireTimeout: 200,
+    validateKey: (key) => /^order:\d+$/.test(key),
+  })
+  async allowed(@Param('id') id: string): Promise<string> {
+    return id;
+  }
+
   @Get('same-key/:id')
   @WithLock({ key: 'acct:{0}', acquireTimeout: 200 })
   async sameKey(@Param('id') id: string): Promise<unknown> {
@@ -434,10 +457,56 @@ describe('@WithLock', () => {
         }
       });
 
-      it('a placeholder resolving to undefined fails the call without locking order:undefined', async () => {
+      it('a placeholder resolving to undefined answers 400, naming the placeholder, and locks nothing', async () => {
         const response = await fetch(`${url}/orders/missing`);
-        assert.equal(response.status, 500);
+        assert.equal(response.status, 400);
+        assert.deepEqual(await response.json(), {
+          statusCode: 400,
+          error: 'Bad Request',
+          message:
+            'The request does not name the resource to lock: {0.id} of the lock key is missing or not a string or number.',
+        });
         assert.equal(await redis.exists('lock:{order:undefined}'), 0);
+      });
+
+      it("a value from the URL cannot spell another route's key: order:{0} with 42:refund is not order:42:refund", async () => {
+        const id = Math.floor(Math.random() * 1e9);
+        const refund = await locks.acquire(`order:${id}:refund`, { ttl: 5_000 });
+        try {
+          const response = await fetch(`${url}/orders/pay/${id}%3Arefund`);
+          assert.equal(response.status, 200);
+          assert.deepEqual(await response.json(), {
+            id: `${id}:refund`,
+            key: `order:${id}%3Arefund`,
+          });
+        } finally {
+          await refund.release();
+        }
+      });
+
+      it('a key over maxKeyLength, or one validateKey refuses, answers 400 without the key and locks nothing', async () => {
+        const long = await fetch(`${url}/orders/short-key/${'9'.repeat(11)}`);
+        assert.equal(long.status, 400);
+        assert.deepEqual(await long.json(), {
+          statusCode: 400,
+          error: 'Bad Request',
+          message:
+            'The request names a resource whose lock key is too long (17 characters, at most 16).',
+        });
+        assert.equal((await fetch(`${url}/orders/short-key/${'9'.repeat(10)}`)).status, 200);
+        const refused = await fetch(`${url}/orders/allowed/x1`);
+        assert.equal(refused.status, 400);
+        const body = await refused.text();
+        assert.match(body, /cannot be locked/);
+        assert.doesNotMatch(body, /x1/);
+        assert.equal((await fetch(`${url}/orders/allowed/12`)).status, 200);
+        assert.deepEqual(await redis.keys('lock:{order:x1}*'), []);
+      });
+
+      it("a key over the module's maxKeyLength (512 by default) answers 400", async () => {
+        const response = await fetch(`${url}/orders/missing?id=${'7'.repeat(600)}`);
+        assert.equal(response.status, 400);
+        assert.match(await response.text(), /too long \(606 characters, at most 512\)/);
       });
 
       it('a locked handler calling a locked provider method with the same key completes', async () => {
@@ -476,6 +545,9 @@ describe('@WithLock', () => {
         assert.ok(wsExceptions.at(-1) instanceof WsException);
         assert.equal(replies[1].event, 'exception');
         assert.equal((replies[1].data as { code: string }).code, 'LOCK_TIMEOUT');
+        // The key came from the client's message: the answer does not echo it.
+        assert.doesNotMatch(JSON.stringify(replies[1].data), new RegExp(sku));
+        assert.match((replies[1].data as { message: string }).message, /^The resource is busy/);
 
         // Without parameter decorators: the raw (client, data), and the same answer.
         socket.send(JSON.stringify({ event: 'reserve-raw', data: { sku } }));
@@ -517,6 +589,7 @@ describe('@WithLock', () => {
             (e: unknown) => e,
           );
           assert.equal((error as { code?: string }).code, 'LOCK_TIMEOUT', JSON.stringify(error));
+          assert.doesNotMatch(JSON.stringify(error), new RegExp(sku));
         } finally {
           await held.release();
         }

@@ -88,7 +88,7 @@ export function twoAppsOnOneRedis(options: Partial<RedisLockModuleOptions> = {})
 
 /** A key no other test uses. */
 export function uniqueKey(name = 'key'): string {
-  return `${name}:${randomUUID().slice(0, 8)}`;
+  return `${name}-${randomUUID().slice(0, 8)}`;
 }
 
 export const sleep = (ms: number): Promise<void> =>

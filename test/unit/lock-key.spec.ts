@@ -1,10 +1,11 @@
 import assert from 'node:assert/strict';
+import fc from 'fast-check';
 import { describe, it } from 'node:test';
 import { LockKeyResolutionError, RedisLockConfigurationError, WithLock } from '../../lib/index.js';
 import { compileLockKey } from '../../lib/decorators/lock-key.resolver.js';
 
 const resolve = (template: string, ...args: unknown[]): string | string[] =>
-  compileLockKey(template, 'Test.method')(args);
+  compileLockKey(template, 'Test.method')(args, Infinity);
 
 const unresolved = (placeholder: string) => (error: unknown) =>
   error instanceof LockKeyResolutionError && error.message.includes(placeholder);
@@ -152,5 +153,135 @@ describe('a key that cannot be built says so without letting request data forge 
     assert.match(message, /resolved to an object with "constructor", "a\\nb"/);
     assert.doesNotMatch(message, /\n/);
     assert.doesNotMatch(message, /AuthService/);
+  });
+});
+
+describe('one key per (template, arguments): a value never writes the template separators', () => {
+  it("percent-encodes %, braces, ':', control characters and the template's own separators", () => {
+    assert.equal(resolve('order:{0}', '42:refund'), 'order:42%3Arefund');
+    assert.equal(resolve('order:{0}', '42%3Arefund'), 'order:42%253Arefund');
+    assert.equal(resolve('order:{0}', '}{x'), 'order:%7D%7Bx');
+    assert.equal(resolve('order:{0}', 'a\r\nb'), 'order:a%0D%0Ab');
+    assert.equal(resolve('order/{0}-{1}', 'a-b/c', 'd.e'), 'order/a%2Db%2Fc-d.e');
+    assert.equal(resolve('t→{0}', 'x→y'), 't→x%E2%86%92y');
+    // Letters, digits and separators the template does not use are left as they are.
+    assert.equal(resolve('order:{0}', 'Ünïcode-1.5 x'), 'order:Ünïcode-1.5 x');
+    assert.equal(resolve('order:{0}', 42), 'order:42');
+  });
+
+  it('another template (or a fixed key) cannot be reached through a value', () => {
+    const refund = resolve('order:{0}:refund', '42');
+    for (const value of ['42:refund', '42%3Arefund', '42\u003Arefund']) {
+      assert.notEqual(resolve('order:{0}', value), refund);
+    }
+    assert.notEqual(resolve('{0}', 'order:42'), 'order:42');
+    assert.notEqual(resolve('acct-{0}', 'a-b'), resolve('acct-{0}-b', 'a'));
+  });
+
+  it('different argument lists never build one key (property, 2,000 pairs)', () => {
+    const separator = fc.constantFrom(':', '/', '-', '.', '|', ' ', ':x:');
+    const value = fc
+      .oneof(
+        fc.string({
+          unit: fc.constantFrom(
+            'a',
+            '1',
+            ':',
+            '%',
+            '/',
+            '-',
+            '.',
+            '{',
+            '}',
+            '|',
+            ' ',
+            'x',
+            '\n',
+            '3A',
+          ),
+        }),
+        fc.integer().map(String),
+      )
+      .filter((text) => text.length > 0);
+    fc.assert(
+      fc.property(
+        fc.tuple(fc.constantFrom('', 'k', 'k:'), separator, fc.constantFrom('', ':end', 'x')),
+        fc.tuple(value, value),
+        fc.tuple(value, value),
+        ([head, middle, tail], a, b) => {
+          const template = `${head}{0}${middle}{1}${tail}`;
+          if (a[0] === b[0] && a[1] === b[1]) return;
+          assert.notEqual(resolve(template, ...a), resolve(template, ...b), template);
+        },
+      ),
+      { numRuns: 2_000 },
+    );
+  });
+
+  it('refuses two placeholders without a separator between them, when the class is defined', () => {
+    for (const template of ['{0}{1}', 'k:{0}x{1}', '{0}é{1}']) {
+      assert.throws(
+        () => resolve(template, 'a', 'b'),
+        (error: unknown) =>
+          error instanceof RedisLockConfigurationError &&
+          /put a separator such as ":" between \{0\} and \{1\}/.test(error.message),
+      );
+    }
+    assert.equal(resolve('{0}-{1}', 'a', 'b'), 'a-b');
+  });
+});
+
+describe('maxKeyLength and validateKey', () => {
+  const key = 'x'.repeat(20);
+  it('a key longer than the limit (the decorator’s, else the module’s) is a LockKeyResolutionError', () => {
+    const tooLong = (max: number) => (error: unknown) =>
+      error instanceof LockKeyResolutionError &&
+      error.reason === 'too-long' &&
+      error.maxKeyLength === max &&
+      error.message.includes(`the key is 22 characters long, more than maxKeyLength (${max})`) &&
+      !error.message.includes(key);
+    assert.throws(() => compileLockKey('k:{0}', 'T.m')([key], 21), tooLong(21));
+    assert.equal(compileLockKey('k:{0}', 'T.m')([key], 22), `k:${key}`);
+    assert.throws(
+      () => compileLockKey('k:{0}', 'T.m', undefined, { maxKeyLength: 10 })([key], 512),
+      tooLong(10),
+    );
+    // A key function's keys and each key of several are checked too.
+    assert.throws(() => compileLockKey((id: string) => `k:${id}`, 'T.m')([key], 21), tooLong(21));
+    assert.throws(() => compileLockKey(['a:{0}', 'k:{0}'], 'T.m')([key], 21), tooLong(21));
+  });
+
+  it('validateKey sees each key built (after encoding) and the arguments; anything but true refuses', () => {
+    const seen: unknown[] = [];
+    const resolver = compileLockKey(['a:{0}', 'b:{0}'], 'T.m', undefined, {
+      validateKey: (built, args) => {
+        seen.push([built, args[0]]);
+        return built !== 'b:no';
+      },
+    });
+    assert.deepEqual(resolver(['x:y'], 512), ['a:x%3Ay', 'b:x%3Ay']);
+    assert.deepEqual(seen, [
+      ['a:x%3Ay', 'x:y'],
+      ['b:x%3Ay', 'x:y'],
+    ]);
+    assert.throws(
+      () => resolver(['no'], 512),
+      (error: unknown) =>
+        error instanceof LockKeyResolutionError &&
+        error.reason === 'refused' &&
+        error.message.includes('validateKey refused the key "b:no"'),
+    );
+    const truthy = compileLockKey('a:{0}', 'T.m', undefined, {
+      validateKey: () => 1 as unknown as boolean,
+    });
+    assert.throws(() => truthy(['x'], 512), LockKeyResolutionError);
+  });
+
+  it('a value with a lone surrogate resolves to nothing (Redis would get U+FFFD: two values, one key)', () => {
+    assert.throws(() => resolve('k:{0}', 'a\uD800'), unresolved('{0}'));
+    assert.throws(
+      () => compileLockKey((id: string) => `k:${id}`, 'T.m')(['a\uDBFF'], 512),
+      LockKeyResolutionError,
+    );
   });
 });

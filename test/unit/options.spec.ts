@@ -12,7 +12,7 @@ import { validateWithLockOptions } from '../../lib/options/decorator-options.js'
 import { RedisLockConfigurationError } from '../../lib/index.js';
 
 describe('per-call options (pure validation)', () => {
-  const defaults: ResolvedDefaults = { ...DEFAULT_LOCK_DEFAULTS };
+  const defaults: ResolvedDefaults = { ...DEFAULT_LOCK_DEFAULTS, maxKeyLength: 512 };
 
   function argumentError(fn: () => unknown): LockArgumentError {
     try {
