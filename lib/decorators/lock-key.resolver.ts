@@ -68,8 +68,10 @@ export function compileLockKey(
     );
   }
   const resolvers = source.map((each: unknown) => compileOne(each, method, params));
-  return (args, max) =>
-    resolvers.map((resolve, i) => check(resolve(args), source[i] as string, args, max));
+  // One key named twice (a transfer from an account to itself) is locked once.
+  return (args, max) => [
+    ...new Set(resolvers.map((resolve, i) => check(resolve(args), source[i] as string, args, max))),
+  ];
 }
 
 /** The checks of every built key: `maxKeyLength` (the decorator's, else the module's) and `validateKey`. */
@@ -79,7 +81,9 @@ function keyCheck(
 ): (key: string, source: string, args: readonly unknown[], moduleMax: number) => string {
   return (key, source, args, moduleMax) => {
     const template = typeof source === 'function' ? '(key function)' : source;
-    const max = maxKeyLength ?? moduleMax;
+    // Never above the module's, which every key is held to (a request-scoped controller's
+    // decorator is not seen by the check at boot).
+    const max = Math.min(maxKeyLength ?? moduleMax, moduleMax);
     if (key.length > max) {
       throw new LockKeyResolutionError(method, template, '(whole key)', key, 'too-long', max);
     }
@@ -132,8 +136,11 @@ function compileOne(
   };
 }
 
-/** A character that separates the parts of a key: neither a letter nor a digit. */
-const SEPARATOR = /[^\p{L}\p{N}]/u;
+/**
+ * A character that separates the parts of a key: neither a letter nor a digit, nor `%`, which the
+ * encoding itself writes into values.
+ */
+const SEPARATOR = /[^\p{L}\p{N}%]/u;
 
 /**
  * Between two placeholders there must be a separator (see `compileLockKey`): with `{0}{1}` or

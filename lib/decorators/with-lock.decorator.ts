@@ -4,12 +4,14 @@ import {
   Logger,
   Optional,
   BadRequestException,
+  HttpException,
   ServiceUnavailableException,
   type ExecutionContext,
 } from '@nestjs/common';
 import { HttpAdapterHost } from '@nestjs/core';
 import { from, isObservable, mergeMap, Observable, of, type Subscription } from 'rxjs';
 import {
+  LockAcquireAbortedError,
   LockAcquireTimeoutError,
   LockBackendError,
   LockKeyResolutionError,
@@ -23,6 +25,7 @@ import { SKIP_WHEN_BUSY } from '../options/acquire-options.js';
 import { DEFAULT_MAX_KEY_LENGTH } from '../options/defaults.js';
 import { validateWithLockOptions } from '../options/decorator-options.js';
 import { OutageLog } from '../utils/outage-log.js';
+import { CallerGone, watchCaller, type CallerWatch } from './caller-gone.js';
 import { answerLockTimeout } from './lock-timeout.answer.js';
 import { injectLockService, lockServiceOf, refuseStatic } from './lock-service.injection.js';
 import { compileLockKey, type LockKeyResolver } from './lock-key.resolver.js';
@@ -399,6 +402,9 @@ type TimeoutAnswer = (
 function timeoutAnswer(options: WithLockOptions, method: string): TimeoutAnswer {
   const own = options.timeoutStatus !== undefined || options.timeoutException !== undefined;
   return async (instance, error, context) => {
+    if (error instanceof LockAcquireAbortedError && error.cause instanceof CallerGone) {
+      throw await callerGone(error, context);
+    }
     if (context.getType() === 'http') {
       if (error instanceof LockBackendError) throw unavailable(error);
       if (error instanceof LockKeyResolutionError) throw badKey(error);
@@ -411,6 +417,32 @@ function timeoutAnswer(options: WithLockOptions, method: string): TimeoutAnswer 
     const adapterHost = (instance as { [ADAPTER_HOST]?: HttpAdapterHost })[ADAPTER_HOST];
     throw await answerLockTimeout(error, context, response, adapterHost);
   };
+}
+
+/**
+ * What a handler whose caller went away while it waited answers, to nobody: HTTP 499 (nginx's
+ * "client closed request"), an `RpcException` or a `WsException` with code `CALLER_GONE`, errors
+ * Nest's filters send without logging them as failures (a flood of hang-ups logs nothing).
+ */
+async function callerGone(
+  error: LockAcquireAbortedError,
+  context: ExecutionContext,
+): Promise<unknown> {
+  const message = 'The caller went away while the lock was waited for; nothing was done.';
+  switch (context.getType<string>()) {
+    case 'http':
+      return new HttpException({ statusCode: 499, error: 'Client Closed Request', message }, 499, {
+        cause: error,
+      });
+    case 'rpc': {
+      const { RpcException } = await import('@nestjs/microservices');
+      return new RpcException({ status: 'error', code: 'CALLER_GONE', message });
+    }
+    default: {
+      const { WsException } = await import('@nestjs/websockets');
+      return new WsException({ status: 'error', code: 'CALLER_GONE', message });
+    }
+  }
 }
 
 /**
@@ -445,10 +477,18 @@ function unavailable(error: LockBackendError): ServiceUnavailableException {
     {
       statusCode: 503,
       error: 'Service Unavailable',
-      message: `The lock service is unavailable: ${error.message}`,
+      // Not the error's message: it names the key, which may come from the request.
+      message: `The lock service is unavailable: Redis ${error.timedOut ? 'did not answer in time' : 'failed'} during ${error.operation} (${causeOf(error)}). Retry later.`,
     },
     { cause: error },
   );
+}
+
+/** What went wrong in Redis, in a few words (the cause's first line, cut at 200 characters). */
+function causeOf(error: LockBackendError): string {
+  const cause = error.cause instanceof Error ? error.cause.message : String(error.cause);
+  const line = cause.split(/[\r\n]/, 1)[0].replace(/\.+$/, '');
+  return line.length > 200 ? `${line.slice(0, 200)}…` : line;
 }
 
 /** The module's `maxKeyLength` (a test double of `LockService` may have none: the default then). */
@@ -469,12 +509,15 @@ function lockOnCall(
     this: object,
     args: unknown[],
     started: { ran: boolean },
+    caller: CallerWatch | undefined,
   ): Promise<unknown> {
     const locks = lockServiceOf(this, '@WithLock', method);
     return locks.using(
       resolveKey(args, maxKeyLengthOf(locks)),
       async () => {
         started.ran = true;
+        // Held: a caller that goes now no longer matters to the lock.
+        caller?.stop();
         // Awaited here so that a Promise of an Observable is caught as well.
         const result: unknown = await call.apply(this, args);
         if (isObservable(result)) {
@@ -493,12 +536,15 @@ function lockOnCall(
         }
         return result;
       },
-      acquireOptions,
+      caller ? { ...acquireOptions, signal: caller.signal } : acquireOptions,
     );
   };
   return function (args, context, job) {
     const started = { ran: false };
-    let pending = locked.call(this, args, started);
+    // A handler's wait ends when its caller goes (see `watchCaller`).
+    const caller = context && watchCaller(context);
+    let pending = locked.call(this, args, started, caller);
+    if (caller) pending = pending.finally(caller.stop);
     if (skip) {
       pending = pending.then(
         (result) => {

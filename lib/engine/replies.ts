@@ -1,4 +1,8 @@
-import { LockBackendError, type LockOperation } from '../errors/redis-lock.errors.js';
+import {
+  LockBackendError,
+  LockQuorumError,
+  type LockOperation,
+} from '../errors/redis-lock.errors.js';
 import type { LockBackend } from '../interfaces/lock-backend.interface.js';
 import { InFlight } from '../utils/in-flight.js';
 import { ReplyDeadlines } from '../utils/reply-deadlines.js';
@@ -120,6 +124,8 @@ export class Replies {
     ) {
       return error as Error;
     }
-    return new LockBackendError(key, operation, this.backend.explain?.(error) ?? error);
+    // In Redlock mode, a round a silent node left undecided did not answer in time either.
+    const silent = error instanceof LockQuorumError && error.timedOut;
+    return new LockBackendError(key, operation, this.backend.explain?.(error) ?? error, silent);
   }
 }

@@ -54,15 +54,22 @@ export class RedisLockConfigurationError extends RedisLockError {
  * number of milliseconds, a foreign `AbortSignal`, an unknown option name.
  */
 export class LockArgumentError extends RedisLockError {
+  /**
+   * The value that was given. Not enumerable: it may be request data of any size (a key from a
+   * body), so `util.inspect` and `JSON.stringify` of the error, as loggers print it, leave it out;
+   * the message shows it quoted and cut.
+   */
+  declare readonly value: unknown;
+
   constructor(
     /** The argument or option at fault (`key`, `ttl`, `acquireTimeout`, ...). */
     readonly argument: string,
-    /** The value that was given. */
-    readonly value: unknown,
+    value: unknown,
     /** What is wrong and how to fix it. */
     readonly problem: string,
   ) {
     super(`Invalid lock argument "${argument}"${given(value, argument)}: ${problem}`);
+    Object.defineProperty(this, 'value', { value, enumerable: false });
   }
 }
 
@@ -83,6 +90,12 @@ export type LockKeyProblem =
  * (the key comes from the request), without the key.
  */
 export class LockKeyResolutionError extends RedisLockError {
+  /**
+   * What the placeholder resolved to (the whole key when too long or refused). Not enumerable: it
+   * comes from the request, so `util.inspect` and `JSON.stringify` of the error leave it out.
+   */
+  declare readonly value: unknown;
+
   constructor(
     /** Where the decorator sits, as `Class.method`. */
     readonly method: string,
@@ -90,8 +103,7 @@ export class LockKeyResolutionError extends RedisLockError {
     readonly template: string,
     /** The placeholder that failed (`{0.id}`), `'(key function)'`, or `'(whole key)'` (too long, refused). */
     readonly placeholder: string,
-    /** What it resolved to (the whole key when too long or refused). */
-    readonly value: unknown,
+    value: unknown,
     /** What is wrong. */
     readonly reason: LockKeyProblem = 'unresolved',
     /** The `maxKeyLength` in force, when the key is too long. */
@@ -106,6 +118,7 @@ export class LockKeyResolutionError extends RedisLockError {
           : `${from}: ${placeholder} resolved to ${describe(value)}. ` +
             `A key part must be a non-empty, well-formed string or a finite number; check the argument the placeholder points at.`,
     );
+    Object.defineProperty(this, 'value', { value, enumerable: false });
   }
 }
 
@@ -317,6 +330,11 @@ export class LockQuorumError extends RedisLockError {
     readonly answered: number,
     /** `node <index>: <what went wrong>` for each node that did not answer. */
     readonly failures: readonly string[],
+    /**
+     * Whether a node that did not answer was silent past `commandTimeout` (rather than failing
+     * with an error): the `timedOut` of the `LockBackendError` this is the cause of.
+     */
+    readonly timedOut = false,
   ) {
     super(
       `only ${answered} of ${nodes} Redis nodes answered and ${quorum} must agree (${failures.join('; ')})`,

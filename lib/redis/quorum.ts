@@ -1,5 +1,6 @@
 import { LockQuorumError } from '../errors/redis-lock.errors.js';
 import { ReplyDeadlines } from '../utils/reply-deadlines.js';
+import { DEADLINE } from '../utils/within.js';
 import { describeFailure } from './connections.js';
 
 /** What the nodes answered in one round. */
@@ -112,6 +113,7 @@ export class Quorum<N> {
       tally.failed.map(
         ({ node, error }) => `node ${node}: ${describeFailure(error, this.commandTimeout)}`,
       ),
+      tally.failed.some(({ error }) => error === DEADLINE),
     );
   }
 }

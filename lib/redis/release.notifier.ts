@@ -1,5 +1,6 @@
 import { Logger } from '@nestjs/common';
 import type { Cluster, Redis } from 'ioredis';
+import { quoteKey } from '../errors/redis-lock.errors.js';
 import type { HandoffClaim, ReleaseSubscription } from '../interfaces/lock-backend.interface.js';
 import { DEFAULT_HANDOFF_TURN } from '../options/defaults.js';
 import { ChannelSubscription, type ChannelState, type Heir } from './channel.subscription.js';
@@ -172,7 +173,7 @@ export class ReleaseNotifier {
       );
     } catch (error) {
       this.logger.warn(
-        `Could not subscribe to lock releases on "${channel}"; waiters fall back to polling: ${String(error)}`,
+        `Could not subscribe to lock releases on ${quoteKey(channel)}; waiters fall back to polling: ${String(error)}`,
       );
     }
   }

@@ -15,7 +15,14 @@ import {
 import { concatMap, from, interval, map, take, type Observable } from 'rxjs';
 import { WithLock } from '../../lib/index.js';
 import { InventoryService, type MoveResult, type PurchaseResult } from './inventory.service.js';
-import { MovePipe, PurchasePipe, SkuPipe, type MoveDto, type PurchaseDto } from './purchase.dto.js';
+import {
+  MovePipe,
+  PurchasePipe,
+  SkuPipe,
+  StockPipe,
+  type MoveDto,
+  type PurchaseDto,
+} from './purchase.dto.js';
 
 @Controller('products')
 export class InventoryController {
@@ -85,7 +92,7 @@ export class InventoryController {
   @HttpCode(204)
   async setStock(
     @Param('sku', SkuPipe) sku: string,
-    @Body() body: { quantity: number },
+    @Body(StockPipe) body: PurchaseDto,
   ): Promise<void> {
     await this.inventory.setStock(sku, body.quantity);
   }

@@ -128,6 +128,47 @@ export function sampleAppSuite(adapterName: keyof typeof ADAPTERS): void {
       assert.equal(await stockOf(sku), 0);
     });
 
+    it('a purchase whose client hung up stops waiting for the lock and never runs: 20 clients gone while they wait', async () => {
+      const sku = uniqueKey('hangup');
+      const key = `sku:${sku}`;
+      await inventory.setStock(sku, 100);
+      // Whether this process has callers waiting for the key (internal: issue 40's inspect() will say).
+      const { backend } = (
+        locks as unknown as {
+          engine: { parts: { backend: { hasWaiters(key: string): boolean } } };
+        }
+      ).engine.parts;
+      const held = await locks.acquire(key, { ttl: 10_000 });
+      try {
+        const controllers = Array.from({ length: 20 }, () => new AbortController());
+        const requests = controllers.map(async (controller) =>
+          fetch(`${url}/products/${sku}/purchase`, {
+            method: 'POST',
+            headers: { 'content-type': 'application/json' },
+            body: JSON.stringify({ quantity: 1 }),
+            signal: controller.signal,
+          }).then(
+            () => 'answered',
+            () => 'gone',
+          ),
+        );
+        assert.ok(await eventually(() => backend.hasWaiters(key), 2_000), 'the purchases wait');
+        for (const controller of controllers) controller.abort();
+        assert.deepEqual(new Set(await Promise.all(requests)), new Set(['gone']));
+        assert.ok(
+          await eventually(() => !backend.hasWaiters(key), 1_500),
+          'the waits ended with their clients, before the 2 s acquireTimeout',
+        );
+      } finally {
+        await held.release();
+      }
+      assert.equal(await stockOf(sku), 100);
+      assert.equal(await locks.isLocked(key), false);
+      // The route still works for a client that stays.
+      assert.equal((await post(`/products/${sku}/purchase`)).status, 201);
+      assert.equal(await stockOf(sku), 99);
+    });
+
     it('what is not a SKU is refused with 400 before any lock: separators, braces, other scripts, 65 characters', async () => {
       const sku = uniqueKey('refused');
       await inventory.setStock(sku, 5);
@@ -417,6 +458,58 @@ export function sampleAppSuite(adapterName: keyof typeof ADAPTERS): void {
         await held.release();
       }
       assert.equal(await stockOf(sku), 1);
+    });
+
+    it('one product, one lock across transports: 20 purchases over HTTP and TCP in 4 spellings sell exactly the stock', async () => {
+      const sku = uniqueKey('across');
+      await inventory.setStock(sku, 5);
+      const spellings = [
+        sku,
+        sku.toUpperCase(),
+        ` ${sku}`,
+        `${sku[0].toUpperCase()}${sku.slice(1)}`,
+      ];
+      const outcomes = await Promise.all(
+        Array.from({ length: 20 }, async (_, i) =>
+          i % 2 === 0
+            ? (await post(`/products/${encodeURIComponent(spellings[i % 4])}/purchase`)).status ===
+              201
+            : firstValueFrom(
+                rpc.send('inventory.purchase', { sku: spellings[(i + 1) % 4], quantity: 1 }),
+              ).then(
+                () => true,
+                () => false,
+              ),
+        ),
+      );
+      assert.equal(outcomes.filter(Boolean).length, 5);
+      assert.equal(await stockOf(sku), 5 - 5);
+    });
+
+    it('bad input is refused before any lock, on every transport: a quantity that is not a whole number, a stock that is not one', async () => {
+      const sku = uniqueKey('quantity');
+      await inventory.setStock(sku, 5);
+      for (const quantity of ['x', -100, 0.5, 0, '1']) {
+        const error = await firstValueFrom(rpc.send('inventory.purchase', { sku, quantity })).catch(
+          (e: unknown) => e,
+        );
+        assert.equal((error as { code?: string }).code, 'BAD_REQUEST', JSON.stringify(error));
+      }
+      for (const sku of [{ a: 1 }, '', 'a:b', 'x'.repeat(600)]) {
+        const error = await firstValueFrom(
+          rpc.send('inventory.purchase', { sku, quantity: 1 }),
+        ).catch((e: unknown) => e);
+        assert.equal((error as { code?: string }).code, 'BAD_REQUEST', JSON.stringify(error));
+      }
+      for (const body of [{ quantity: [1, 2] }, { quantity: { a: 1 } }, { quantity: -1 }, {}]) {
+        const response = await fetch(`${url}/products/${sku}/stock`, {
+          method: 'PUT',
+          headers: { 'content-type': 'application/json' },
+          body: JSON.stringify(body),
+        });
+        assert.equal(response.status, 400, JSON.stringify(body));
+      }
+      assert.equal(await stockOf(sku), 5);
     });
   });
 }

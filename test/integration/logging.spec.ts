@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
+import { Redis } from 'ioredis';
 import {
   eventually,
   LogCapture,
@@ -54,5 +55,42 @@ describe('logging', () => {
       lines.every((line) => !line.includes(lock.token)),
       'no token in any log line',
     );
+  });
+
+  it('a key from code in a warning is quoted: a CR/LF in it cannot forge a log line', async () => {
+    // A user that may not SUBSCRIBE: the waiter's subscription fails and says so, naming the key.
+    const admin = new Redis(server.url);
+    const forged = `${uniqueKey()}\r\n[Nest] 1  - 11/27/2026  LOG [Auth] admin logged in (forged)`;
+    await admin.acl(
+      'SETUSER',
+      'nosub',
+      'on',
+      '>pw',
+      '~*',
+      '&*',
+      '+@all',
+      '-subscribe',
+      '-ssubscribe',
+    );
+    const restricted = await startLockModule({
+      connection: { port: server.port, host: '127.0.0.1', username: 'nosub', password: 'pw' },
+    });
+    const captured = LogCapture.install(); // after compile(), as above
+    try {
+      const held = await restricted.locks.acquire(forged, { ttl: 5_000 });
+      await restricted.locks.acquire(forged, { acquireTimeout: 300 }).catch(() => undefined);
+      await held.release();
+      const warning = captured.capture.lines.find((line) =>
+        line.message.startsWith('Could not subscribe to lock releases'),
+      );
+      assert.ok(warning, captured.capture.lines.map((line) => line.message).join('\n'));
+      assert.doesNotMatch(warning.message, /[\r\n]/);
+      assert.ok(warning.message.includes(JSON.stringify(forged).slice(1, -1)), warning.message);
+    } finally {
+      captured.restore();
+      await restricted.close();
+      await admin.acl('DELUSER', 'nosub');
+      admin.disconnect();
+    }
   });
 });

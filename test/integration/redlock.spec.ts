@@ -367,6 +367,20 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     assert.ok(await eventually(async () => (await direct[2].exists(`lock:{${key}}`)) === 0));
   });
 
+  it('a release that silent nodes leave undecided is a timeout (timedOut: true), as on one Redis (found by the model suite)', async () => {
+    const key = uniqueKey();
+    const lock = await locks.acquire(key, { ttl: 30_000 });
+    assert.ok(await eventually(async () => (await holders(key, lock.token)) === NODES));
+    // Two nodes lost the copy (restarted empty), two are silent: one yes, two no, two unknown.
+    await Promise.all([2, 3].map((i) => direct[i].del(`lock:{${key}}`)));
+    const error = await pausing([0, 1], () => lock.release().catch((e: unknown) => e));
+    assert.ok(error instanceof LockBackendError, String(error));
+    assert.ok(error.cause instanceof LockQuorumError, String(error.cause));
+    assert.equal(error.cause.timedOut, true);
+    assert.equal(error.timedOut, true, 'the outcome is unknown because nodes were silent');
+    assert.ok(await eventually(async () => (await holders(key, lock.token)) === 0));
+  });
+
   it('a paused majority fails an acquisition within commandTimeout, not at its deadline', async () => {
     const key = uniqueKey();
     const error = await pausing([0, 1, 2], async () => {

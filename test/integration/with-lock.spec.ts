@@ -146,12 +146,31 @@ class RecordingWsFilter implements ExceptionFilter {
   }
 }
 
+/** The SKUs the patient handlers ran for. */
+const ran: string[] = [];
+
+/** Whether `app`'s LockService has callers waiting for `key` (internal: issue 40's inspect() will say). */
+function hasWaiters(app: INestApplication, key: string): boolean {
+  const service: unknown = app.get(LockService);
+  return (
+    service as { engine: { parts: { backend: { hasWaiters(key: string): boolean } } } }
+  ).engine.parts.backend.hasWaiters(key);
+}
+
 @WebSocketGateway()
 @UseFilters(RecordingWsFilter)
 class StockGateway {
   @SubscribeMessage('reserve')
   @WithLock({ key: 'ws:{0.sku}', acquireTimeout: 200 })
   async reserve(@MessageBody() body: { sku: string }): Promise<WsResponse<string>> {
+    return { event: 'reserved', data: body.sku };
+  }
+
+  /** Waits up to 5 s for its lock: long enough for its client to go away meanwhile. */
+  @SubscribeMessage('reserve-patient')
+  @WithLock({ key: 'ws:{0.sku}', acquireTimeout: 5_000 })
+  async reservePatient(@MessageBody() body: { sku: string }): Promise<WsResponse<string>> {
+    ran.push(body.sku);
     return { event: 'reserved', data: body.sku };
   }
 
@@ -173,6 +192,13 @@ class RawMessages {
   @WithLock({ key: 'rpc:{0.sku}', acquireTimeout: 200 })
   async reserveRaw(data: { sku: string }, context: unknown): Promise<unknown[]> {
     return [data.sku, context instanceof TcpContext];
+  }
+
+  @MessagePattern('reserve-patient')
+  @WithLock({ key: 'rpc:{0.sku}', acquireTimeout: 5_000 })
+  async reservePatient(data: { sku: string }): Promise<string> {
+    ran.push(data.sku);
+    return data.sku;
   }
 }
 
@@ -563,6 +589,35 @@ describe('@WithLock', () => {
         await app.close();
       }
     });
+
+    it('a wait ends when the client closes its socket: the handler never runs', async () => {
+      const module = await Test.createTestingModule({
+        imports: [
+          RedisLockModule.forRoot({ connection: server.url, isGlobal: true }),
+          GatewayModule,
+        ],
+      }).compile();
+      const app = module.createNestApplication();
+      app.useWebSocketAdapter(new WsAdapter(app));
+      await app.listen(0, '127.0.0.1');
+      const sku = uniqueKey();
+      const held = await app.get(LockService).acquire(`ws:${sku}`, { ttl: 10_000 });
+      try {
+        const socket = new WebSocket((await appUrl(app)).replace('http', 'ws'));
+        await new Promise((resolve, reject) => socket.once('open', resolve).once('error', reject));
+        socket.send(JSON.stringify({ event: 'reserve-patient', data: { sku } }));
+        assert.ok(await eventually(() => hasWaiters(app, `ws:${sku}`), 2_000), 'it waits');
+        socket.terminate();
+        assert.ok(
+          await eventually(() => !hasWaiters(app, `ws:${sku}`), 2_000),
+          'the wait ended with the socket, before its 5 s acquireTimeout',
+        );
+      } finally {
+        await held.release();
+        await app.close();
+      }
+      assert.ok(!ran.includes(sku), 'the handler ran for a caller that was gone');
+    });
   });
 
   describe('on microservice handlers', () => {
@@ -597,6 +652,38 @@ describe('@WithLock', () => {
         await client.close();
         await app.close();
       }
+    });
+
+    it('a wait ends when the client closes its connection: the handler never runs', async () => {
+      const module = await Test.createTestingModule({
+        imports: [RedisLockModule.forRoot({ connection: server.url, isGlobal: true })],
+        controllers: [RawMessages],
+      }).compile();
+      const app = module.createNestApplication();
+      const port = await freePort();
+      app.connectMicroservice({ transport: Transport.TCP, options: { host: '127.0.0.1', port } });
+      await app.startAllMicroservices();
+      await app.init();
+      const client = ClientProxyFactory.create({
+        transport: Transport.TCP,
+        options: { host: '127.0.0.1', port },
+      });
+      const sku = uniqueKey();
+      const held = await app.get(LockService).acquire(`rpc:${sku}`, { ttl: 10_000 });
+      try {
+        const reply = firstValueFrom(client.send('reserve-patient', { sku })).catch(() => 'gone');
+        assert.ok(await eventually(() => hasWaiters(app, `rpc:${sku}`), 2_000), 'it waits');
+        await client.close();
+        assert.equal(await reply, 'gone');
+        assert.ok(
+          await eventually(() => !hasWaiters(app, `rpc:${sku}`), 2_000),
+          'the wait ended with the connection, before its 5 s acquireTimeout',
+        );
+      } finally {
+        await held.release();
+        await app.close();
+      }
+      assert.ok(!ran.includes(sku), 'the handler ran for a caller that was gone');
     });
   });
 

@@ -1,4 +1,5 @@
 import assert from 'node:assert/strict';
+import { inspect } from 'node:util';
 import fc from 'fast-check';
 import { describe, it } from 'node:test';
 import { LockKeyResolutionError, RedisLockConfigurationError, WithLock } from '../../lib/index.js';
@@ -283,5 +284,56 @@ describe('maxKeyLength and validateKey', () => {
       () => compileLockKey((id: string) => `k:${id}`, 'T.m')(['a\uDBFF'], 512),
       LockKeyResolutionError,
     );
+  });
+});
+
+describe('what the review of the encoding found', () => {
+  it("'%' is no separator between placeholders: the encoding writes it into values", () => {
+    assert.throws(() => resolve('{0}%{1}', 'a', 'b'), RedisLockConfigurationError);
+    assert.throws(() => resolve('id%{0}%{1}', 'a', 'b'), RedisLockConfigurationError);
+    // With another separator beside it, every pair over a small alphabet gives its own key.
+    for (const template of ['{0}:%{1}', '{0}%:{1}', '{0}%-{1}']) {
+      const alphabet = ['a', '%', ':', '-', '3', 'A'];
+      const values = [''].concat(alphabet);
+      for (const x of alphabet) for (const y of alphabet) values.push(x + y);
+      const seen = new Map<string, string>();
+      for (const a of values.filter(Boolean)) {
+        for (const b of values.filter(Boolean)) {
+          const key = resolve(template, a, b) as string;
+          const pair = JSON.stringify([a, b]);
+          assert.equal(seen.get(key) ?? pair, pair, `${template}: ${seen.get(key)} and ${pair}`);
+          seen.set(key, pair);
+        }
+      }
+    }
+  });
+
+  it('a key named twice in a list (a transfer to the same account) is locked once', () => {
+    assert.deepEqual(
+      compileLockKey(['acct:{0.from}', 'acct:{0.to}'], 'T.m')([{ from: 1, to: '1' }], 512),
+      ['acct:1'],
+    );
+  });
+
+  it("a decorator's maxKeyLength above the module's never lets a key past the module's", () => {
+    assert.throws(
+      () =>
+        compileLockKey('k:{0}', 'T.m', undefined, { maxKeyLength: 10_000 })(['x'.repeat(600)], 512),
+      (error: unknown) => error instanceof LockKeyResolutionError && error.maxKeyLength === 512,
+    );
+  });
+
+  it('the value (request data) stays out of inspect and JSON of the error; the message cuts it', () => {
+    const long = 'x'.repeat(5_000);
+    let thrown: unknown;
+    try {
+      compileLockKey('k:{0}', 'T.m')([long], 512);
+    } catch (error) {
+      thrown = error;
+    }
+    assert.ok(thrown instanceof LockKeyResolutionError);
+    assert.equal(thrown.value, `k:${long}`);
+    assert.ok(!inspect(thrown).includes(long.slice(0, 200)));
+    assert.ok(!JSON.stringify(thrown).includes(long.slice(0, 200)));
   });
 });
