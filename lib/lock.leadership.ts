@@ -11,7 +11,7 @@ import {
 import type { AcquireOptions, Lock } from './interfaces/lock.interface.js';
 import { inChainOf, outsideLocks } from './engine/lock.context.js';
 import { ignoreDeadline, within } from './utils/within.js';
-import { leadOptionsProblem } from './options/acquire-options.js';
+import { leadOptionsProblem, NOT_COUNTED } from './options/acquire-options.js';
 import { OutageLog } from './utils/outage-log.js';
 
 /** One term of a leadership: what `work` gets while this instance leads. */
@@ -150,7 +150,8 @@ export class Campaign implements Leadership {
       autoExtend: true,
       acquireTimeout: CAMPAIGN_WAIT,
       signal: stopped,
-    };
+      [NOT_COUNTED]: true,
+    } as AcquireOptions;
     while (!stopped.aborted) {
       try {
         // After a failed attempt, one read first: Redis answering ends the outage now, not when

@@ -24,12 +24,17 @@ import { holdGranted, reportAcquired } from './lock.grant.js';
 import type { LockHandle } from './lock.handle.js';
 import { assertReentry } from './lock.reentry.js';
 import type { KeyHold } from './multi-key-lock.handle.js';
+import type { WaiterLimit } from './waiters.js';
 
 /**
  * What a caller that queues behind this process's waiters starts from: no attempt made yet (they
  * wait because the key is held).
  */
-const QUEUED: AcquireAttempt = { acquired: false, retryAfter: undefined, held: true };
+const QUEUED: Extract<AcquireAttempt, { acquired: false }> = {
+  acquired: false,
+  retryAfter: undefined,
+  held: true,
+};
 /** A grant whose reply came after its lease had run out: a failed attempt, nobody else's fault. */
 const TOO_LATE: AcquireAttempt = { acquired: false, retryAfter: undefined, held: false };
 
@@ -99,9 +104,17 @@ export class AcquireLoop {
     // Nor for a semaphore: a place freed by a release goes to whoever asks first.
     const claim =
       opts.token === undefined && shape === PLAIN ? { token, ttl: opts.ttl } : undefined;
-    if (queueFirst) subscription = backend.watchReleases(key, claim, turnOf);
+    /** Whether this call counts among the key's waiters, or was refused by `maxWaiters`. */
+    let waiting = false;
+    let refused: WaiterLimit | undefined;
     let handoff: Handoff | undefined;
     try {
+      if (queueFirst) {
+        refused = opts.counted ? this.parts.waiters.enter(key) : undefined;
+        if (refused) return this.timedOut(key, started, opts, mode, QUEUED, !!ownToken, refused);
+        waiting = opts.counted;
+        subscription = backend.watchReleases(key, claim, turnOf);
+      }
       for (;;) {
         const seen = subscription?.seen ?? 0;
         let sentAt = performance.now();
@@ -164,6 +177,9 @@ export class AcquireLoop {
           // Subscribe, then try again at once: a release between the failed attempt and the
           // subscription would otherwise go unnoticed until the timer. A subscription that is
           // not confirmed in time leaves the waiter on timers; the next attempt tells the rest.
+          refused = opts.counted ? this.parts.waiters.enter(key) : undefined;
+          if (refused) return this.timedOut(key, started, opts, mode, attempt, !!ownToken, refused);
+          waiting = opts.counted;
           subscription = backend.watchReleases(key, claim, turnOf);
           await within(subscription.ready, Math.min(remaining, commandTimeout), signals).catch(
             ignoreDeadline,
@@ -180,8 +196,11 @@ export class AcquireLoop {
     } catch (error) {
       throw this.waitEnded(key, opts.signal, error);
     } finally {
+      if (waiting) this.parts.waiters.leave(key);
       subscription?.dispose(handle !== undefined, shape.mode === 'read');
-      if (!handle && opts.acquireTimeout > 0 && (shape.fair || shape === PLAIN)) {
+      // (A caller `maxWaiters` refused before its first attempt joined nothing.)
+      const joined = sent !== undefined || refused === undefined;
+      if (!handle && joined && opts.acquireTimeout > 0 && (shape.fair || shape === PLAIN)) {
         // A waiter that gives up leaves nothing: a fair one leaves the queue at once (the next in
         // line is told), a writer takes back its mark on read locks, its process the queue of
         // waiting processes. Once its last attempt is answered: one still on its way (a reply
@@ -288,6 +307,7 @@ export class AcquireLoop {
     mode: AcquireMode,
     last: Extract<AcquireAttempt, { acquired: false }>,
     part: boolean,
+    queueFull?: WaiterLimit,
   ): null {
     const { events } = this.parts;
     const waitedMs = performance.now() - started;
@@ -302,6 +322,7 @@ export class AcquireLoop {
       last.retryAfter,
       last.held,
       events.expectedWaitMs(key, last.retryAfter),
+      queueFull && { limit: queueFull, waiters: this.parts.waiters.limit(queueFull) },
     );
   }
 

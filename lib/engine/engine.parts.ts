@@ -5,6 +5,7 @@ import type { LinkedList } from '../utils/linked-list.js';
 import type { LockOwnerHooks, LockHandle } from './lock.handle.js';
 import type { LockEvents } from './lock.events.js';
 import type { Replies } from './replies.js';
+import type { Waiters } from './waiters.js';
 
 /** What the engine's parts share: one set per `LockEngine` (one per `LockService`). */
 export interface EngineParts {
@@ -23,4 +24,6 @@ export interface EngineParts {
   readonly held: LinkedList<LockHandle>;
   /** Aborts when shutdown begins. */
   readonly stopping: AbortSignal;
+  /** The callers waiting for locks, held to `maxWaiters`. */
+  readonly waiters: Waiters;
 }

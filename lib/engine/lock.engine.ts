@@ -21,6 +21,7 @@ import { LockReentry } from './lock.reentry.js';
 import { MultiKeyLock } from './multi-key-lock.handle.js';
 import { MultiKeyAcquisition } from './multi-key.acquisition.js';
 import { Replies } from './replies.js';
+import { Waiters } from './waiters.js';
 
 /** One key, or several to lock together (all or none). */
 export type Keys = string | readonly string[];
@@ -53,6 +54,7 @@ export class LockEngine {
       replies,
       held,
       stopping: this.stopping.signal,
+      waiters: new Waiters(options.maxWaiters),
       hooks: {
         backend,
         logger,

@@ -58,10 +58,11 @@ export class MultiKeyAcquisition {
       const round = await this.takeRound(keys, token, opts, given, mode, deadline, handles, busy);
       handles = [];
       if (round instanceof MultiKeyLock) return round;
-      const { key, held, retryAfter } = round;
+      const { key, held, retryAfter, queueFull } = round;
       // Cut short (by the leases of the keys held, or one attempt while a later key was held),
-      // or a lease that ran out: the whole set again, while there is time.
-      if (mode !== 'tryAcquire' && performance.now() < deadline) {
+      // or a lease that ran out: the whole set again, while there is time. Not when `maxWaiters`
+      // refused a key: the call fails at once, as a call for that key alone does.
+      if (!queueFull && mode !== 'tryAcquire' && performance.now() < deadline) {
         busy = held ? keys.indexOf(key) : undefined;
         continue;
       }
@@ -78,6 +79,7 @@ export class MultiKeyAcquisition {
         retryAfter,
         held,
         events.expectedWaitMs(key, retryAfter),
+        queueFull,
       );
     }
   }
@@ -96,7 +98,15 @@ export class MultiKeyAcquisition {
     deadline: number,
     handles: KeyHold[],
     busy: number | undefined,
-  ): Promise<MultiKeyLock | { key: string; held: boolean; retryAfter?: number }> {
+  ): Promise<
+    | MultiKeyLock
+    | {
+        key: string;
+        held: boolean;
+        retryAfter?: number;
+        queueFull?: LockAcquireTimeoutError['queueFull'];
+      }
+  > {
     const held = new Map<number, KeyHold>(handles.map((handle, i) => [i, handle]));
     const order =
       busy === undefined
@@ -129,7 +139,12 @@ export class MultiKeyAcquisition {
       }
       await this.releaseAll(held);
       if (!(error instanceof LockAcquireTimeoutError)) throw error;
-      return { key, held: error.busy, retryAfter: error.retryAfterMs };
+      return {
+        key,
+        held: error.busy,
+        retryAfter: error.retryAfterMs,
+        queueFull: error.queueFull,
+      };
     }
     // A key whose lease ran out (or was lost) while a later one was being taken: not all held.
     const now = performance.now();

@@ -149,12 +149,19 @@ export class LockAcquireTimeoutError extends RedisLockError {
      * gives as `Retry-After` (at least 1 s).
      */
     readonly expectedWaitMs?: number,
+    /**
+     * Set when the call did not wait at all: so many callers of this `LockService` already waited
+     * (for this key: `limit` `'perKey'`, in all: `'perProcess'`) that `maxWaiters` refused it.
+     */
+    readonly queueFull?: { readonly limit: 'perKey' | 'perProcess'; readonly waiters: number },
   ) {
     super(
       `Could not acquire lock ${quoteKey(key)} within ${acquireTimeout} ms (waited ${Math.round(waitedMs)} ms): ` +
-        (busy
-          ? 'another holder kept it. Retry later, raise acquireTimeout, or shorten the work done under the lock.'
-          : 'nobody else held it, but no grant came with lease left in time (Redis slow to answer, a TTL shorter than a round trip, or a fair queue whose first waiter stopped asking). Check Redis latency against the ttl, or raise acquireTimeout.'),
+        (queueFull
+          ? `${queueFull.waiters} callers of this LockService already wait ${queueFull.limit === 'perKey' ? 'for this key' : 'for locks'} (maxWaiters.${queueFull.limit}), so this one did not. Retry later, or raise maxWaiters.${queueFull.limit}.`
+          : busy
+            ? 'another holder kept it. Retry later, raise acquireTimeout, or shorten the work done under the lock.'
+            : 'nobody else held it, but no grant came with lease left in time (Redis slow to answer, a TTL shorter than a round trip, or a fair queue whose first waiter stopped asking). Check Redis latency against the ttl, or raise acquireTimeout.'),
     );
   }
 }

@@ -88,6 +88,15 @@ export interface RedisLockModuleOptions extends LockTimeoutResponse {
    */
   maxKeyLength?: number;
   /**
+   * How many callers of this `LockService` may wait for locks at once: `perKey` for one key,
+   * `perProcess` in all. A caller beyond either fails at once (`LockAcquireTimeoutError` with
+   * `queueFull`; a route answers 409 with `Retry-After`) instead of waiting: a flood of requests
+   * costs bounded memory, timers and subscriptions. Calls that do not wait (`tryAcquire()`, a free
+   * key, `acquireTimeout: 0`) are never refused. `0` lets no caller wait.
+   * @default { perKey: 1_000, perProcess: 5_000 }
+   */
+  maxWaiters?: { perKey?: number; perProcess?: number };
+  /**
    * Longest wait for any one Redis reply, in ms, for every operation (acquire attempts, release,
    * extension, `isLocked`, closing connections on shutdown). A reply that does not come in time
    * fails the call with `LockBackendError` (`timedOut: true`) instead of waiting for a reconnect

@@ -29,6 +29,8 @@ export interface ResolvedAcquireOptions {
   holdAtLeast: number;
   /** `@WithLock({ onBusy: 'skip' })`: a call another holder kept out is `skipped`, not a `timeout`. */
   skipWhenBusy: boolean;
+  /** Whether its wait counts among `maxWaiters` (see `NOT_COUNTED`). */
+  counted: boolean;
 }
 
 /**
@@ -36,6 +38,13 @@ export interface ResolvedAcquireOptions {
  * option can name it, and the check of option names does not see it).
  */
 export const SKIP_WHEN_BUSY = Symbol('nestjs-redis-lock:skip-when-busy');
+
+/**
+ * @internal The option a leader's campaign passes with its waits: it is never refused by
+ * `maxWaiters` (one per leadership, waiting for its turn; a refusal would have it ask again at
+ * once, and so spin while a flood of other callers fills the limit).
+ */
+export const NOT_COUNTED = Symbol('nestjs-redis-lock:not-counted-in-max-waiters');
 
 /** Which public method is asking: decides the `autoExtend` default and whether waiting is allowed. */
 export type AcquireMode = 'acquire' | 'tryAcquire' | 'using';
@@ -112,6 +121,7 @@ export function resolveCallOptions(
     shape,
     holdAtLeast,
     skipWhenBusy: (opts as { [SKIP_WHEN_BUSY]?: unknown })[SKIP_WHEN_BUSY] === true,
+    counted: (opts as { [NOT_COUNTED]?: unknown })[NOT_COUNTED] !== true,
   };
 }
 

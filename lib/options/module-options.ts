@@ -26,6 +26,7 @@ import {
   DEFAULT_KEY_PREFIX,
   DEFAULT_LOCK_DEFAULTS,
   DEFAULT_MAX_KEY_LENGTH,
+  DEFAULT_MAX_WAITERS,
   MIN_REDLOCK_NODES,
   ResolvedDefaults,
 } from './defaults.js';
@@ -45,6 +46,7 @@ export interface ResolvedModuleOptions {
   replicaAck: ReplicaAck | undefined;
   defaults: ResolvedDefaults;
   timeoutResponse: LockTimeoutResponse;
+  maxWaiters: { perKey: number; perProcess: number };
 }
 
 const MODULE_KEYS = [
@@ -54,6 +56,7 @@ const MODULE_KEYS = [
   'driftFactor',
   'keyPrefix',
   'maxKeyLength',
+  'maxWaiters',
   'commandTimeout',
   'fenceRetention',
   'handoffTurn',
@@ -137,7 +140,23 @@ export function resolveModuleOptions(raw: RedisLockModuleOptions): ResolvedModul
     defaults.autoExtend = given.autoExtend;
   }
   const timeoutResponse = checkTimeoutResponse(raw, '', fail);
+  const maxWaiters: { perKey: number; perProcess: number } = { ...DEFAULT_MAX_WAITERS };
+  if (raw.maxWaiters !== undefined) {
+    if (!isOptionsObject(raw.maxWaiters)) {
+      fail('maxWaiters', raw.maxWaiters, 'must be an object such as { perKey: 1_000 }');
+    }
+    rejectUnknownKeys(raw.maxWaiters, Object.keys(DEFAULT_MAX_WAITERS), 'maxWaiters.', fail);
+    for (const name of ['perKey', 'perProcess'] as const) {
+      const value = raw.maxWaiters[name];
+      if (value === undefined) continue;
+      if (typeof value !== 'number' || !Number.isSafeInteger(value) || value < 0) {
+        fail(`maxWaiters.${name}`, value, 'must be a whole number of callers, at least 0');
+      }
+      maxWaiters[name] = value;
+    }
+  }
   return {
+    maxWaiters,
     source,
     keyPrefix,
     commandTimeout,

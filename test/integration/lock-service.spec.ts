@@ -10,7 +10,9 @@ import {
   type LockService,
 } from '../../lib/index.js';
 import {
+  eventually,
   sleep,
+  waitingCallers,
   startLockModule,
   uniqueKey,
   type LockModuleFixture,
@@ -323,6 +325,53 @@ describe('LockService on a single Redis', () => {
       await assert.rejects(lock.extend(-1), LockArgumentError);
       await assert.rejects(lock.extend(Number.NaN), LockArgumentError);
       await lock.release();
+    });
+  });
+
+  describe('maxWaiters', () => {
+    it('a caller beyond the waiters allowed per key, or in all, fails at once, saying so; the others wait and get the key', async () => {
+      const app = await startLockModule({
+        connection: server.url,
+        maxWaiters: { perKey: 3, perProcess: 5 },
+      });
+      const [a, b] = [uniqueKey('a'), uniqueKey('b')];
+      const heldA = await locks.acquire(a, { ttl: 10_000 });
+      const heldB = await locks.acquire(b, { ttl: 10_000 });
+      try {
+        const wait = (key: string) => app.locks.using(key, () => 'ran', { acquireTimeout: 10_000 });
+        const waitingA = [wait(a), wait(a), wait(a)];
+        assert.ok(await eventually(() => waitingCallers(app.locks, a) === 3), 'they wait');
+        const started = performance.now();
+        const refusedA = await wait(a).catch((error: unknown) => error);
+        assert.ok(refusedA instanceof LockAcquireTimeoutError, String(refusedA));
+        assert.deepEqual(refusedA.queueFull, { limit: 'perKey', waiters: 3 });
+        assert.equal(refusedA.busy, true);
+        assert.match(
+          refusedA.message,
+          /3 callers of this LockService already wait for this key \(maxWaiters\.perKey\)/,
+        );
+        assert.ok(performance.now() - started < 1_000, 'refused at once, not after acquireTimeout');
+        // A call that does not wait is never refused.
+        assert.equal(await app.locks.tryAcquire(a), null);
+        const waitingB = [wait(b), wait(b)];
+        assert.ok(await eventually(() => waitingCallers(app.locks) === 5), 'they wait');
+        const refusedB = await wait(b).catch((error: unknown) => error);
+        assert.ok(refusedB instanceof LockAcquireTimeoutError, String(refusedB));
+        assert.deepEqual(refusedB.queueFull, { limit: 'perProcess', waiters: 5 });
+        await heldA.release();
+        await heldB.release();
+        assert.deepEqual(await Promise.all([...waitingA, ...waitingB]), Array(5).fill('ran'));
+        // Everyone left: the counts are back to nothing.
+        const again = await locks.acquire(a, { ttl: 10_000 });
+        const waitingAgain = [wait(a), wait(a), wait(a)];
+        assert.ok(await eventually(() => waitingCallers(app.locks, a) === 3), 'they wait again');
+        await again.release();
+        assert.deepEqual(await Promise.all(waitingAgain), ['ran', 'ran', 'ran']);
+      } finally {
+        await heldA.release();
+        await heldB.release();
+        await app.close();
+      }
     });
   });
 

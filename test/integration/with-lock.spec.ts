@@ -45,7 +45,7 @@ import {
   type WithLockOptions,
 } from '../../lib/index.js';
 import { ACQUIRE_SCRIPT } from '../../lib/redis/lock.scripts.js';
-import { eventually, sleep, uniqueKey } from '../support/lock-module.js';
+import { eventually, sleep, uniqueKey, waitingCallers } from '../support/lock-module.js';
 import { monitorRedis, scriptCalls } from '../support/redis-monitor.js';
 import { freePort, startRedis, type RedisServer } from '../support/redis-server.js';
 import { assertWithin, watchStalls } from '../support/timing.js';
@@ -273,6 +273,12 @@ class OrdersController {
   @WithLock({ key: 'order:{0}', acquireTimeout: 200 })
   async pay(@Param('id') id: string): Promise<{ id: string; key: string | undefined }> {
     return { id, key: getCurrentLock()?.key };
+  }
+
+  @Get('patient/:id')
+  @WithLock({ key: 'order:{0}', acquireTimeout: 5_000 })
+  async patient(@Param('id') id: string): Promise<string> {
+    return id;
   }
 
   @Get('short-key/:id')
@@ -684,6 +690,34 @@ describe('@WithLock', () => {
         await app.close();
       }
       assert.ok(!ran.includes(sku), 'the handler ran for a caller that was gone');
+    });
+  });
+
+  describe('maxWaiters', () => {
+    it('a request beyond the waiters allowed per key answers 409 with Retry-After at once, and the waiting ones go on', async () => {
+      const app = await bootApp(server, { maxWaiters: { perKey: 2 } });
+      const url = await appUrl(app);
+      const locks = app.get(LockService);
+      const id = Math.floor(Math.random() * 1e9);
+      const held = await locks.acquire(`order:${id}`, { ttl: 5_000 });
+      try {
+        // `patient` waits up to 5 s for order:{0}.
+        const waiting = [1, 2].map(() => fetch(`${url}/orders/patient/${id}`));
+        assert.ok(await eventually(() => waitingCallers(locks, `order:${id}`) === 2), 'they wait');
+        const started = performance.now();
+        const refused = await fetch(`${url}/orders/patient/${id}`);
+        assert.equal(refused.status, 409);
+        assert.ok(Number(refused.headers.get('retry-after')) >= 1);
+        assert.ok(performance.now() - started < 1_000, 'answered at once');
+        await held.release();
+        assert.deepEqual(
+          (await Promise.all(waiting)).map((response) => response.status),
+          [200, 200],
+        );
+      } finally {
+        await held.release();
+        await app.close();
+      }
     });
   });
 

@@ -1,6 +1,11 @@
 import { Injectable } from '@nestjs/common';
 import { Cluster, Redis } from 'ioredis';
-import { WithLock, type LockService, type RedisLockModuleOptions } from '../../lib/index.js';
+import {
+  LockAcquireTimeoutError,
+  WithLock,
+  type LockService,
+  type RedisLockModuleOptions,
+} from '../../lib/index.js';
 import { FaultProxy } from '../support/fault-proxy.js';
 import { startLockModule } from '../support/lock-module.js';
 import {
@@ -42,8 +47,21 @@ export interface App {
   closing: boolean;
   /** When its shutdown began (`performance.now()`). */
   closedAt?: number;
+  /**
+   * For a call `maxWaiters` refused: how many other calls of `acquire()` and `using()` (the
+   * decorator's too) were in flight then, on its key and in all, counting those that settled in
+   * the same turn of the event loop (one socket read may settle several). At least the callers
+   * `maxWaiters` counts: a refusal with fewer is a violation.
+   */
+  readonly othersInFlight: WeakMap<object, { perKey: number; perProcess: number }>;
   close(): Promise<void>;
 }
+
+/**
+ * The apps' `maxWaiters`: small, so that a crowd of callers (12 at once on one key) meets it and
+ * its refusals meet every other step.
+ */
+export const MODEL_MAX_WAITERS = { perKey: 8, perProcess: 20 };
 
 /** Where the model's apps keep their locks, and the faults it can inject there. */
 export interface Deployment {
@@ -125,12 +143,14 @@ async function appOf(
   options: RedisLockModuleOptions,
   after?: () => void,
 ): Promise<App> {
-  const fixture = await startLockModule(options, [ModelJobs]);
+  const fixture = await startLockModule({ ...options, maxWaiters: MODEL_MAX_WAITERS }, [ModelJobs]);
+  const othersInFlight = countCalls(fixture.locks);
   const app: App = {
     slot,
     generation,
     locks: fixture.locks,
     jobs: fixture.module.get(ModelJobs),
+    othersInFlight,
     closing: false,
     close: async () => {
       app.closing = true;
@@ -143,6 +163,66 @@ async function appOf(
     },
   };
   return app;
+}
+
+/**
+ * Counts the calls of `acquire()` and `using()` on `locks` in flight, by wrapping the instance's
+ * own methods (`@WithLock` calls them on the same instance), and notes for each call refused by
+ * `maxWaiters` how many others were in flight (see `App.othersInFlight`).
+ */
+function countCalls(locks: LockService): App['othersInFlight'] {
+  const now = { total: 0, perKey: new Map<string, number>() };
+  const recent = { total: 0, perKey: new Map<string, number>() };
+  let clearing = false;
+  const keysOf = (key: unknown): string[] =>
+    Array.isArray(key)
+      ? [...new Set(key.filter((k): k is string => typeof k === 'string'))]
+      : typeof key === 'string'
+        ? [key]
+        : [];
+  const add = (counts: typeof now, keys: string[], by: number): void => {
+    counts.total += by;
+    for (const key of keys) counts.perKey.set(key, (counts.perKey.get(key) ?? 0) + by);
+  };
+  const refusals = new WeakMap<object, { perKey: number; perProcess: number }>();
+  for (const name of ['acquire', 'using'] as const) {
+    const original = (locks[name] as (...args: unknown[]) => Promise<unknown>).bind(locks);
+    Object.defineProperty(locks, name, {
+      value: (...args: unknown[]): Promise<unknown> => {
+        const keys = keysOf(args[0]);
+        add(now, keys, 1);
+        return original(...args).then(
+          (value) => {
+            settled(keys);
+            return value;
+          },
+          (error: unknown) => {
+            if (error instanceof LockAcquireTimeoutError && error.queueFull) {
+              const count = (counts: typeof now): number => counts.perKey.get(error.key) ?? 0;
+              refusals.set(error, {
+                perKey: count(now) - 1 + count(recent),
+                perProcess: now.total - 1 + recent.total,
+              });
+            }
+            settled(keys);
+            throw error;
+          },
+        );
+      },
+    });
+  }
+  function settled(keys: string[]): void {
+    add(now, keys, -1);
+    add(recent, keys, 1);
+    if (clearing) return;
+    clearing = true;
+    setImmediate(() => {
+      clearing = false;
+      recent.total = 0;
+      recent.perKey.clear();
+    });
+  }
+  return refusals;
 }
 
 /** Slot 0's link: a proxy in front of each of `ports`, faulted together. */

@@ -311,6 +311,18 @@ export class Model {
   /** An acquisition that failed: only the documented errors, a timeout only after its wait. */
   failed(what: string, error: unknown, app: App, waited?: { ms: number; timeout: number }): void {
     if (error instanceof LockAcquireTimeoutError) {
+      if (error.queueFull) {
+        // Refused by maxWaiters: only with at least that many other callers of the app in flight.
+        const { limit, waiters } = error.queueFull;
+        const counted = app.othersInFlight.get(error);
+        const others = counted === undefined ? Infinity : counted[limit];
+        if (others < waiters) {
+          this.violations.push(
+            `${what} was refused by maxWaiters.${limit} (${waiters}) with ${others} other calls in flight: ${error.message}`,
+          );
+        }
+        return;
+      }
       if (waited && waited.ms < waited.timeout - 2) {
         this.violations.push(
           `${what} timed out after ${waited.ms.toFixed(0)} ms, before its acquireTimeout of ${waited.timeout}: ${error.message}`,

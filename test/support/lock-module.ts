@@ -245,3 +245,16 @@ export async function heldWithHeir(
     },
   };
 }
+
+/**
+ * How many callers of `locks` wait for `key` (for any key without one), as `maxWaiters` counts
+ * them (internal: issue 40's `inspect()` will say): what a test waits for instead of sleeping.
+ */
+export function waitingCallers(locks: LockService, key?: string): number {
+  const { waiters } = (
+    locks as unknown as {
+      engine: { parts: { waiters: { total: number; perKey: Map<string, number> } } };
+    }
+  ).engine.parts;
+  return key === undefined ? waiters.total : (waiters.perKey.get(key) ?? 0);
+}

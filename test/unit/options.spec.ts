@@ -34,6 +34,7 @@ describe('per-call options (pure validation)', () => {
       shape: { limit: 1, mode: 'write', fair: false },
       holdAtLeast: 0,
       skipWhenBusy: false,
+      counted: true,
     });
     assert.equal(resolveAcquireOptions('k', {}, defaults, 'using').autoExtend, true);
     assert.equal(resolveAcquireOptions('k', {}, defaults, 'tryAcquire').acquireTimeout, 0);
