@@ -2,7 +2,14 @@
  * Fair locks' scripts: a FIFO queue of waiters under the lock's key, whose first is the only one
  * that may take a free key. Atomic as every lock script: the queue check and the grant are one step.
  */
-import { MARK_WRITER, NEXT_FENCE, RECORD_OWN, RENEW_OWN, SCAN_READERS } from './lock.scripts.js';
+import {
+  ANNOUNCE,
+  MARK_WRITER,
+  NEXT_FENCE,
+  RECORD_OWN,
+  RENEW_OWN,
+  SCAN_READERS,
+} from './lock.scripts.js';
 
 /**
  * Fair locks queue their waiters under the lock's key: KEYS[3] the queue (sorted set: token →
@@ -93,8 +100,7 @@ else
 end
 ${DROP_GONE_WAITERS}
 local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-if not head then return 1 end
-return 1 + redis.call('${publish}', ARGV[4] .. head, ARGV[2])
+if not head then return 1 end${ANNOUNCE(publish, 'ARGV[4] .. head', 'ARGV[2]')}
 `;
 export const RELEASE_FAIR_SCRIPT = fairRelease('PUBLISH');
 export const RELEASE_FAIR_SHARDED_SCRIPT = fairRelease('SPUBLISH');

@@ -409,6 +409,25 @@ if ARGV[4] and message == '' then
 end`;
 
 /**
+ * The end of a release script: announces it (`publish`: PUBLISH, or SPUBLISH on a Cluster) on
+ * `channel` and returns 1 + the subscribers reached, or `ANNOUNCE_REFUSED` (-1) if Redis refused
+ * to publish (a user whose ACL allows the keys but not the channel): the release is done all the
+ * same (a script's writes stay when a later command fails, so an error would report a deleted
+ * lock as not released), and waiters elsewhere find the key free at their next timed attempt.
+ */
+export const ANNOUNCE = (
+  publish: 'PUBLISH' | 'SPUBLISH',
+  channel: string,
+  message: string,
+): string => `
+local heard = redis.pcall('${publish}', ${channel}, ${message})
+if type(heard) ~= 'number' then return -1 end
+return 1 + heard`;
+
+/** What a release script returns when Redis refused its announcement (see `ANNOUNCE`). */
+export const ANNOUNCE_REFUSED = -1;
+
+/**
  * KEYS[1] lock key, KEYS[2] an own token's fence record (see RENEW_OWN; none for a generated
  * token), KEYS[3] the key's queue of waiting processes; ARGV[1] token, ARGV[2] release channel,
  * ARGV[3] message (empty, or in Redlock mode an id of the release, which is announced on every
@@ -423,8 +442,7 @@ if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then
   if ARGV[4] and not ARGV[5] then redis.call('ZREM', KEYS[3], ARGV[4]) end
   return 0
 end
-redis.call('DEL', KEYS[1], KEYS[2])${NAME_NEXT}
-return 1 + redis.call('${publish}', ARGV[2], message)
+redis.call('DEL', KEYS[1], KEYS[2])${NAME_NEXT}${ANNOUNCE(publish, 'ARGV[2]', 'message')}
 `;
 
 export const RELEASE_SCRIPT = release('PUBLISH');

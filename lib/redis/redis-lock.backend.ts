@@ -10,7 +10,12 @@ import type {
 } from '../interfaces/lock-backend.interface.js';
 import { DEFAULT_DRIFT_FACTOR } from '../options/defaults.js';
 import { PLAIN } from '../options/checks.js';
-import { FENCE_STRIDE, RELEASE_SCRIPT, RESTORE_COPY_SCRIPT } from './lock.scripts.js';
+import {
+  ANNOUNCE_REFUSED,
+  FENCE_STRIDE,
+  RELEASE_SCRIPT,
+  RESTORE_COPY_SCRIPT,
+} from './lock.scripts.js';
 import { FairQueue } from './fair-queue.js';
 import { InProcessHandoff, passable } from './handoff.js';
 import {
@@ -58,6 +63,8 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
    * within commandTimeout), so twice that never drops a live one.
    */
   private readonly queueStay: number;
+  /** Whether Redis refused to announce a release once: said once (see `released`). */
+  private announceRefused = false;
 
   constructor(
     client: Redis | Cluster,
@@ -233,7 +240,7 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
     }
     // Only once this lease's own token write is answered: Redis must see the two in order.
     if (lease?.swap) await lease.swap.catch(() => undefined);
-    if (shape.fair) return (await this.fair.release(lockKey, token, true, message)) > 0;
+    if (shape.fair) return this.released(await this.fair.release(lockKey, token, true, message));
     this.batcher?.beforeSend();
     if (heir) return this.handoff.handOff(key, lockKey, token, heir);
     let reply = 0;
@@ -262,7 +269,18 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
       // Yielding (see takeHeir): another subscriber than this process's own got the message.
       if (this.notifier.watching) this.notifier.endYield(channel, reply > 2);
     }
-    return reply > 0;
+    return this.released(reply);
+  }
+
+  /** Whether a release script's `reply` says it released (see `ANNOUNCE`). */
+  private released(reply: number): boolean {
+    if (reply === ANNOUNCE_REFUSED && !this.announceRefused) {
+      this.announceRefused = true;
+      this.logger.warn(
+        'Redis refused to announce a lock release (PUBLISH: the Redis user may not use the channel): the locks still work, but waiters in other processes now find a free key at their next timed attempt (every retryInterval) instead of at once. Grant the user the channels of keyPrefix (&<keyPrefix>*): see the ACL recipe in the README.',
+      );
+    }
+    return reply !== 0;
   }
 
   /**
@@ -282,7 +300,9 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
       this.layout.releaseChannel(lockKey),
       message,
     ];
-    return Number(await this.writes.track(this.client.eval(RELEASE_SCRIPT, 2, ...args))) > 0;
+    return this.released(
+      Number(await this.writes.track(this.client.eval(RELEASE_SCRIPT, 2, ...args))),
+    );
   }
 
   /**

@@ -4,7 +4,7 @@
  * key, each token scored with its expiry on the Redis server's clock. Atomic as every lock script:
  * the check of the holders and the write are one step. See `lock.scripts.ts` for the fences.
  */
-import { FENCE_OF, KEEP_COUNTER, NEXT_FENCE, SCAN_READERS } from './lock.scripts.js';
+import { ANNOUNCE, FENCE_OF, KEEP_COUNTER, NEXT_FENCE, SCAN_READERS } from './lock.scripts.js';
 
 /**
  * The Redis server's clock in ms (a semaphore holder's expiry is scored on it: no client clock is
@@ -111,8 +111,7 @@ ${KEEP_SET_TTL}
 else
   redis.call('DEL', KEYS[3])
 end
-if held == 0 then return 0 end
-return 1 + redis.call('${publish}', ARGV[2], ARGV[3])
+if held == 0 then return 0 end${ANNOUNCE(publish, 'ARGV[2]', 'ARGV[3]')}
 `;
 export const RELEASE_SEMAPHORE_SCRIPT = releaseSemaphore('PUBLISH');
 export const RELEASE_SEMAPHORE_SHARDED_SCRIPT = releaseSemaphore('SPUBLISH');
@@ -199,8 +198,7 @@ if readers - (mine and 1 or 0) == 0 then
     redis.call('DEL', KEYS[1])
   end
 end
-if not mine then return 0 end
-return 1 + redis.call('${publish}', ARGV[2], ARGV[3])
+if not mine then return 0 end${ANNOUNCE(publish, 'ARGV[2]', 'ARGV[3]')}
 `;
 export const RELEASE_READ_SCRIPT = releaseRead('PUBLISH');
 export const RELEASE_READ_SHARDED_SCRIPT = releaseRead('SPUBLISH');

@@ -1,0 +1,159 @@
+/**
+ * A least-privilege Redis user (issue 43, item 5): the README's ACL recipe runs every lock shape
+ * with nothing more, and a user that may use the keys but not the channels still releases (the
+ * release deleted the key: it is reported released), with one warning, while waiters poll.
+ */
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+import { Redis } from 'ioredis';
+import { LockService } from '../../lib/index.js';
+import { LogCapture, startLockModule, uniqueKey } from '../support/lock-module.js';
+import { startRedis, type RedisServer } from '../support/redis-server.js';
+
+/** The README's recipe ("Least-privilege Redis user"): keys and channels of the keyPrefix. */
+const RECIPE = [
+  'resetkeys',
+  '~lock:*',
+  'resetchannels',
+  '&lock:*',
+  '-@all',
+  // What the module sends itself.
+  '+evalsha',
+  '+eval',
+  '+exists',
+  '+info',
+  '+ping',
+  '+subscribe',
+  '+unsubscribe',
+  // What its scripts run.
+  '+get',
+  '+set',
+  '+del',
+  '+pexpire',
+  '+pttl',
+  '+type',
+  '+time',
+  '+publish',
+  '+zadd',
+  '+zrem',
+  '+zrange',
+  '+zscore',
+  '+zcard',
+  '+zrangebyscore',
+  '+zremrangebyscore',
+  '+hset',
+  '+hget',
+  '+hdel',
+  '+hgetall',
+];
+
+describe('a least-privilege Redis user', () => {
+  let server: RedisServer;
+  let admin: Redis;
+
+  before(async () => {
+    server = await startRedis();
+    admin = new Redis(server.url);
+    await admin.acl('SETUSER', 'locks', 'on', '>pw', ...RECIPE);
+    // Keys and commands, but no channel (Redis 7's default for a new user: resetchannels).
+    await admin.acl('SETUSER', 'nochannels', 'on', '>pw', '~lock:*', 'resetchannels', '+@all');
+  });
+  after(async () => {
+    admin?.disconnect();
+    await server?.stop();
+  });
+
+  const connection = (username: string) => ({
+    host: '127.0.0.1',
+    port: server.port,
+    username,
+    password: 'pw',
+  });
+
+  /** Every shape, taken, waited for by another process, released. */
+  async function everyShape(a: LockService, b: LockService): Promise<void> {
+    const options = [{}, { limit: 2 }, { mode: 'read' as const }, { fair: true }];
+    for (const option of options) {
+      const key = uniqueKey();
+      const first = await a.acquire(key, { ...option, ttl: 5_000 });
+      // A second holder where the shape allows one, else a waiter in the other process.
+      const exclusive = !('limit' in option) && !('mode' in option);
+      const waiting = exclusive
+        ? b.acquire(key, { fair: 'fair' in option, acquireTimeout: 5_000 })
+        : b.acquire(key, { ...option, acquireTimeout: 5_000 });
+      await new Promise((resolve) => setTimeout(resolve, 50));
+      assert.equal(await first.release(), true, JSON.stringify(option));
+      const second = await waiting;
+      assert.equal(await second.release(), true, JSON.stringify(option));
+      assert.equal(await a.isLocked(key), false);
+    }
+    const keys = [uniqueKey(), uniqueKey()];
+    assert.equal(await a.using(keys, () => 'both'), 'both');
+    const fence = await new Promise<number>((resolve) => {
+      a.lead(uniqueKey(), async (term) => resolve(term.fence));
+    });
+    assert.ok(fence > 0);
+  }
+
+  it("the README's recipe runs every shape, waiters woken by the release, and logs no warning", async () => {
+    const a = await startLockModule({ connection: connection('locks') });
+    const b = await startLockModule({ connection: connection('locks') });
+    const logs = LogCapture.install();
+    try {
+      await everyShape(a.locks, b.locks);
+      const warnings = logs.capture.lines.filter((line) => line.level === 'warn');
+      assert.deepEqual(warnings, []);
+    } finally {
+      logs.restore();
+      await a.close();
+      await b.close();
+    }
+  });
+
+  it("with an ioredis keyPrefix on the client, the recipe's patterns behind it suffice: channels carry it as keys do", async () => {
+    const recipe = RECIPE.map((rule) => rule.replace(/^([~&])lock:/, '$1svc:lock:'));
+    await admin.acl('SETUSER', 'prefixed', 'on', '>pw', ...recipe);
+    const prefixed = { ...connection('prefixed'), keyPrefix: 'svc:' };
+    const a = await startLockModule({ connection: prefixed });
+    const b = await startLockModule({ connection: prefixed });
+    const logs = LogCapture.install();
+    try {
+      await everyShape(a.locks, b.locks);
+      const warnings = logs.capture.lines.filter((line) => line.level === 'warn');
+      assert.deepEqual(warnings, []);
+    } finally {
+      logs.restore();
+      await a.close();
+      await b.close();
+    }
+  });
+
+  it('a user without the channels: a release that deleted the key is reported released, with one warning; waiters poll', async () => {
+    const a = await startLockModule({
+      connection: connection('nochannels'),
+      defaults: { retryInterval: 200 },
+    });
+    const b = await startLockModule({
+      connection: connection('nochannels'),
+      defaults: { retryInterval: 200 },
+    });
+    const logs = LogCapture.install();
+    try {
+      await everyShape(a.locks, b.locks);
+      const key = uniqueKey();
+      assert.equal(await a.locks.using(key, () => 'done'), 'done');
+      const lines = logs.capture.lines.map((line) => line.message);
+      // Once per LockService (both released).
+      assert.equal(
+        lines.filter((line) => line.startsWith('Redis refused to announce a lock release')).length,
+        2,
+        lines.join('\n'),
+      );
+      assert.ok(!lines.some((line) => /could not release/.test(line)), lines.join('\n'));
+    } finally {
+      logs.restore();
+      await a.close();
+      await b.close();
+    }
+  });
+});
