@@ -21,9 +21,13 @@ import {
 } from './connections.js';
 import { RedisLockConfigurationError } from '../errors/redis-lock.errors.js';
 import { InFlight } from '../utils/in-flight.js';
+import { probeRights } from './rights-probe.js';
 import { KeyLayout } from './key-layout.js';
 import { ShardedPubSubChoice } from './pub-sub.choice.js';
 import { ReleaseNotifier } from './release.notifier.js';
+
+/** The key the startup check of the user's rights locks nothing under (see `checkRights`). */
+const PROBE_KEY = 'nestjs-redis-lock:probe';
 
 /**
  * One Redis deployment reached through one ioredis client, as the lock operations stand on it:
@@ -95,11 +99,15 @@ export abstract class RedisDeployment {
 
   /**
    * Startup, within `commandTimeout`: refuses a server older than the scripts need (see
-   * `versionProblem`; one that does not answer in time is not checked), and on a Cluster asks how
-   * releases are announced.
+   * `versionProblem`; one that does not answer in time is not checked) and a Redis user that may
+   * not run what the locks need (see `checkRights`), and on a Cluster asks how releases are
+   * announced.
    * @throws RedisLockConfigurationError naming the server's version
    */
   async prepare(): Promise<void> {
+    // Asked beside the version (a Redis that does not answer costs one commandTimeout, not two).
+    const rights = this.checkRights();
+    rights.catch(() => undefined); // awaited below, unless the version is refused first
     const [info] = await Promise.all([
       this.serverInfo(),
       this.shardedPubSub?.().catch((error: unknown) => {
@@ -111,6 +119,38 @@ export abstract class RedisDeployment {
     const problem = versionProblem(info.version);
     if (problem)
       throw new RedisLockConfigurationError('Redis server', `Redis ${info.version}`, problem);
+    await rights;
+  }
+
+  /**
+   * Startup: refuses a Redis user that may not run what the locks need (see `probeRights`),
+   * naming what Redis refused; one that may not publish on the lock channels is a warning: the
+   * locks work, waiters in other processes poll.
+   * @throws RedisLockConfigurationError naming the commands
+   */
+  private async checkRights(): Promise<void> {
+    const lockKey = this.layout.lockKey(PROBE_KEY);
+    const sharded = (await this.shardedPubSub?.().catch(() => false)) ?? false;
+    const rights = await probeRights(
+      this.client,
+      [lockKey, `${lockKey}:queue`, `${lockKey}:probe`],
+      this.layout.releaseChannel(lockKey),
+      sharded ? 'SPUBLISH' : 'PUBLISH',
+      this.commandTimeout,
+    );
+    if (!rights) return;
+    if (rights.refused.length > 0) {
+      throw new RedisLockConfigurationError(
+        'Redis user',
+        undefined,
+        `Redis refused what the locks need (${rights.refused.join('; ')}): grant the user the keys and channels of the keyPrefix and the commands of the ACL recipe (see "Least-privilege Redis user" in the topologies guide)`,
+      );
+    }
+    if (rights.channelRefused) {
+      this.logger.warn(
+        `The Redis user may not publish on the lock channels (${this.layout.releaseChannel(lockKey)}): the locks work, but waiters in other processes find a free key at their next timed attempt (every retryInterval) instead of at once. Grant the channels of the keyPrefix (&<keyPrefix>*): see the ACL recipe.`,
+      );
+    }
   }
 
   /** See `serverInfo`. */

@@ -6,7 +6,8 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { Redis } from 'ioredis';
-import { LockService } from '../../lib/index.js';
+import { Test } from '@nestjs/testing';
+import { LockService, RedisLockConfigurationError, RedisLockModule } from '../../lib/index.js';
 import { LogCapture, startLockModule, uniqueKey } from '../support/lock-module.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
 
@@ -155,5 +156,67 @@ describe('a least-privilege Redis user', () => {
       await a.close();
       await b.close();
     }
+  });
+
+  describe('the check of the user at startup', () => {
+    /** Boots a module as the user `username`; its log lines from init on. */
+    async function boot(username: string) {
+      const module = await Test.createTestingModule({
+        imports: [RedisLockModule.forRoot({ connection: connection(username) })],
+      }).compile();
+      const logs = LogCapture.install();
+      try {
+        const error = await module.init().then(
+          () => undefined,
+          (e: unknown) => e,
+        );
+        return { error, lines: logs.capture.lines.map((line) => line.message) };
+      } finally {
+        logs.restore();
+        await module.close();
+      }
+    }
+
+    it('a user missing a command the scripts run, or the keys, fails the boot naming what Redis refused', async () => {
+      const without = (rule: string) => RECIPE.filter((each) => each !== rule);
+      await admin.acl('SETUSER', 'nozadd', 'on', '>pw', ...without('+zadd'));
+      await admin.acl('SETUSER', 'nohget', 'on', '>pw', ...without('+hget'));
+      await admin.acl(
+        'SETUSER',
+        'otherkeys',
+        'on',
+        '>pw',
+        ...RECIPE.map((r) => r.replace('~lock:*', '~other:*')),
+      );
+      await admin.acl('SETUSER', 'noevalsha', 'on', '>pw', ...without('+evalsha'));
+      for (const [username, refused] of [
+        ['nozadd', /ZADD: /],
+        ['nohget', /HGET: /],
+        ['otherkeys', /EVAL: NOPERM .*keys used as arguments/],
+        ['noevalsha', /EVALSHA: /],
+      ] as const) {
+        const { error } = await boot(username);
+        assert.ok(error instanceof RedisLockConfigurationError, `${username}: ${String(error)}`);
+        assert.equal(error.option, 'Redis user');
+        assert.match(error.message, refused, username);
+        assert.match(error.message, /Least-privilege Redis user/);
+      }
+    });
+
+    it('a user without the channels boots with a warning; the recipe boots with none', async () => {
+      const warned = await boot('nochannels');
+      assert.equal(warned.error, undefined, String(warned.error));
+      assert.equal(
+        warned.lines.filter((line) => line.startsWith('The Redis user may not publish')).length,
+        1,
+        warned.lines.join('\n'),
+      );
+      const clean = await boot('locks');
+      assert.equal(clean.error, undefined, String(clean.error));
+      assert.deepEqual(
+        clean.lines.filter((line) => /Redis user|refused/.test(line)),
+        [],
+      );
+    });
   });
 });
