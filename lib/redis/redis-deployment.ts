@@ -125,10 +125,10 @@ export abstract class RedisDeployment {
   /**
    * Startup: refuses a Redis user that may not run what the locks need (see `probeRights`),
    * naming what Redis refused; one that may not publish on the lock channels is a warning: the
-   * locks work, waiters in other processes poll.
+   * locks work, waiters in other processes poll. `where` names the Redlock node (` of nodes[i]`).
    * @throws RedisLockConfigurationError naming the commands
    */
-  private async checkRights(): Promise<void> {
+  async checkRights(where = ''): Promise<void> {
     const lockKey = this.layout.lockKey(PROBE_KEY);
     const sharded = (await this.shardedPubSub?.().catch(() => false)) ?? false;
     const rights = await probeRights(
@@ -141,14 +141,14 @@ export abstract class RedisDeployment {
     if (!rights) return;
     if (rights.refused.length > 0) {
       throw new RedisLockConfigurationError(
-        'Redis user',
+        `Redis user${where}`,
         undefined,
         `Redis refused what the locks need (${rights.refused.join('; ')}): grant the user the keys and channels of the keyPrefix and the commands of the ACL recipe (see "Least-privilege Redis user" in the topologies guide)`,
       );
     }
     if (rights.channelRefused) {
       this.logger.warn(
-        `The Redis user may not publish on the lock channels (${this.layout.releaseChannel(lockKey)}): the locks work, but waiters in other processes find a free key at their next timed attempt (every retryInterval) instead of at once. Grant the channels of the keyPrefix (&<keyPrefix>*): see the ACL recipe.`,
+        `The Redis user${where} may not publish on the lock channels (${this.layout.releaseChannel(lockKey)}): the locks work, but waiters in other processes find a free key at their next timed attempt (every retryInterval) instead of at once. Grant the channels of the keyPrefix (&<keyPrefix>*): see the ACL recipe.`,
       );
     }
   }

@@ -397,11 +397,15 @@ export class RedlockBackend implements LockBackend {
   /**
    * Startup: refuses two nodes that are one server under two names (`127.0.0.1:6379` and
    * `localhost:6379`, a DNS alias), whose one vote would count twice, and a node older than the
-   * scripts need: every node is asked its `run_id` and version within `commandTimeout`. A node
-   * that does not answer then is not checked.
+   * scripts need, and a node whose Redis user may not run what the locks need: every node is
+   * asked its `run_id`, version and rights within `commandTimeout`. A node that does not answer
+   * then is not checked.
    * @throws RedisLockConfigurationError naming the nodes
    */
   async prepare(): Promise<void> {
+    // Each node's user, beside the versions (see `RedisDeployment.checkRights`).
+    const rights = Promise.all(this.nodes.map((node, i) => node.checkRights(` of nodes[${i}]`)));
+    rights.catch(() => undefined); // awaited below, unless a node is refused first
     const infos = await Promise.all(this.nodes.map((node) => node.serverInfo()));
     const seen = new Map<string, number>();
     infos.forEach(({ id, version }, i) => {
@@ -419,6 +423,7 @@ export class RedlockBackend implements LockBackend {
       }
       seen.set(id, i);
     });
+    await rights;
   }
 
   /** Up while a majority answers; `details.nodes` has each node's own report. */

@@ -203,6 +203,34 @@ describe('a least-privilege Redis user', () => {
       }
     });
 
+    it('Redlock: each node is checked, and the one whose user is refused is named', async () => {
+      const nodes = await Promise.all([0, 1, 2].map(() => startRedis()));
+      try {
+        await Promise.all(
+          nodes.map(async (node, i) => {
+            const client = new Redis(node.url);
+            const rules = i === 1 ? RECIPE.filter((rule) => rule !== '+zadd') : RECIPE;
+            await client.acl('SETUSER', 'app', 'on', '>pw', ...rules);
+            client.disconnect();
+          }),
+        );
+        const urls = nodes.map((node) => `redis://app:pw@127.0.0.1:${node.port}`);
+        const module = await Test.createTestingModule({
+          imports: [RedisLockModule.forRoot({ nodes: urls })],
+        }).compile();
+        const error = await module.init().then(
+          () => undefined,
+          (e: unknown) => e,
+        );
+        await module.close();
+        assert.ok(error instanceof RedisLockConfigurationError, String(error));
+        assert.equal(error.option, 'Redis user of nodes[1]');
+        assert.match(error.message, /ZADD: /);
+      } finally {
+        await Promise.all(nodes.map((node) => node.stop()));
+      }
+    });
+
     it('a user without the channels boots with a warning; the recipe boots with none', async () => {
       const warned = await boot('nochannels');
       assert.equal(warned.error, undefined, String(warned.error));
