@@ -73,9 +73,11 @@ function withoutKey(error: LockAcquireTimeoutError): string {
 /**
  * Seconds a client should wait before retrying, at least 1: how long the key's holds last, as this
  * process saw (never longer than the holder's lock still runs), else the holder's remaining TTL,
- * else `acquireTimeout`.
+ * else `acquireTimeout` — except for a call `maxWaiters` refused, which asked Redis nothing: 1 s
+ * (asking again costs the server nothing while the waiters are full).
  */
 function retryAfterSeconds(error: LockAcquireTimeoutError): number {
-  const ms = error.expectedWaitMs ?? error.retryAfterMs ?? error.acquireTimeout;
+  const ms =
+    error.expectedWaitMs ?? error.retryAfterMs ?? (error.queueFull ? 0 : error.acquireTimeout);
   return Math.max(1, Math.ceil(ms / 1_000));
 }

@@ -107,6 +107,12 @@ export class AcquireLoop {
     /** Whether this call counts among the key's waiters, or was refused by `maxWaiters`. */
     let waiting = false;
     let refused: WaiterLimit | undefined;
+    // With `maxWaiters` full already, the first attempt asks Redis for the key as `tryAcquire()`
+    // does: it joins no queue and marks no read lock, so its refusal leaves nothing to take back
+    // (a stream of refused writers would otherwise keep wiping the mark other writers wait on).
+    let mayWait = opts.acquireTimeout > 0 && !(opts.counted && this.parts.waiters.full(key));
+    /** Whether an attempt that may wait was sent: what a refused caller has to take back. */
+    let askedToWait = false;
     let handoff: Handoff | undefined;
     try {
       if (queueFirst) {
@@ -126,7 +132,11 @@ export class AcquireLoop {
         } else {
           this.throwIfStopped(key, opts.signal);
           if (queueFirst) attempt = QUEUED;
-          else attempt = await this.attempt(key, token, opts, (sending) => void (sent = sending));
+          else {
+            askedToWait ||= mayWait;
+            attempt = await this.attempt(key, token, opts, mayWait, (s) => void (sent = s));
+          }
+          mayWait = opts.acquireTimeout > 0;
           queueFirst = false;
         }
         if (attempt.acquired && sentAt + attempt.validity <= performance.now()) {
@@ -198,8 +208,11 @@ export class AcquireLoop {
     } finally {
       if (waiting) this.parts.waiters.leave(key);
       subscription?.dispose(handle !== undefined, shape.mode === 'read');
-      // (A caller `maxWaiters` refused before its first attempt joined nothing.)
-      const joined = sent !== undefined || refused === undefined;
+      // A caller `maxWaiters` refused takes back only what it joined: its own place in a fair
+      // queue, or, when no other caller of this process waits for the key (they keep the
+      // process's place and the writers' mark), the process's place and its mark.
+      const joined =
+        refused === undefined || (askedToWait && (shape.fair || !backend.hasWaiters(key)));
       if (!handle && joined && opts.acquireTimeout > 0 && (shape.fair || shape === PLAIN)) {
         // A waiter that gives up leaves nothing: a fair one leaves the queue at once (the next in
         // line is told), a writer takes back its mark on read locks, its process the queue of
@@ -270,6 +283,8 @@ export class AcquireLoop {
     key: string,
     token: string,
     opts: ResolvedAcquireOptions,
+    /** Whether the caller will wait if the key is taken (it may queue or mark; see the backend). */
+    mayWait: boolean,
     /** Told of the attempt as sent, before its reply is bounded. */
     sending?: (pending: Promise<AcquireAttempt>) => void,
   ): Promise<AcquireAttempt> {
@@ -279,7 +294,7 @@ export class AcquireLoop {
       token,
       opts.ttl,
       opts.shape,
-      opts.acquireTimeout > 0,
+      mayWait,
       opts.token === undefined,
     );
     sending?.(pending);

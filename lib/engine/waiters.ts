@@ -25,6 +25,13 @@ export class Waiters {
     return undefined;
   }
 
+  /** Whether one more caller waiting for `key` would pass a limit (nothing is counted). */
+  full(key: string): boolean {
+    return (
+      (this.perKey.get(key) ?? 0) >= this.limits.perKey || this.total >= this.limits.perProcess
+    );
+  }
+
   leave(key: string): void {
     const count = this.perKey.get(key) ?? 0;
     if (count <= 1) this.perKey.delete(key);

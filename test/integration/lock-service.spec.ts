@@ -7,6 +7,7 @@ import {
   LockArgumentError,
   LockLostError,
   type AcquireOptions,
+  type Lock,
   type LockService,
 } from '../../lib/index.js';
 import {
@@ -370,6 +371,84 @@ describe('LockService on a single Redis', () => {
       } finally {
         await heldA.release();
         await heldB.release();
+        await app.close();
+      }
+    });
+  });
+
+  describe('maxWaiters: what a refused caller leaves (found by review)', () => {
+    it("refused writers never take back the mark that another process's waiting writer keeps on a read lock", async () => {
+      const crowded = await startLockModule({
+        connection: server.url,
+        maxWaiters: { perKey: 1_000, perProcess: 1 },
+      });
+      const writers = await startLockModule({ connection: server.url });
+      const key = uniqueKey();
+      const other = uniqueKey();
+      const reader = await locks.acquire(key, { mode: 'read', ttl: 10_000 });
+      const blocker = await locks.acquire(other, { ttl: 10_000 });
+      try {
+        // The crowded service's one waiter slot is taken (by a wait for another key).
+        const slot = crowded.locks.acquire(other, { acquireTimeout: 10_000 }).catch(() => null);
+        assert.ok(await eventually(() => waitingCallers(crowded.locks) === 1), 'the slot is taken');
+        // A writer of another process waits for the read lock: it marks the key.
+        const writer = writers.locks.acquire(key, { acquireTimeout: 10_000 });
+        assert.ok(await eventually(async () => (await redis.hexists(`lock:{${key}}`, '')) === 1));
+        for (let i = 0; i < 20; i++) {
+          const refusal = await crowded.locks
+            .acquire(key, { acquireTimeout: 5_000 })
+            .catch((e) => e);
+          assert.ok(
+            refusal instanceof LockAcquireTimeoutError && refusal.queueFull,
+            String(refusal),
+          );
+        }
+        assert.equal(
+          await redis.hexists(`lock:{${key}}`, ''),
+          1,
+          "the waiting writer's mark is still there",
+        );
+        // New readers now wait for the writer, which gets the key once the reader leaves.
+        assert.equal(await locks.tryAcquire(key, { mode: 'read' }), null);
+        await reader.release();
+        const held = await writer;
+        await held.release();
+        await blocker.release();
+        await (await slot)?.release();
+      } finally {
+        await reader.release();
+        await blocker.release();
+        await crowded.close();
+        await writers.close();
+      }
+    });
+
+    it('a burst of refused callers sends one attempt each and nothing more', async () => {
+      const app = await startLockModule({ connection: server.url, maxWaiters: { perKey: 3 } });
+      const key = uniqueKey();
+      const held = await locks.acquire(key, { ttl: 10_000 });
+      const evalshaCalls = async (): Promise<number> =>
+        Number(/cmdstat_evalsha:calls=(\d+)/.exec(await redis.info('commandstats'))?.[1] ?? 0);
+      try {
+        const before = await evalshaCalls();
+        const calls = Array.from({ length: 100 }, () =>
+          app.locks.acquire(key, { acquireTimeout: 5_000 }).catch((e: unknown) => e),
+        );
+        assert.ok(await eventually(() => waitingCallers(app.locks, key) === 3), 'three wait');
+        const during = (await evalshaCalls()) - before;
+        // 100 first attempts, and the 3 waiters' subscriptions' one retry each at most.
+        assert.ok(during <= 100 + 3 + 1, `${during} scripts for 100 callers`);
+        await held.release();
+        const outcomes = await Promise.all(calls);
+        const refused = outcomes.filter(
+          (outcome) => outcome instanceof LockAcquireTimeoutError && outcome.queueFull,
+        );
+        assert.equal(refused.length, 97);
+        for (const outcome of outcomes) {
+          if (!(outcome instanceof Error)) await (outcome as Lock).release();
+        }
+      } finally {
+        await held.release();
         await app.close();
       }
     });
