@@ -525,7 +525,8 @@ describe('hostile input (property-based)', () => {
       fc.integer(),
     );
     const PLACEHOLDER = /\{(\d+)((?:\.[A-Za-z_$][\w$]*)*)\}/g;
-    const isSeparator = (char: string): boolean => !/[\p{L}\p{N}]/u.test(char);
+    // A separator: neither a letter nor a digit, nor the encoding's own `%`.
+    const isSeparator = (char: string): boolean => !/[\p{L}\p{N}%]/u.test(char);
     // Well-formed: only placeholders in braces, and a separator between any two of them.
     const wellFormed = (source: string): boolean =>
       /^(?:[^{}]|\{\d+(?:\.[A-Za-z_$][\w$]*)*\})+$/.test(source) &&

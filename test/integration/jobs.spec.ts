@@ -141,6 +141,16 @@ describe('jobs and leaders across three processes', () => {
     assert.ok(await eventually(async () => (await leads()).length === 3, 2 * TTL + 5_000));
     const third = (await leads())[2];
     assert.ok(third.fence! > second.fence!);
+    // A fence turns stale writes away once the resource has seen a newer one: thaw the old
+    // leader after the new one's first write (on a loaded machine its 'lead' event can come well
+    // before that write, and the thawed leader's write would then rightly be accepted).
+    assert.ok(
+      await eventually(
+        async () => Number(await redis.get(`${prefix}highest`)) >= third.fence!,
+        5_000,
+      ),
+      'the new leader writes',
+    );
     frozen.kill('SIGCONT');
     assert.ok(await eventually(async () => (await ended(second.pid)) !== undefined, 5_000));
     const thawed = (await ended(second.pid))!;
