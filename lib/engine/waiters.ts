@@ -17,19 +17,23 @@ export class Waiters {
    * is counted and the limit is returned. Each counted caller must `leave()` once.
    */
   enter(key: string): WaiterLimit | undefined {
-    const count = this.perKey.get(key) ?? 0;
-    if (count >= this.limits.perKey) return 'perKey';
-    if (this.total >= this.limits.perProcess) return 'perProcess';
-    this.perKey.set(key, count + 1);
+    const passed = this.passed(key);
+    if (passed) return passed;
+    this.perKey.set(key, (this.perKey.get(key) ?? 0) + 1);
     this.total++;
     return undefined;
   }
 
   /** Whether one more caller waiting for `key` would pass a limit (nothing is counted). */
   full(key: string): boolean {
-    return (
-      (this.perKey.get(key) ?? 0) >= this.limits.perKey || this.total >= this.limits.perProcess
-    );
+    return this.passed(key) !== undefined;
+  }
+
+  /** The limit one more caller waiting for `key` would pass, if any. */
+  private passed(key: string): WaiterLimit | undefined {
+    if ((this.perKey.get(key) ?? 0) >= this.limits.perKey) return 'perKey';
+    if (this.total >= this.limits.perProcess) return 'perProcess';
+    return undefined;
   }
 
   leave(key: string): void {

@@ -7,8 +7,19 @@ import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { Redis } from 'ioredis';
 import { Test } from '@nestjs/testing';
-import { LockService, RedisLockConfigurationError, RedisLockModule } from '../../lib/index.js';
-import { LogCapture, startLockModule, uniqueKey } from '../support/lock-module.js';
+import {
+  LockService,
+  RedisLockConfigurationError,
+  RedisLockModule,
+  type RedisLockModuleOptions,
+} from '../../lib/index.js';
+import {
+  eventually,
+  LogCapture,
+  startLockModule,
+  uniqueKey,
+  waitingCallers,
+} from '../support/lock-module.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
 
 /** The README's recipe ("Least-privilege Redis user"): keys and channels of the keyPrefix. */
@@ -82,7 +93,9 @@ describe('a least-privilege Redis user', () => {
       const waiting = exclusive
         ? b.acquire(key, { fair: 'fair' in option, acquireTimeout: 5_000 })
         : b.acquire(key, { ...option, acquireTimeout: 5_000 });
-      await new Promise((resolve) => setTimeout(resolve, 50));
+      if (exclusive) {
+        assert.ok(await eventually(() => waitingCallers(b, key) === 1), 'the other process waits');
+      }
       assert.equal(await first.release(), true, JSON.stringify(option));
       const second = await waiting;
       assert.equal(await second.release(), true, JSON.stringify(option));
@@ -96,66 +109,64 @@ describe('a least-privilege Redis user', () => {
     assert.ok(fence > 0);
   }
 
-  it("the README's recipe runs every shape, waiters woken by the release, and logs no warning", async () => {
-    const a = await startLockModule({ connection: connection('locks') });
-    const b = await startLockModule({ connection: connection('locks') });
+  /**
+   * Two apps on `options` (two processes of one service), every shape between them, and the
+   * log lines of the run. `poll`: their waiters retry every 200 ms; else never within the test
+   * (60 s), so that a waiter that gets the key was woken by the release.
+   */
+  async function twoApps(
+    options: Omit<RedisLockModuleOptions, 'defaults'>,
+    poll: boolean,
+    more: (a: LockService) => Promise<void> = async () => undefined,
+  ): Promise<{ level: string; message: string }[]> {
+    const defaults = { retryInterval: poll ? 200 : 60_000 };
+    const a = await startLockModule({ ...options, defaults });
+    const b = await startLockModule({ ...options, defaults });
     const logs = LogCapture.install();
     try {
       await everyShape(a.locks, b.locks);
-      const warnings = logs.capture.lines.filter((line) => line.level === 'warn');
-      assert.deepEqual(warnings, []);
+      await more(a.locks);
+      return logs.capture.lines;
     } finally {
       logs.restore();
       await a.close();
       await b.close();
     }
+  }
+
+  it("the README's recipe runs every shape, waiters woken by the release, and logs no warning", async () => {
+    const lines = await twoApps({ connection: connection('locks') }, false);
+    assert.deepEqual(
+      lines.filter((line) => line.level === 'warn'),
+      [],
+    );
   });
 
   it("with an ioredis keyPrefix on the client, the recipe's patterns behind it suffice: channels carry it as keys do", async () => {
     const recipe = RECIPE.map((rule) => rule.replace(/^([~&])lock:/, '$1svc:lock:'));
     await admin.acl('SETUSER', 'prefixed', 'on', '>pw', ...recipe);
-    const prefixed = { ...connection('prefixed'), keyPrefix: 'svc:' };
-    const a = await startLockModule({ connection: prefixed });
-    const b = await startLockModule({ connection: prefixed });
-    const logs = LogCapture.install();
-    try {
-      await everyShape(a.locks, b.locks);
-      const warnings = logs.capture.lines.filter((line) => line.level === 'warn');
-      assert.deepEqual(warnings, []);
-    } finally {
-      logs.restore();
-      await a.close();
-      await b.close();
-    }
+    const lines = await twoApps(
+      { connection: { ...connection('prefixed'), keyPrefix: 'svc:' } },
+      false,
+    );
+    assert.deepEqual(
+      lines.filter((line) => line.level === 'warn'),
+      [],
+    );
   });
 
   it('a user without the channels: a release that deleted the key is reported released, with one warning; waiters poll', async () => {
-    const a = await startLockModule({
-      connection: connection('nochannels'),
-      defaults: { retryInterval: 200 },
+    const logged = await twoApps({ connection: connection('nochannels') }, true, async (a) => {
+      assert.equal(await a.using(uniqueKey(), () => 'done'), 'done');
     });
-    const b = await startLockModule({
-      connection: connection('nochannels'),
-      defaults: { retryInterval: 200 },
-    });
-    const logs = LogCapture.install();
-    try {
-      await everyShape(a.locks, b.locks);
-      const key = uniqueKey();
-      assert.equal(await a.locks.using(key, () => 'done'), 'done');
-      const lines = logs.capture.lines.map((line) => line.message);
-      // Once per LockService (both released).
-      assert.equal(
-        lines.filter((line) => line.startsWith('Redis refused to announce a lock release')).length,
-        2,
-        lines.join('\n'),
-      );
-      assert.ok(!lines.some((line) => /could not release/.test(line)), lines.join('\n'));
-    } finally {
-      logs.restore();
-      await a.close();
-      await b.close();
-    }
+    const lines = logged.map((line) => line.message);
+    // Once per LockService (both released).
+    assert.equal(
+      lines.filter((line) => line.startsWith('Redis refused to announce a lock release')).length,
+      2,
+      lines.join('\n'),
+    );
+    assert.ok(!lines.some((line) => /could not release/.test(line)), lines.join('\n'));
   });
 
   describe('the check of the user at startup', () => {
