@@ -14,6 +14,7 @@ export {
   RedisLockError,
   RedisLockShutdownError,
   type LockKeyProblem,
+  type LogKeys,
   type LockLostReason,
   type LockOperation,
 } from './errors/redis-lock.errors.js';

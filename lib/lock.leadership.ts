@@ -6,7 +6,7 @@ import {
   LockAcquireTimeoutError,
   LockArgumentError,
   RedisLockShutdownError,
-  quoteKey,
+  type KeyView,
 } from './errors/redis-lock.errors.js';
 import type { AcquireOptions, Lock } from './interfaces/lock.interface.js';
 import { inChainOf, outsideLocks } from './engine/lock.context.js';
@@ -115,8 +115,10 @@ export class Campaign implements Leadership {
     private readonly pause: number,
     private readonly runTerm: TermRunner,
     private readonly logger: Logger,
+    /** How log lines show keys (the module's `logKeys`). */
+    readonly view: KeyView,
   ) {
-    this.outage = new OutageLog(logger, `Campaign for leadership of ${quoteKey(key)}`);
+    this.outage = new OutageLog(logger, `Campaign for leadership of ${view(key)}`);
     this.done = outsideLocks(() => this.campaign());
   }
 
@@ -130,7 +132,8 @@ export class Campaign implements Leadership {
   }
 
   stop(by: 'stop' | 'shutdown' = 'stop'): Promise<void> {
-    if (!this.stopper.signal.aborted) this.stopper.abort(new LeadershipStoppedError(this.key, by));
+    if (!this.stopper.signal.aborted)
+      this.stopper.abort(new LeadershipStoppedError(this.key, by, this.view));
     // From inside the term's work (its call chain runs under the term's lock, even one released
     // or lost meanwhile): never wait for it.
     const term = this.termLock;
@@ -199,7 +202,7 @@ export class Campaign implements Leadership {
     const work = new Promise((resolve) => resolve(this.work(term))).catch((error: unknown) => {
       if (signal.aborted) return;
       this.logger.error(
-        `Leader work for ${quoteKey(this.key)} (term ${lock.fence}) failed; campaigning again: ${String(error)}`,
+        `Leader work for ${this.view(this.key)} (term ${lock.fence}) failed; campaigning again: ${String(error)}`,
         error instanceof Error ? error.stack : undefined,
       );
     });
@@ -212,7 +215,7 @@ export class Campaign implements Leadership {
       this.change(false);
       if (lock.signal.aborted && !this.stopper.signal.aborted) {
         this.logger.warn(
-          `Lost leadership of ${quoteKey(this.key)} (term ${lock.fence}): ${String(lock.signal.reason)}`,
+          `Lost leadership of ${this.view(this.key)} (term ${lock.fence}): ${String(lock.signal.reason)}`,
         );
       }
     }
@@ -232,11 +235,12 @@ export class Leaderships {
   constructor(
     private readonly runTerm: TermRunner,
     private readonly logger: Logger,
+    private readonly view: KeyView,
   ) {}
 
   /** Starts campaigning (see `LockService.lead`); its arguments are checked. */
   start(key: string, work: (term: LeaderTerm) => unknown, ttl: number, pause: number): Leadership {
-    const campaign = new Campaign(key, work, ttl, pause, this.runTerm, this.logger);
+    const campaign = new Campaign(key, work, ttl, pause, this.runTerm, this.logger, this.view);
     this.campaigns.add(campaign);
     void campaign.done.then(() => this.campaigns.delete(campaign));
     return campaign;
@@ -263,7 +267,7 @@ export class Leaderships {
       ignoreDeadline(error);
       for (const campaign of campaigns.filter((each) => !settled.has(each))) {
         this.logger.warn(
-          `Leader work for ${quoteKey(campaign.key)} did not return within ${campaign.ttl} ms of its term's signal aborting on shutdown: its lock is released now, and another instance may lead while it still runs (its stale fence is what stops its writes)`,
+          `Leader work for ${this.view(campaign.key)} did not return within ${campaign.ttl} ms of its term's signal aborting on shutdown: its lock is released now, and another instance may lead while it still runs (its stale fence is what stops its writes)`,
         );
       }
     });

@@ -21,6 +21,7 @@ import {
   type LeadOptions,
 } from './lock.leadership.js';
 import { MODULE_OPTIONS_TOKEN } from './redis-lock.module-definition.js';
+import type { KeyView } from './errors/redis-lock.errors.js';
 import { assertKey } from './options/checks.js';
 import { resolveAcquireOptions } from './options/acquire-options.js';
 import { resolveModuleOptions } from './options/module-options.js';
@@ -63,6 +64,7 @@ export class LockService implements OnApplicationBootstrap, OnModuleDestroy, OnA
         probe: (key) => this.engine.isLocked(key),
       },
       this.logger,
+      this.defaults.keyView,
     );
   }
 
@@ -125,7 +127,7 @@ export class LockService implements OnApplicationBootstrap, OnModuleDestroy, OnA
 
   /** Whether anyone holds the lock on `key` right now. Only a hint: it may change at once. */
   async isLocked(key: string): Promise<boolean> {
-    assertKey(key, this.defaults.maxKeyLength);
+    assertKey(key, this.defaults);
     return this.engine.isLocked(key);
   }
 
@@ -170,6 +172,11 @@ export class LockService implements OnApplicationBootstrap, OnModuleDestroy, OnA
   /** @internal The module's `maxKeyLength`, which `@WithLock` checks its keys against. */
   get maxKeyLength(): number {
     return this.defaults.maxKeyLength;
+  }
+
+  /** @internal How the module shows keys in log lines and messages (its `logKeys`). */
+  get keyView(): KeyView {
+    return this.defaults.keyView;
   }
 
   /** @internal The TTL of a lock whose call gives none (`defaults.ttl`). */

@@ -1,15 +1,20 @@
 import {
   LockKeyResolutionError,
   RedisLockConfigurationError,
+  type KeyView,
 } from '../errors/redis-lock.errors.js';
 import { isWellFormed } from '../options/checks.js';
 
 /**
  * Builds the lock key (or keys) from a call's arguments; a key longer than `maxKeyLength` (the
  * decorator's, else the module's, which the caller passes) or refused by `validateKey` throws
- * `LockKeyResolutionError`.
+ * `LockKeyResolutionError`, which shows keys with `view` (the module's `logKeys`).
  */
-export type LockKeyResolver = (args: readonly unknown[], maxKeyLength: number) => string | string[];
+export type LockKeyResolver = (
+  args: readonly unknown[],
+  maxKeyLength: number,
+  view?: KeyView,
+) => string | string[];
 
 /** The decorator's own checks of a built key (see `WithLockOptions`). */
 export interface KeyChecks {
@@ -58,7 +63,7 @@ export function compileLockKey(
   const check = keyCheck(method, checks);
   if (!Array.isArray(source)) {
     const resolve = compileOne(source, method, params);
-    return (args, max) => check(resolve(args), source as string, args, max);
+    return (args, max, view) => check(resolve(args), source as string, args, max, view);
   }
   if (source.length === 0) {
     throw new RedisLockConfigurationError(
@@ -69,8 +74,10 @@ export function compileLockKey(
   }
   const resolvers = source.map((each: unknown) => compileOne(each, method, params));
   // One key named twice (a transfer from an account to itself) is locked once.
-  return (args, max) => [
-    ...new Set(resolvers.map((resolve, i) => check(resolve(args), source[i] as string, args, max))),
+  return (args, max, view) => [
+    ...new Set(
+      resolvers.map((resolve, i) => check(resolve(args), source[i] as string, args, max, view)),
+    ),
   ];
 }
 
@@ -78,17 +85,39 @@ export function compileLockKey(
 function keyCheck(
   method: string,
   { maxKeyLength, validateKey }: KeyChecks,
-): (key: string, source: string, args: readonly unknown[], moduleMax: number) => string {
-  return (key, source, args, moduleMax) => {
+): (
+  key: string,
+  source: string,
+  args: readonly unknown[],
+  moduleMax: number,
+  keyView: KeyView | undefined,
+) => string {
+  return (key, source, args, moduleMax, keyView) => {
     const template = typeof source === 'function' ? '(key function)' : source;
     // Never above the module's, which every key is held to (a request-scoped controller's
     // decorator is not seen by the check at boot).
     const max = Math.min(maxKeyLength ?? moduleMax, moduleMax);
     if (key.length > max) {
-      throw new LockKeyResolutionError(method, template, '(whole key)', key, 'too-long', max);
+      throw new LockKeyResolutionError(
+        method,
+        template,
+        '(whole key)',
+        key,
+        'too-long',
+        max,
+        keyView,
+      );
     }
     if (validateKey !== undefined && validateKey(key, args) !== true) {
-      throw new LockKeyResolutionError(method, template, '(whole key)', key, 'refused');
+      throw new LockKeyResolutionError(
+        method,
+        template,
+        '(whole key)',
+        key,
+        'refused',
+        undefined,
+        keyView,
+      );
     }
     return key;
   };

@@ -16,7 +16,6 @@ import {
   LockBackendError,
   LockKeyResolutionError,
   RedisLockConfigurationError,
-  quoteKey,
 } from '../errors/redis-lock.errors.js';
 import type { AcquireOptions } from '../interfaces/lock.interface.js';
 import type { LockKeySource, WithLockOptions } from '../interfaces/with-lock-options.interface.js';
@@ -491,9 +490,16 @@ function causeOf(error: LockBackendError): string {
   return line.length > 200 ? `${line.slice(0, 200)}…` : line;
 }
 
-/** The module's `maxKeyLength` (a test double of `LockService` may have none: the default then). */
-function maxKeyLengthOf(locks: Partial<Pick<LockService, 'maxKeyLength'>>): number {
-  return locks.maxKeyLength ?? DEFAULT_MAX_KEY_LENGTH;
+/**
+ * Builds a call's key (`resolveKey`) with the module's `maxKeyLength` and `logKeys` (a test
+ * double of `LockService` may have neither: the defaults then).
+ */
+function keyOfCall(
+  locks: Partial<Pick<LockService, 'maxKeyLength' | 'keyView'>>,
+  resolveKey: LockKeyResolver,
+  args: readonly unknown[],
+): string | string[] {
+  return resolveKey(args, locks.maxKeyLength ?? DEFAULT_MAX_KEY_LENGTH, locks.keyView);
 }
 
 /** Promise methods: the lock is taken when the method is called, through `LockService.using()`. */
@@ -513,7 +519,7 @@ function lockOnCall(
   ): Promise<unknown> {
     const locks = lockServiceOf(this, '@WithLock', method);
     return locks.using(
-      resolveKey(args, maxKeyLengthOf(locks)),
+      keyOfCall(locks, resolveKey, args),
       async () => {
         started.ran = true;
         // Held: a caller that goes now no longer matters to the lock.
@@ -579,7 +585,8 @@ function skipWhenBusy(
   }
   job?.recovered(); // its lock reached Redis: the method ran (and threw), or the key was busy
   if (ran || !(error instanceof LockAcquireTimeoutError) || !error.busy) throw error;
-  logger.debug(`${method} skipped: lock ${quoteKey(error.key)} is held by another holder`);
+  // The key is in the `skipped` event (as the module's `logKeys` shows keys).
+  logger.debug(`${method} skipped: its lock is held by another holder`);
   return undefined;
 }
 
@@ -613,7 +620,7 @@ function lockOnSubscribe(
         });
       let held = Promise.resolve().then(() => {
         const locks = lockServiceOf(this, '@WithLock', method);
-        return locks.using(resolveKey(args, maxKeyLengthOf(locks)), hold, {
+        return locks.using(keyOfCall(locks, resolveKey, args), hold, {
           ...acquireOptions,
           signal: unsubscribed.signal,
         });

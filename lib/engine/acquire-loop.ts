@@ -160,7 +160,7 @@ export class AcquireLoop {
           if (this.parts.stopping.aborted) {
             // Granted while shutdown began: shutdown has already swept the held locks.
             await handle.abandon(true).catch(() => false);
-            throw new RedisLockShutdownError(key);
+            throw new RedisLockShutdownError(key, this.parts.defaults.keyView);
           }
           return handle;
         }
@@ -228,8 +228,9 @@ export class AcquireLoop {
   }
 
   throwIfStopped(key: string, signal: AbortSignal | undefined): void {
-    if (signal?.aborted) throw new LockAcquireAbortedError(key, signal.reason);
-    if (this.parts.stopping.aborted) throw new RedisLockShutdownError(key);
+    const { keyView } = this.parts.defaults;
+    if (signal?.aborted) throw new LockAcquireAbortedError(key, signal.reason, keyView);
+    if (this.parts.stopping.aborted) throw new RedisLockShutdownError(key, keyView);
   }
 
   /**
@@ -338,13 +339,17 @@ export class AcquireLoop {
       last.held,
       events.expectedWaitMs(key, last.retryAfter),
       queueFull && { limit: queueFull, waiters: this.parts.waiters.limit(queueFull) },
+      this.parts.defaults.keyView,
     );
   }
 
   /** What a wait ended by the caller's signal or by shutdown rejects with (else `error`). */
   waitEnded(key: string, signal: AbortSignal | undefined, error: unknown): unknown {
-    if (signal?.aborted && error === signal.reason) return new LockAcquireAbortedError(key, error);
-    if (error === this.parts.stopping.reason) return new RedisLockShutdownError(key);
+    const { keyView } = this.parts.defaults;
+    if (signal?.aborted && error === signal.reason) {
+      return new LockAcquireAbortedError(key, error, keyView);
+    }
+    if (error === this.parts.stopping.reason) return new RedisLockShutdownError(key, keyView);
     return error;
   }
 }

@@ -1,9 +1,5 @@
 import type { Logger } from '@nestjs/common';
-import {
-  LockArgumentError,
-  RedisLockShutdownError,
-  quoteKey,
-} from '../errors/redis-lock.errors.js';
+import { LockArgumentError, RedisLockShutdownError } from '../errors/redis-lock.errors.js';
 import type { BackendHealth, LockBackend } from '../interfaces/lock-backend.interface.js';
 import type { AcquireOptions, Lock } from '../interfaces/lock.interface.js';
 import { lockOrder } from '../options/checks.js';
@@ -42,9 +38,10 @@ export class LockEngine {
 
   constructor(options: ResolvedModuleOptions, logger: Logger) {
     const backend = (this.backend = createLockBackend(options, logger));
-    const replies = new Replies(backend, options.commandTimeout, this.stopping.signal);
+    const view = options.defaults.keyView;
+    const replies = new Replies(backend, options.commandTimeout, this.stopping.signal, view);
     const held = new LinkedList<LockHandle>();
-    this.events = new LockEvents(logger);
+    this.events = new LockEvents(logger, view);
     this.parts = {
       backend,
       defaults: options.defaults,
@@ -59,6 +56,7 @@ export class LockEngine {
         backend,
         logger,
         events: this.events,
+        view,
         reply: (key, operation, pending) => replies.reply(key, operation, pending),
         settled: (lock) => held.remove(lock),
       },
@@ -145,7 +143,9 @@ export class LockEngine {
 
   /** Throws `RedisLockShutdownError` once shutdown has begun. */
   assertRunning(key: string): void {
-    if (this.stopping.signal.aborted) throw new RedisLockShutdownError(key);
+    if (this.stopping.signal.aborted) {
+      throw new RedisLockShutdownError(key, this.parts.defaults.keyView);
+    }
   }
 
   /**
@@ -173,7 +173,7 @@ export class LockEngine {
     results.forEach((result, i) => {
       if (result.status === 'rejected') {
         this.parts.logger.warn(
-          `Could not release lock ${quoteKey(locks[i].key)} (fence ${locks[i].fence}) on shutdown; it expires after its TTL: ${String(result.reason)}`,
+          `Could not release lock ${this.parts.defaults.keyView(locks[i].key)} (fence ${locks[i].fence}) on shutdown; it expires after its TTL: ${String(result.reason)}`,
         );
       }
     });
@@ -187,7 +187,7 @@ export class LockEngine {
     options: AcquireOptions | undefined,
     mode: AcquireMode,
   ): Promise<ChainLock | null> {
-    const keys = lockOrder(list, this.parts.defaults.maxKeyLength);
+    const keys = lockOrder(list, this.parts.defaults);
     const opts = resolveCallOptions(options, this.parts.defaults, mode);
     return keys.length === 1
       ? this.loop.obtain(keys[0], options, mode, opts)
@@ -197,11 +197,12 @@ export class LockEngine {
   /** Releases `lock` after its work (`undo`: after none), logging instead of throwing. */
   private async releaseQuietly(lock: ChainLock, undo = false): Promise<void> {
     const { logger } = this.parts;
+    const view = this.parts.defaults.keyView;
     // Named only when there is something to say (a release that went well builds no string).
     const name = (): string =>
       lock instanceof MultiKeyLock
-        ? `Locks ${lock.keys.map((key) => `${quoteKey(key)} (fence ${lock.fences[key]})`).join(', ')}`
-        : `Lock ${quoteKey(lock.key)} (fence ${lock.fence})`;
+        ? `Locks ${lock.keys.map((key) => `${view(key)} (fence ${lock.fences[key]})`).join(', ')}`
+        : `Lock ${view(lock.key)} (fence ${lock.fence})`;
     try {
       if (undo) return void (await lock.undo());
       const released = await lock.release();

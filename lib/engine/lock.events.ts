@@ -1,5 +1,6 @@
 import type { Logger } from '@nestjs/common';
 import { Observable, Subject } from 'rxjs';
+import { quoteKey, type KeyView } from '../errors/redis-lock.errors.js';
 import type { LockEvent } from '../interfaces/lock-event.interface.js';
 
 /** How many keys' hold times `LockEvents` keeps (the most recently released). */
@@ -17,7 +18,11 @@ export class LockEvents {
   private readonly holds = new Map<string, number>();
   readonly observable: Observable<LockEvent>;
 
-  constructor(private readonly logger: Logger) {
+  constructor(
+    private readonly logger: Logger,
+    /** How events show keys: as they are, unless the module's `logKeys` hashes or hides them. */
+    private readonly view: KeyView = quoteKey,
+  ) {
     this.observable = new Observable<LockEvent>((subscriber) => {
       this.subscribers++;
       const subscription = this.subject.subscribe(subscriber);
@@ -34,6 +39,7 @@ export class LockEvents {
   }
 
   emit(event: LockEvent): void {
+    if (this.view !== quoteKey) event.key = this.view(event.key);
     try {
       this.subject.next(event);
     } catch (error) {

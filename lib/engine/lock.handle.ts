@@ -124,7 +124,7 @@ export class LockHandle extends Lease implements Lock, Linked<LockHandle>, Reent
     if (this.settle('released')) this.reportRelease(false);
     // A view still inside (a fork that outlived its section, a forgotten nested acquire()) is
     // told: the lock it re-entered is over.
-    if (levelTaken(this)) cutViews(this, new LockLostError(this.key, this.token, 'released'));
+    if (levelTaken(this)) cutViews(this, this.lossError('released'));
     return this.releaseInRedis();
   }
 
@@ -140,7 +140,7 @@ export class LockHandle extends Lease implements Lock, Linked<LockHandle>, Reent
   async extend(ttl: number = this.ttl): Promise<void> {
     const problem = ttlProblem(ttl);
     if (problem) throw new LockArgumentError('ttl', ttl, problem);
-    if (this.state === 'released') throw new LockLostError(this.key, this.token, 'not-held');
+    if (this.state === 'released') throw this.lossError('not-held');
     this.checkExpiry();
     if (this.state === 'lost') throw this.endReason!;
     if (!(await this.renew(ttl))) throw this.endReason!;
@@ -172,7 +172,7 @@ export class LockHandle extends Lease implements Lock, Linked<LockHandle>, Reent
     if (undo) this.holdUntil = 0;
     this.settle('released');
     this.reportRelease(true);
-    this.end(new LockLostError(this.key, this.token, 'shutdown'));
+    this.end(this.lossError('shutdown'));
     return this.releaseInRedis();
   }
 

@@ -1,7 +1,7 @@
 import type { Logger } from '@nestjs/common';
 import {
   LockLostError,
-  quoteKey,
+  type KeyView,
   type LockLostReason,
   type LockOperation,
 } from '../errors/redis-lock.errors.js';
@@ -19,6 +19,8 @@ export interface LeaseOwner {
   readonly backend: LockBackend;
   readonly logger: Logger;
   readonly events: LockEvents;
+  /** How keys are shown in log lines and messages (the module's `logKeys`). */
+  readonly view: KeyView;
   /** Waits for a backend reply for at most `commandTimeout`; failures become `LockBackendError`. */
   readonly reply: <T>(key: string, operation: LockOperation, pending: Promise<T>) => Promise<T>;
 }
@@ -215,7 +217,7 @@ export abstract class Lease implements HeldLease {
       // Keep trying until the expiry timer declares the lock unconfirmed; warn once per outage.
       if (this.lastExtendError === undefined) {
         this.owner.logger.warn(
-          `Could not extend lock ${quoteKey(this.key)} (fence ${this.fence}), retrying: ${String(error)}`,
+          `Could not extend lock ${this.owner.view(this.key)} (fence ${this.fence}), retrying: ${String(error)}`,
         );
       }
       this.lastExtendError = error;
@@ -261,8 +263,22 @@ export abstract class Lease implements HeldLease {
       const heldMs = performance.now() - this.acquiredAt;
       events.emit({ type: 'lost', key: this.key, fence: this.fence, heldMs, reason });
     }
-    this.end(
-      new LockLostError(this.key, this.token, reason, cause === undefined ? undefined : { cause }),
+    this.end(this.lossError(reason, cause));
+  }
+
+  /** How the module shows keys (its `logKeys`). */
+  get view(): KeyView {
+    return this.owner.view;
+  }
+
+  /** The `LockLostError` of this lease for `reason`, its key shown as the module shows keys. */
+  lossError(reason: LockLostReason, cause?: unknown): LockLostError {
+    const { view } = this.owner;
+    return new LockLostError(
+      this.key,
+      this.token,
+      reason,
+      cause === undefined ? { view } : { cause, view },
     );
   }
 

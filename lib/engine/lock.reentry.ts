@@ -1,4 +1,9 @@
-import { LockArgumentError, LockLostError, quoteKey } from '../errors/redis-lock.errors.js';
+import {
+  LockArgumentError,
+  type KeyView,
+  type LockLostError,
+  type LockLostReason,
+} from '../errors/redis-lock.errors.js';
 import type { LockShape } from '../interfaces/lock-backend.interface.js';
 import type { AcquireOptions, Lock } from '../interfaces/lock.interface.js';
 
@@ -9,6 +14,9 @@ import type { AcquireOptions, Lock } from '../interfaces/lock.interface.js';
 export interface ReentrantHold extends Lock {
   readonly shape: LockShape;
   readonly lossReason: LockLostError | undefined;
+  /** How the module shows keys (its `logKeys`). */
+  readonly view: KeyView;
+  lossError(reason: LockLostReason): LockLostError;
   readonly released: boolean;
   readonly leaseTtl: number;
   readonly extendsItself: boolean;
@@ -41,7 +49,7 @@ export function levelTaken(level: ReentryLevel): boolean {
 /** A view one level below `level` for the calling flow, or `undefined` while it is taken. */
 function enterLevel(level: ReentryLevel, hold: ReentrantHold): LockReentry | undefined {
   if (!hold.stillHeld()) {
-    throw hold.lossReason ?? new LockLostError(hold.key, hold.token, 'not-held');
+    throw hold.lossReason ?? hold.lossError('not-held');
   }
   if (levelTaken(level)) return undefined;
   return (level.inner = new LockReentry(hold));
@@ -141,6 +149,11 @@ export class LockReentry implements Lock, ReentryLevel {
     return this.hold.belongsTo(hooks);
   }
 
+  /** See `LockHandle.view`. */
+  get view(): KeyView {
+    return this.hold.view;
+  }
+
   /** See `LockHandle.leaseTtl`. */
   get leaseTtl(): number {
     return this.hold.leaseTtl;
@@ -195,7 +208,7 @@ export class LockReentry implements Lock, ReentryLevel {
 
   extend(ttl?: number): Promise<void> {
     if (this.released || this.cutShort) {
-      return Promise.reject(this.cutShort ?? new LockLostError(this.key, this.token, 'not-held'));
+      return Promise.reject(this.cutShort ?? this.hold.lossError('not-held'));
     }
     return this.hold.extend(ttl);
   }
@@ -224,7 +237,7 @@ export function assertReentry(
     throw new LockArgumentError(
       option,
       value,
-      `this call chain already holds ${quoteKey(key)} with ${outerValue}: a nested call re-enters that hold and cannot change it (leave the option out, or ask for the same)`,
+      `this call chain already holds ${held.view(key)} with ${outerValue}: a nested call re-enters that hold and cannot change it (leave the option out, or ask for the same)`,
     );
   };
   if (outer.limit !== shape.limit || outer.mode !== shape.mode || outer.fair !== shape.fair) {
@@ -247,5 +260,5 @@ export function assertReentry(
 /** What `assertReentry` reads of a hold or a view. */
 type KeyHoldLike = Pick<
   LockReentry,
-  'shape' | 'leaseTtl' | 'extendsItself' | 'holdAtLeast' | 'token'
+  'shape' | 'leaseTtl' | 'extendsItself' | 'holdAtLeast' | 'token' | 'view'
 >;

@@ -80,6 +80,7 @@ export class MultiKeyAcquisition {
         held,
         events.expectedWaitMs(key, retryAfter),
         queueFull,
+        this.parts.defaults.keyView,
       );
     }
   }
@@ -219,7 +220,7 @@ export class MultiKeyAcquisition {
     if (this.parts.stopping.aborted) {
       // Granted while shutdown began: shutdown has already swept the held locks.
       await Promise.all(handles.map((handle) => handle.abandon(true).catch(() => false)));
-      throw new RedisLockShutdownError(keys[0]);
+      throw new RedisLockShutdownError(keys[0], this.parts.defaults.keyView);
     }
     return handles;
   }

@@ -1,6 +1,9 @@
 import {
   LockBackendError,
   LockQuorumError,
+  LockReplicationError,
+  quoteKey,
+  type KeyView,
   type LockOperation,
 } from '../errors/redis-lock.errors.js';
 import type { LockBackend } from '../interfaces/lock-backend.interface.js';
@@ -23,6 +26,8 @@ export class Replies {
     private readonly commandTimeout: number,
     /** Aborts when shutdown begins: its reason passes through `failure()` unchanged. */
     private readonly stopping: AbortSignal,
+    /** How keys are shown in messages (the module's `logKeys`). */
+    private readonly view: KeyView,
   ) {
     this.deadlines = new ReplyDeadlines(backend.replyTimeout);
   }
@@ -115,7 +120,19 @@ export class Replies {
           : `no answer within ${this.backend.replyTimeout} ms (Redlock: two rounds of commandTimeout)`) +
           (down ? `: ${down}` : ''),
       );
-      return new LockBackendError(key, operation, silence, true);
+      return new LockBackendError(key, operation, silence, true, this.view);
+    }
+    if (error instanceof LockReplicationError && this.view !== quoteKey) {
+      // Made by the Redis layer, which shows keys plainly.
+      const { key, replicas, acknowledged, timeout } = error;
+      return new LockReplicationError(
+        key,
+        error.operation as 'acquire' | 'extend',
+        replicas,
+        acknowledged,
+        timeout,
+        this.view,
+      );
     }
     if (
       error === this.stopping.reason ||
@@ -126,6 +143,23 @@ export class Replies {
     }
     // In Redlock mode, a round a silent node left undecided did not answer in time either.
     const silent = error instanceof LockQuorumError && error.timedOut;
-    return new LockBackendError(key, operation, this.backend.explain?.(error) ?? error, silent);
+    const cause = this.backend.explain?.(error) ?? error;
+    quietCommands(cause);
+    return new LockBackendError(key, operation, cause, silent, this.view);
+  }
+}
+
+/**
+ * ioredis puts the command a reply error answers on the error (`command: { name, args }`): the
+ * lock's key and owner token among the args. Made not enumerable along the cause chain, so that
+ * a logger that inspects the error deeply (Nest's console logger does) prints neither; code can
+ * still read it.
+ */
+function quietCommands(error: unknown): void {
+  for (let depth = 0; depth < 5 && error instanceof Error; depth++) {
+    if (Object.prototype.propertyIsEnumerable.call(error, 'command')) {
+      Object.defineProperty(error, 'command', { enumerable: false });
+    }
+    error = error.cause;
   }
 }

@@ -1,3 +1,5 @@
+import { createHash } from 'node:crypto';
+
 /**
  * Base class of every error this library throws or uses to abort a signal.
  * Catch this to handle all lock failures at once; check the subclass (never the message text)
@@ -19,8 +21,55 @@ const SHOWN_KEY_LENGTH = 100;
  */
 export function quoteKey(key: string): string {
   return key.length > SHOWN_KEY_LENGTH
-    ? `${JSON.stringify(`${key.slice(0, SHOWN_KEY_LENGTH)}…`)} (${key.length} characters)`
-    : JSON.stringify(key);
+    ? `${quoted(`${key.slice(0, SHOWN_KEY_LENGTH)}…`)} (${key.length} characters)`
+    : quoted(key);
+}
+
+/**
+ * Characters JSON leaves as they are that a log reader may still take as a line break (U+0085,
+ * U+2028, U+2029) or that change how a line reads (other control and format characters: DEL, C1
+ * controls, bidirectional overrides, zero-width ones).
+ */
+const UNSAFE_IN_LINES = /[\p{Cc}\p{Cf}\p{Zl}\p{Zp}]/gu;
+
+/** `text` JSON-quoted, with what could still break or bend a log line escaped as `\uXXXX`. */
+function quoted(text: string): string {
+  return JSON.stringify(text).replace(UNSAFE_IN_LINES, (char) => {
+    const code = char.codePointAt(0)!;
+    return code > 0xffff ? `\\u{${code.toString(16)}}` : `\\u${code.toString(16).padStart(4, '0')}`;
+  });
+}
+
+/**
+ * How the library shows lock keys in messages, log lines and events (the module's `logKeys`):
+ * `'plain'` quoted and cut at 100 characters, `'hashed'` as `key#` and the first 16 hex digits of
+ * the key's SHA-256 (the same key gives the same hash in every process and line), `'hidden'` not
+ * at all.
+ */
+export type LogKeys = 'plain' | 'hashed' | 'hidden';
+
+/** A lock key as messages, log lines and events show it (see `LogKeys`). */
+export type KeyView = (key: string) => string;
+
+/** The `KeyView` of a `logKeys` mode. */
+export function keyView(mode: LogKeys): KeyView {
+  return mode === 'plain' ? quoteKey : mode === 'hashed' ? hashedKey : hiddenKey;
+}
+
+function hashedKey(key: string): string {
+  return `key#${createHash('sha256').update(key).digest('hex').slice(0, 16)}`;
+}
+
+function hiddenKey(): string {
+  return '(key hidden)';
+}
+
+/**
+ * With keys hashed or hidden, an error's `key` is not enumerable: a logger that prints an error's
+ * own fields (pino, `util.inspect`) leaves it out, as the message does; code still reads it.
+ */
+function keepKeyQuiet(error: { readonly key: string }, view: KeyView): void {
+  if (view !== quoteKey) Object.defineProperty(error, 'key', { enumerable: false });
 }
 
 /**
@@ -67,8 +116,12 @@ export class LockArgumentError extends RedisLockError {
     value: unknown,
     /** What is wrong and how to fix it. */
     readonly problem: string,
+    /** How a key given as the value is shown (the module's `logKeys`). */
+    view?: KeyView,
   ) {
-    super(`Invalid lock argument "${argument}"${given(value, argument)}: ${problem}`);
+    super(
+      `Invalid lock argument "${argument}"${view && typeof value === 'string' ? ` (${view(value)})` : given(value, argument)}: ${problem}`,
+    );
     Object.defineProperty(this, 'value', { value, enumerable: false });
   }
 }
@@ -108,14 +161,16 @@ export class LockKeyResolutionError extends RedisLockError {
     readonly reason: LockKeyProblem = 'unresolved',
     /** The `maxKeyLength` in force, when the key is too long. */
     readonly maxKeyLength?: number,
+    /** How keys are shown (the module's `logKeys`). */
+    view: KeyView = quoteKey,
   ) {
-    const from = `Cannot build the lock key of ${method} from ${JSON.stringify(template)}`;
+    const from = `Cannot build the lock key of ${method} from ${quoted(template)}`;
     super(
       reason === 'too-long'
         ? `${from}: the key is ${(value as string).length} characters long, more than maxKeyLength (${maxKeyLength}). A key names a resource: check the argument, or raise maxKeyLength.`
         : reason === 'refused'
-          ? `${from}: validateKey refused the key ${quoteKey(value as string)}. Check the argument.`
-          : `${from}: ${placeholder} resolved to ${describe(value)}. ` +
+          ? `${from}: validateKey refused the key ${view(value as string)}. Check the argument.`
+          : `${from}: ${placeholder} resolved to ${typeof value === 'string' ? unkeyedString(value) : describe(value)}. ` +
             `A key part must be a non-empty, well-formed string or a finite number; check the argument the placeholder points at.`,
     );
     Object.defineProperty(this, 'value', { value, enumerable: false });
@@ -154,15 +209,18 @@ export class LockAcquireTimeoutError extends RedisLockError {
      * (for this key: `limit` `'perKey'`, in all: `'perProcess'`) that `maxWaiters` refused it.
      */
     readonly queueFull?: { readonly limit: 'perKey' | 'perProcess'; readonly waiters: number },
+    /** How the key is shown (the module's `logKeys`). */
+    view: KeyView = quoteKey,
   ) {
     super(
-      `Could not acquire lock ${quoteKey(key)} within ${acquireTimeout} ms (waited ${Math.round(waitedMs)} ms): ` +
+      `Could not acquire lock ${view(key)} within ${acquireTimeout} ms (waited ${Math.round(waitedMs)} ms): ` +
         (queueFull
           ? `${queueFull.waiters} callers of this LockService already wait ${queueFull.limit === 'perKey' ? 'for this key' : 'for locks'} (maxWaiters.${queueFull.limit}), so this one did not. Retry later, or raise maxWaiters.${queueFull.limit}.`
           : busy
             ? 'another holder kept it. Retry later, raise acquireTimeout, or shorten the work done under the lock.'
             : 'nobody else held it, but no grant came with lease left in time (Redis slow to answer, a TTL shorter than a round trip, or a fair queue whose first waiter stopped asking). Check Redis latency against the ttl, or raise acquireTimeout.'),
     );
+    keepKeyQuiet(this, view);
   }
 }
 
@@ -200,10 +258,15 @@ export class LockLostError extends RedisLockError {
     token: string,
     /** What was observed. */
     readonly reason: LockLostReason,
-    options?: { cause?: unknown },
+    options?: { cause?: unknown; view?: KeyView },
   ) {
-    super(`Lock ${quoteKey(key)} was lost (${LOST_REASONS[reason]}). ${LOST_ADVICE}`, options);
+    const view = options?.view ?? quoteKey;
+    super(
+      `Lock ${view(key)} was lost (${LOST_REASONS[reason]}). ${LOST_ADVICE}`,
+      options && 'cause' in options ? { cause: options.cause } : undefined,
+    );
     Object.defineProperty(this, 'token', { value: token, enumerable: false });
+    keepKeyQuiet(this, view);
   }
 }
 
@@ -226,8 +289,11 @@ export class LockAcquireAbortedError extends RedisLockError {
     readonly key: string,
     /** The signal's `reason`. */
     reason: unknown,
+    /** How the key is shown (the module's `logKeys`). */
+    view: KeyView = quoteKey,
   ) {
-    super(`Acquiring lock ${quoteKey(key)} was aborted by the caller's signal.`, { cause: reason });
+    super(`Acquiring lock ${view(key)} was aborted by the caller's signal.`, { cause: reason });
+    keepKeyQuiet(this, view);
   }
 }
 
@@ -236,11 +302,14 @@ export class RedisLockShutdownError extends RedisLockError {
   constructor(
     /** The lock key, without the module's `keyPrefix`. */
     readonly key: string,
+    /** How the key is shown (the module's `logKeys`). */
+    view: KeyView = quoteKey,
   ) {
     super(
-      `Lock ${quoteKey(key)} cannot be acquired: the RedisLockModule is shutting down. ` +
+      `Lock ${view(key)} cannot be acquired: the RedisLockModule is shutting down. ` +
         `Stop starting locked work once shutdown has begun.`,
     );
+    keepKeyQuiet(this, view);
   }
 }
 
@@ -255,12 +324,15 @@ export class LeadershipStoppedError extends RedisLockError {
     readonly key: string,
     /** What ended it. */
     readonly by: 'stop' | 'shutdown',
+    /** How the key is shown (the module's `logKeys`). */
+    view: KeyView = quoteKey,
   ) {
     super(
       by === 'stop'
-        ? `Leadership of ${quoteKey(key)} was given up by stop(): finish the term's work and return.`
-        : `Leadership of ${quoteKey(key)} ends: the RedisLockModule is shutting down. Finish the term's work and return.`,
+        ? `Leadership of ${view(key)} was given up by stop(): finish the term's work and return.`
+        : `Leadership of ${view(key)} ends: the RedisLockModule is shutting down. Finish the term's work and return.`,
     );
+    keepKeyQuiet(this, view);
   }
 }
 
@@ -287,12 +359,15 @@ export class LockBackendError extends RedisLockError {
     cause: unknown,
     /** True when Redis did not answer within `commandTimeout` (rather than answering with an error). */
     readonly timedOut = false,
+    /** How the key is shown (the module's `logKeys`). */
+    view: KeyView = quoteKey,
   ) {
     super(
-      `Redis failed during ${operation} of lock ${quoteKey(key)}: ${causeText(cause)}. ` +
+      `Redis failed during ${operation} of lock ${view(key)}: ${causeText(cause)}. ` +
         `Check that Redis is reachable; the call may be retried.`,
       { cause },
     );
+    keepKeyQuiet(this, view);
   }
 }
 
@@ -311,6 +386,7 @@ export class LockReplicationError extends LockBackendError {
     readonly acknowledged: number,
     /** How long they were given, in ms. */
     readonly timeout: number,
+    view?: KeyView,
   ) {
     super(
       key,
@@ -318,6 +394,8 @@ export class LockReplicationError extends LockBackendError {
       new Error(
         `${acknowledged} of ${replicas} replicas confirmed the write within replicaAck.timeout (${timeout} ms)`,
       ),
+      false,
+      view,
     );
   }
 }
@@ -356,7 +434,7 @@ function describe(value: unknown, name?: string): string {
   if (typeof value === 'string') {
     const safe = withoutSecrets(value) as string;
     const shown = safe.length > 80 ? `${safe.slice(0, 60)}… (${safe.length} characters)` : safe;
-    return JSON.stringify(shown);
+    return quoted(shown);
   }
   if (typeof value === 'number' || typeof value === 'boolean' || value == null) {
     return String(value);
@@ -377,7 +455,7 @@ function describe(value: unknown, name?: string): string {
     // The names may come from a request body: quoted (no line breaks) and cut short.
     const names = keys
       .slice(0, 5)
-      .map((key) => JSON.stringify(key.length > 30 ? `${key.slice(0, 30)}…` : key));
+      .map((key) => quoted(key.length > 30 ? `${key.slice(0, 30)}…` : key));
     return `an object with ${names.join(', ')}${keys.length > 5 ? ', …' : ''}`;
   }
   // The class's own name, from its prototype (never a property the data may carry itself).
@@ -385,6 +463,13 @@ function describe(value: unknown, name?: string): string {
   return typeof type === 'string' && /^[\w$]{1,60}$/.test(type)
     ? `an instance of ${type}`
     : 'an object';
+}
+
+/** A string a placeholder resolved to that is no key part, described without its text (request data). */
+function unkeyedString(value: string): string {
+  return value.length === 0
+    ? 'an empty string'
+    : `a string of ${value.length} characters that is not well-formed Unicode (a lone UTF-16 surrogate)`;
 }
 
 /** ` (the value)` after an option's name, or nothing when it was not given (`undefined`). */

@@ -2,7 +2,7 @@ import type { LockLostReason } from '../errors/redis-lock.errors.js';
 
 /**
  * What `LockService.events` reports. Every event names the key (without the module's
- * `keyPrefix`); none carries the owner token. Times are in ms, measured on this process's
+ * `keyPrefix`; with `logKeys: 'hashed'` or `'hidden'`, as log lines show it); none carries the owner token. Times are in ms, measured on this process's
  * monotonic clock.
  */
 export type LockEvent =

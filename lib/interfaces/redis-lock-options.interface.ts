@@ -1,4 +1,5 @@
 import type { Cluster, Redis, RedisOptions } from 'ioredis';
+import type { LogKeys } from '../errors/redis-lock.errors.js';
 import type { LockTimeoutResponse } from './with-lock-options.interface.js';
 
 /** Defaults applied to every lock taken through the module, overridable per call. */
@@ -96,6 +97,16 @@ export interface RedisLockModuleOptions extends LockTimeoutResponse {
    * @default { perKey: 1_000, perProcess: 5_000 }
    */
   maxWaiters?: { perKey?: number; perProcess?: number };
+  /**
+   * How lock keys appear in the library's log lines, in the messages of its errors and in
+   * `events`, for keys that carry personal data (`cart:alice@example.com`): `'plain'` shows them
+   * JSON-quoted and cut at 100 characters; `'hashed'` as `key#` and the first 16 hex digits of
+   * the key's SHA-256 (the same in every process: `printf %s 'cart:alice@example.com' | sha256sum`
+   * finds its lines); `'hidden'` as `(key hidden)`. An error's `key` field still holds the key,
+   * not enumerable unless `'plain'`, so loggers that print an error's fields leave it out.
+   * @default 'plain'
+   */
+  logKeys?: LogKeys;
   /**
    * Longest wait for any one Redis reply, in ms, for every operation (acquire attempts, release,
    * extension, `isLocked`, closing connections on shutdown). A reply that does not come in time

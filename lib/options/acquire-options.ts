@@ -68,7 +68,7 @@ export function resolveAcquireOptions(
   defaults: ResolvedDefaults,
   mode: AcquireMode,
 ): ResolvedAcquireOptions {
-  assertKey(key, defaults.maxKeyLength);
+  assertKey(key, defaults);
   return resolveCallOptions(options, defaults, mode);
 }
 

@@ -1,7 +1,7 @@
 /** The checks every kind of option shares: durations, keys, lock shapes, option objects. */
 
 import type { Cluster, Redis } from 'ioredis';
-import { LockArgumentError, quoteKey } from '../errors/redis-lock.errors.js';
+import { LockArgumentError, quoteKey, type KeyView } from '../errors/redis-lock.errors.js';
 import type { LockShape } from '../interfaces/lock-backend.interface.js';
 import type { LockTimeoutResponse } from '../interfaces/with-lock-options.interface.js';
 import { DEFAULTS_KEYS, MAX_DURATION } from './defaults.js';
@@ -147,7 +147,7 @@ export function checkTimeoutResponse(
  * `maxLength` characters (the module's `maxKeyLength`). A lone surrogate has no UTF-8 form: Redis
  * would receive U+FFFD for it, so two different keys would share one lock.
  */
-export function assertKey(key: unknown, maxLength = Infinity): asserts key is string {
+export function assertKey(key: unknown, rules: KeyRules = NO_KEY_RULES): asserts key is string {
   if (typeof key !== 'string' || key.length === 0) {
     throw new LockArgumentError('key', key, 'must be a non-empty string');
   }
@@ -156,12 +156,21 @@ export function assertKey(key: unknown, maxLength = Infinity): asserts key is st
       'key',
       key,
       'must be well-formed Unicode (it contains a lone UTF-16 surrogate, which has no UTF-8 form)',
+      rules.keyView,
     );
   }
-  if (key.length > maxLength) {
-    throw new LockArgumentError('key', key, tooLong(key.length, maxLength));
+  if (key.length > rules.maxKeyLength) {
+    throw new LockArgumentError('key', key, tooLong(key.length, rules.maxKeyLength), rules.keyView);
   }
 }
+
+/** What every key is held to: the module's `maxKeyLength`, and how its messages show keys. */
+export interface KeyRules {
+  readonly maxKeyLength: number;
+  readonly keyView?: KeyView;
+}
+
+const NO_KEY_RULES: KeyRules = { maxKeyLength: Infinity };
 
 /** What is wrong with a `maxKeyLength`, or `undefined`: a whole number of characters, at least 1. */
 export function keyLengthProblem(value: unknown): string | undefined {
@@ -205,7 +214,7 @@ export function tokenProblem(token: unknown): string | undefined {
  * sorted by UTF-16 code units — one order for every caller and process, whatever order each
  * names them in.
  */
-export function lockOrder(keys: readonly unknown[], maxLength = Infinity): string[] {
+export function lockOrder(keys: readonly unknown[], rules: KeyRules = NO_KEY_RULES): string[] {
   if (keys.length === 0) {
     throw new LockArgumentError(
       'key',
@@ -215,9 +224,10 @@ export function lockOrder(keys: readonly unknown[], maxLength = Infinity): strin
   }
   const seen = new Set<string>();
   for (const key of keys) {
-    assertKey(key, maxLength);
+    assertKey(key, rules);
     if (seen.has(key)) {
-      throw new LockArgumentError('key', keys, `names ${quoteKey(key)} twice: list each key once`);
+      const shown = (rules.keyView ?? quoteKey)(key);
+      throw new LockArgumentError('key', keys, `names ${shown} twice: list each key once`);
     }
     seen.add(key);
   }

@@ -1,5 +1,6 @@
 /** The built-in defaults and limits of every option: the single place they are written down. */
 
+import type { KeyView } from '../errors/redis-lock.errors.js';
 import type { LockDefaults } from '../interfaces/redis-lock-options.interface.js';
 
 /** The built-in defaults: the single place they are written down. */
@@ -78,6 +79,8 @@ export type ResolvedDefaults = Omit<Required<LockDefaults>, 'autoExtend'> & {
   autoExtend: boolean | undefined;
   /** The module's `maxKeyLength` (a top-level option), which every call's keys are checked against. */
   maxKeyLength: number;
+  /** How keys are shown in messages, log lines and events (the module's `logKeys`). */
+  keyView: KeyView;
 };
 
 export const DEFAULTS_KEYS = Object.keys(DEFAULT_LOCK_DEFAULTS);

@@ -1,7 +1,7 @@
 /** `RedisLockModule` options: checked once when the module is created, defaults applied. */
 
 import type { Cluster, Redis, RedisOptions } from 'ioredis';
-import { RedisLockConfigurationError } from '../errors/redis-lock.errors.js';
+import { RedisLockConfigurationError, keyView } from '../errors/redis-lock.errors.js';
 import type { LockTimeoutResponse } from '../interfaces/with-lock-options.interface.js';
 import type {
   RedisLockModuleOptions,
@@ -57,6 +57,7 @@ const MODULE_KEYS = [
   'keyPrefix',
   'maxKeyLength',
   'maxWaiters',
+  'logKeys',
   'commandTimeout',
   'fenceRetention',
   'handoffTurn',
@@ -64,6 +65,8 @@ const MODULE_KEYS = [
   'defaults',
   ...TIMEOUT_RESPONSE_KEYS,
 ];
+
+const LOG_KEYS: readonly unknown[] = ['plain', 'hashed', 'hidden'];
 
 /** Validates the module options and applies the defaults. Throws `RedisLockConfigurationError`. */
 export function resolveModuleOptions(raw: RedisLockModuleOptions): ResolvedModuleOptions {
@@ -124,7 +127,15 @@ export function resolveModuleOptions(raw: RedisLockModuleOptions): ResolvedModul
   const maxKeyLength = raw.maxKeyLength === undefined ? DEFAULT_MAX_KEY_LENGTH : raw.maxKeyLength;
   const maxKeyLengthProblem = keyLengthProblem(maxKeyLength);
   if (maxKeyLengthProblem) fail('maxKeyLength', maxKeyLength, maxKeyLengthProblem);
-  const defaults: ResolvedDefaults = { ...DEFAULT_LOCK_DEFAULTS, maxKeyLength };
+  const logKeys = raw.logKeys === undefined ? 'plain' : raw.logKeys;
+  if (!LOG_KEYS.includes(logKeys)) {
+    fail('logKeys', logKeys, "must be 'plain', 'hashed' or 'hidden'");
+  }
+  const defaults: ResolvedDefaults = {
+    ...DEFAULT_LOCK_DEFAULTS,
+    maxKeyLength,
+    keyView: keyView(logKeys),
+  };
   for (const name of ['ttl', 'acquireTimeout', 'retryInterval', 'retryJitter'] as const) {
     const value = given[name];
     if (value === undefined) continue;

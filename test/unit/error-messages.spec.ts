@@ -10,32 +10,47 @@ import {
   LockAcquireAbortedError,
   LockAcquireTimeoutError,
   LockArgumentError,
-  LockBackendError,
   LockLostError,
+  LockReplicationError,
   RedisLockShutdownError,
 } from '../../lib/index.js';
+import { keyView, quoteKey, type KeyView } from '../../lib/errors/redis-lock.errors.js';
+import { Replies } from '../../lib/engine/replies.js';
+import type { LockBackend } from '../../lib/interfaces/lock-backend.interface.js';
 import { lockOrder } from '../../lib/options/checks.js';
 
 const FORGED = 'order:1\r\n[Nest] 1  - 11/27/2026  LOG [AuthService] user admin logged in';
 const LONG = `order:${'x'.repeat(95_000)}`;
 
-const messages = (key: string): string[] => [
-  new LockAcquireTimeoutError(key, 10, 10).message,
-  new LockLostError(key, 'token', 'not-held').message,
-  new LockAcquireAbortedError(key, 'stop').message,
-  new RedisLockShutdownError(key).message,
-  new LeadershipStoppedError(key, 'stop').message,
-  new LeadershipStoppedError(key, 'shutdown').message,
-  new LockBackendError(key, 'acquire', new Error('down')).message,
-  ((): string => {
-    try {
-      lockOrder([key, key]);
-    } catch (error) {
-      return (error as LockArgumentError).message;
-    }
-    return 'no error';
-  })(),
-];
+/** Every error that names a key, as the engine makes it with `view` (the module's `logKeys`). */
+const errors = (key: string, view: KeyView = quoteKey): Error[] => {
+  const replies = new Replies(
+    { replyTimeout: 100 } as LockBackend,
+    100,
+    new AbortController().signal,
+    view,
+  );
+  const stopping = new AbortController().signal;
+  return [
+    new LockAcquireTimeoutError(key, 10, 10, undefined, true, undefined, undefined, view),
+    new LockLostError(key, 'token', 'not-held', { view }),
+    new LockAcquireAbortedError(key, 'stop', view),
+    new RedisLockShutdownError(key, view),
+    new LeadershipStoppedError(key, 'stop', view),
+    new LeadershipStoppedError(key, 'shutdown', view),
+    replies.failure(key, 'acquire', stopping, new Error('down')),
+    replies.failure(key, 'extend', stopping, new LockReplicationError(key, 'extend', 1, 0, 50)),
+    ((): Error => {
+      try {
+        lockOrder([key, key], { maxKeyLength: Infinity, keyView: view });
+      } catch (error) {
+        return error as LockArgumentError;
+      }
+      return new Error('no error');
+    })(),
+  ];
+};
+const messages = (key: string): string[] => errors(key).map((error) => error.message);
 
 describe('keys in error messages', () => {
   it('are JSON-quoted: a line break in a key cannot start a log line of its own', () => {
@@ -55,7 +70,48 @@ describe('keys in error messages', () => {
     }
   });
 
+  it('escape what JSON leaves but a log reader may take as a line break or a bend (U+2028, U+0085, U+202E)', () => {
+    for (const char of ['\u2028', '\u2029', '\u0085', '\u007f', '\u202e', '\u200b']) {
+      const key = `order:1${char}[Nest] 1  - LOG [Auth] admin logged in`;
+      for (const message of messages(key)) {
+        assert.ok(!message.includes(char), JSON.stringify(message));
+        assert.ok(
+          message.includes(`\\u${char.charCodeAt(0).toString(16).padStart(4, '0')}`),
+          message,
+        );
+      }
+    }
+  });
+
   it('a short key reads as before', () => {
     assert.match(messages('order:42')[0], /^Could not acquire lock "order:42" within 10 ms/);
+  });
+});
+
+describe("keys in error messages with logKeys 'hashed' or 'hidden'", () => {
+  const key = 'cart:alice@example.com';
+  for (const [mode, shown] of [
+    ['hashed', 'key#'],
+    ['hidden', '(key hidden)'],
+  ] as const) {
+    it(`${mode}: every message shows the key as the module does, and the error's key is not enumerable`, () => {
+      const view = keyView(mode);
+      const expected = view(key);
+      assert.ok(expected.startsWith(shown), expected);
+      for (const error of errors(key, view)) {
+        assert.ok(error.message.includes(expected), error.message);
+        assert.ok(!error.message.includes('alice'), error.message);
+        if ('key' in error) {
+          assert.equal(error.key, key);
+          assert.ok(!Object.keys(error).includes('key'), `${error.name} lists its key`);
+        }
+      }
+    });
+  }
+
+  it('hashed: the first 16 hex digits of SHA-256, the same for the same key', () => {
+    assert.equal(keyView('hashed')(key), 'key#40da1e25f8d85145');
+    assert.equal(keyView('hashed')(key), keyView('hashed')(key));
+    assert.notEqual(keyView('hashed')(`${key}.`), keyView('hashed')(key));
   });
 });

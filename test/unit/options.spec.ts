@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { LockArgumentError } from '../../lib/index.js';
+import { quoteKey } from '../../lib/errors/redis-lock.errors.js';
 import {
   DEFAULT_LOCK_DEFAULTS,
   MAX_DURATION,
@@ -12,7 +13,11 @@ import { validateWithLockOptions } from '../../lib/options/decorator-options.js'
 import { RedisLockConfigurationError } from '../../lib/index.js';
 
 describe('per-call options (pure validation)', () => {
-  const defaults: ResolvedDefaults = { ...DEFAULT_LOCK_DEFAULTS, maxKeyLength: 512 };
+  const defaults: ResolvedDefaults = {
+    ...DEFAULT_LOCK_DEFAULTS,
+    maxKeyLength: 512,
+    keyView: quoteKey,
+  };
 
   function argumentError(fn: () => unknown): LockArgumentError {
     try {
