@@ -133,7 +133,7 @@ export abstract class RedisDeployment {
     const sharded = (await this.shardedPubSub?.().catch(() => false)) ?? false;
     const rights = await probeRights(
       this.client,
-      [lockKey, `${lockKey}:queue`, `${lockKey}:probe`],
+      [lockKey, `${lockKey}:queue`, `${lockKey}:probe`, this.layout.counterKey(lockKey)],
       this.layout.releaseChannel(lockKey),
       sharded ? 'SPUBLISH' : 'PUBLISH',
       this.commandTimeout,

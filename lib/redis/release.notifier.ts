@@ -1,10 +1,10 @@
 import { Logger } from '@nestjs/common';
 import type { Cluster, Redis } from 'ioredis';
-import { quoteKey } from '../errors/redis-lock.errors.js';
 import type { HandoffClaim, ReleaseSubscription } from '../interfaces/lock-backend.interface.js';
 import { DEFAULT_HANDOFF_TURN } from '../options/defaults.js';
 import { ChannelSubscription, type ChannelState, type Heir } from './channel.subscription.js';
 import { closeQuietly, watchConnection } from './connections.js';
+import { OutageLog } from '../utils/outage-log.js';
 
 const NOT_SHARDED = Promise.resolve(false);
 
@@ -41,6 +41,11 @@ export class ReleaseNotifier {
   private readonly channels = new Map<string, ChannelState>();
   /** Whether releases are announced with SPUBLISH (Cluster, Redis 7): known once subscribed. */
   private sharded = false;
+  /**
+   * Subscriptions refused (a Redis user without the lock channels): one warning, not one per key,
+   * until one is made again.
+   */
+  private readonly refusals: OutageLog;
 
   constructor(
     /** The command clients: one, or one per Redlock node. */
@@ -54,7 +59,9 @@ export class ReleaseNotifier {
     private readonly turn = DEFAULT_HANDOFF_TURN,
     /** This process's name in the queues of waiting processes (see `NAME_NEXT`), if it queues. */
     private readonly processId?: string,
-  ) {}
+  ) {
+    this.refusals = new OutageLog(logger, 'Subscribing to lock releases');
+  }
 
   watch(channel: string, claim?: HandoffClaim): ReleaseSubscription {
     let state = this.channels.get(channel);
@@ -171,10 +178,9 @@ export class ReleaseNotifier {
             : subscriber.subscribe(channel),
         ),
       );
+      this.refusals.recovered();
     } catch (error) {
-      this.logger.warn(
-        `Could not subscribe to lock releases on ${quoteKey(channel)}; waiters fall back to polling: ${String(error)}`,
-      );
+      this.refusals.failed(error, POLLING);
     }
   }
 
@@ -260,8 +266,9 @@ export class ReleaseNotifier {
    * sends SUBSCRIBE and drops the promise it gets: if the connection goes again before the reply
    * (a reset right after a reconnection; with `maxRetriesPerRequest: 0`, at once), that promise
    * rejects with nobody to handle it, an unhandled rejection in the app (seen in the chaos suite).
-   * Here a failed resubscription is dropped: the connection was lost again, and the next `ready`
-   * resubscribes; meanwhile the first waiter of each key polls.
+   * Here a resubscription Redis refuses (the user lost the lock channels) is said, once for every
+   * key (`refusals`); one lost with the connection is dropped: the next `ready` resubscribes.
+   * Meanwhile the first waiter of each key polls.
    */
   private resubscribing(subscriber: Redis): Redis {
     let dropped = false;
@@ -271,12 +278,21 @@ export class ReleaseNotifier {
       dropped = false;
       const channels = [...this.channels.keys()];
       if (channels.length === 0) return;
-      subscriber.subscribe(...channels).catch(() => {
-        // Lost again before the reply: see above.
-      });
+      subscriber.subscribe(...channels).then(
+        () => this.refusals.recovered(),
+        (error: unknown) => {
+          // Refused (the Redis user lost the lock channels): said, once for all keys. Else lost
+          // again before the reply: see above.
+          if (/NOPERM/.test(String(error))) this.refusals.failed(error, POLLING);
+        },
+      );
     });
     return subscriber;
   }
 }
+
+/** What waiters do while their channels cannot be subscribed to. */
+const POLLING =
+  'waiters of the keys it fails for find them free at their timed attempts (every retryInterval) instead of at once';
 
 /** A wait in progress: its place in the queue and how to end it. */

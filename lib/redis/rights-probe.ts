@@ -2,10 +2,13 @@ import type { Cluster, Redis } from 'ioredis';
 import { within } from '../utils/within.js';
 
 /**
- * KEYS[1..3] a probe lock key, a sorted set and a hash beside it (one hash tag: one slot);
- * ARGV[1] the probe's release channel, ARGV[2] PUBLISH or SPUBLISH. Runs every command the lock
- * scripts run, on the probe's keys, through `pcall`, and deletes them: returns the commands Redis
- * refused (ACL: the command, or the keys) with its words, and 1 if it refused to publish.
+ * KEYS[1..3] a probe lock key, a sorted set and a hash beside it (one hash tag: one slot), KEYS[4]
+ * the fence counter of the probe's slot (shared with real locks); ARGV[1] the probe's release
+ * channel, ARGV[2] PUBLISH or SPUBLISH. Runs every command the lock scripts run, on the probe's
+ * keys, through `pcall`, and deletes them; on the counter, what the scripts run there, changing
+ * nothing (its own value written back, a TTL only ever lengthened, and never by 1 ms): returns
+ * the commands Redis refused (ACL: the command, or the keys) with its words, and 1 if it refused
+ * to publish.
  */
 const PROBE_SCRIPT = `
 local refused = {}
@@ -34,6 +37,13 @@ try('HSET', KEYS[3], 'p', '1')
 try('HGET', KEYS[3], 'p')
 try('HGETALL', KEYS[3])
 try('HDEL', KEYS[3], 'p')
+local counter = redis.pcall('GET', KEYS[4])
+if type(counter) == 'table' and counter.err then
+  table.insert(refused, 'GET (fence counter): ' .. counter.err)
+else
+  try('SET', KEYS[4], counter or '0', 'XX', 'KEEPTTL')
+  try('PEXPIRE', KEYS[4], 1, 'GT')
+end
 redis.pcall('DEL', KEYS[1], KEYS[2], KEYS[3])
 local heard = redis.pcall(ARGV[2], ARGV[1], '')
 return { table.concat(refused, '\\n'), type(heard) == 'table' and 1 or 0 }`;
@@ -56,7 +66,7 @@ export interface Rights {
  */
 export async function probeRights(
   client: Redis | Cluster,
-  keys: readonly [string, string, string],
+  keys: readonly [string, string, string, counter: string],
   channel: string,
   publish: 'PUBLISH' | 'SPUBLISH',
   commandTimeout: number,
@@ -65,7 +75,7 @@ export async function probeRights(
     () => undefined,
     (error: Error) => (/NOSCRIPT/.test(error.message) ? undefined : `EVALSHA: ${error.message}`),
   );
-  const probe = client.eval(PROBE_SCRIPT, 3, ...keys, channel, publish) as Promise<
+  const probe = client.eval(PROBE_SCRIPT, 4, ...keys, channel, publish) as Promise<
     [string, number]
   >;
   try {

@@ -57,10 +57,11 @@ describe('logging', () => {
     );
   });
 
-  it('a key from code in a warning is quoted: a CR/LF in it cannot forge a log line', async () => {
-    // A user that may not SUBSCRIBE: the waiter's subscription fails and says so, naming the key.
+  it('subscriptions Redis refuses are one warning for every key, naming none, until one works', async () => {
+    // A user that may not SUBSCRIBE: every waiter's subscription fails.
     const admin = new Redis(server.url);
-    const forged = `${uniqueKey()}\r\n[Nest] 1  - 11/27/2026  LOG [Auth] admin logged in (forged)`;
+    const forged = (n: number): string =>
+      `${uniqueKey()}:${n}\r\n[Nest] 1  - 11/27/2026  LOG [Auth] admin logged in (forged)`;
     await admin.acl(
       'SETUSER',
       'nosub',
@@ -77,19 +78,76 @@ describe('logging', () => {
     });
     const captured = LogCapture.install(); // after compile(), as above
     try {
-      const held = await restricted.locks.acquire(forged, { ttl: 5_000 });
-      await restricted.locks.acquire(forged, { acquireTimeout: 300 }).catch(() => undefined);
-      await held.release();
-      const warning = captured.capture.lines.find((line) =>
-        line.message.startsWith('Could not subscribe to lock releases'),
+      for (const key of [forged(1), forged(2), forged(3)]) {
+        const held = await restricted.locks.acquire(key, { ttl: 5_000 });
+        await restricted.locks.acquire(key, { acquireTimeout: 100 }).catch(() => undefined);
+        await held.release();
+      }
+      const warnings = captured.capture.lines.filter((line) =>
+        line.message.startsWith('Subscribing to lock releases failed'),
       );
-      assert.ok(warning, captured.capture.lines.map((line) => line.message).join('\n'));
-      assert.doesNotMatch(warning.message, /[\r\n]/);
-      assert.ok(warning.message.includes(JSON.stringify(forged).slice(1, -1)), warning.message);
+      assert.equal(warnings.length, 1, captured.capture.lines.map((l) => l.message).join('\n'));
+      assert.doesNotMatch(warnings[0].message, /[\r\n]|forged/);
+      assert.match(warnings[0].message, /NOPERM/);
+      // The user gets SUBSCRIBE back: the next subscription works, and a line says so.
+      await admin.acl('SETUSER', 'nosub', '+subscribe', '+ssubscribe');
+      const key = forged(4);
+      const held = await restricted.locks.acquire(key, { ttl: 5_000 });
+      await restricted.locks.acquire(key, { acquireTimeout: 100 }).catch(() => undefined);
+      await held.release();
+      assert.ok(
+        captured.capture.lines.some((line) =>
+          /^Subscribing to lock releases works again after .* \(3 failed attempts\)$/.test(
+            line.message,
+          ),
+        ),
+        captured.capture.lines.map((l) => l.message).join('\n'),
+      );
     } finally {
       captured.restore();
       await restricted.close();
       await admin.acl('DELUSER', 'nosub');
+      admin.disconnect();
+    }
+  });
+
+  it('channels taken from the user while waiters are subscribed: the refused resubscription is said (found by a review)', async () => {
+    const admin = new Redis(server.url);
+    await admin.acl('SETUSER', 'revoked', 'on', '>pw', '~*', '&*', '+@all');
+    const restricted = await startLockModule({
+      connection: { port: server.port, host: '127.0.0.1', username: 'revoked', password: 'pw' },
+    });
+    const captured = LogCapture.install(); // after compile(), as above
+    const key = uniqueKey();
+    try {
+      const held = await restricted.locks.acquire(key, { ttl: 5_000 });
+      const waiter = restricted.locks.acquire(key, { acquireTimeout: 5_000 });
+      // Subscribed: the waiter's channel has a subscriber.
+      const channel = `lock:{${key}}:released`;
+      assert.ok(
+        await eventually(async () => {
+          const [, count] = (await admin.pubsub('NUMSUB', channel)) as [string, number];
+          return count === 1;
+        }),
+        'the waiter subscribed',
+      );
+      // Redis drops the subscriber of a channel the user no longer may use; it comes back and
+      // subscribes again, refused.
+      await admin.acl('SETUSER', 'revoked', 'resetchannels');
+      assert.ok(
+        await eventually(() =>
+          captured.capture.lines.some((line) =>
+            /^Subscribing to lock releases failed; .*NOPERM/.test(line.message),
+          ),
+        ),
+        captured.capture.lines.map((line) => line.message).join('\n'),
+      );
+      await held.release();
+      await (await waiter).release(); // found free at its next timed attempt
+    } finally {
+      captured.restore();
+      await restricted.close();
+      await admin.acl('DELUSER', 'revoked');
       admin.disconnect();
     }
   });
