@@ -101,11 +101,22 @@ export interface Deployment {
   flushScripts(reload: readonly string[]): Promise<void>;
   /** Stops server `node` for everyone for `ms` (`CLIENT PAUSE`). */
   pauseNode(node: number, ms: number): Promise<void>;
+  /**
+   * Whether the apps' Redis user may use the lock channels (every node): denied, it is the
+   * least-privilege user without `&lock:*` (Redis 7's default for a new user), whose releases
+   * cannot announce and whose subscriptions Redis drops; allowed again, as an operator's fix.
+   */
+  channels(allowed: boolean): Promise<void>;
   /** Redlock mode: restarts node `node` empty (on its port), and resolves once it is back. */
   restartNode?(node: number): Promise<void>;
   /** Redlock mode: the tokens with a copy of a model key on each node. */
   perNode?(key: string): Promise<string[][]>;
   stop(): Promise<void>;
+}
+
+/** The default user (the apps') may use every channel, or none (see `Deployment.channels`). */
+async function grantChannels(redis: Redis, allowed: boolean): Promise<void> {
+  await redis.call('ACL', 'SETUSER', 'default', allowed ? 'allchannels' : 'resetchannels');
 }
 
 /** One server forgets its scripts, then loads `reload` again (see `Deployment.flushScripts`). */
@@ -306,6 +317,7 @@ abstract class Linked implements Deployment {
   abstract ttls(prefix: string): Promise<[string, number][]>;
   abstract flushScripts(reload: readonly string[]): Promise<void>;
   abstract pauseNode(node: number, ms: number): Promise<void>;
+  abstract channels(allowed: boolean): Promise<void>;
   abstract stop(): Promise<void>;
 }
 
@@ -353,6 +365,10 @@ class Standalone extends Linked {
 
   pauseNode(_node: number, ms: number): Promise<void> {
     return pause(this.redis, ms);
+  }
+
+  channels(allowed: boolean): Promise<void> {
+    return grantChannels(this.redis, allowed);
   }
 
   async stop(): Promise<void> {
@@ -429,6 +445,11 @@ class Redlock extends Linked {
 
   pauseNode(node: number, ms: number): Promise<void> {
     return pause(this.direct[node], ms);
+  }
+
+  async channels(allowed: boolean): Promise<void> {
+    // A node restarting comes back with its default user's channels allowed.
+    await this.each((redis) => grantChannels(redis, allowed));
   }
 
   async restartNode(node: number): Promise<void> {
@@ -517,6 +538,10 @@ class ClusterOfThree extends Linked {
 
   pauseNode(node: number, ms: number): Promise<void> {
     return pause(this.direct[node], ms);
+  }
+
+  async channels(allowed: boolean): Promise<void> {
+    await Promise.all(this.direct.map((redis) => grantChannels(redis, allowed)));
   }
 
   async stop(): Promise<void> {

@@ -26,7 +26,7 @@ import {
  * section, nested `acquire()` views that are forgotten), run `@WithLock` jobs that skip when busy,
  * campaign for leadership and stop it from outside or from inside its work, close an app at any
  * moment (with a release or an attempt on its way, its link cut), and slow or cut the link of the
- * app in slot 0, or make Redis forget its scripts. Each is written as JSON (`toString`), so that a
+ * app in slot 0, make Redis forget its scripts, or take the lock channels from the apps. Each is written as JSON (`toString`), so that a
  * sequence that failed can be kept and replayed as it is (see `replay`).
  */
 
@@ -594,6 +594,25 @@ class FlushScriptsStep extends Step {
   }
 }
 
+/**
+ * The apps' Redis user loses the lock channels (a least-privilege user without `&lock:*`), or gets
+ * them back: releases cannot announce (they still release, and say so), Redis drops the
+ * subscriptions, waiters find free keys at their timed attempts, apps started meanwhile only warn.
+ */
+class ChannelsStep extends Step {
+  readonly kind = 'channels';
+  constructor(readonly allowed: boolean) {
+    super();
+  }
+  get args() {
+    return [this.allowed];
+  }
+  async run(model: Model, real: Real): Promise<void> {
+    await real.deployment.channels(this.allowed);
+    await model.check();
+  }
+}
+
 /** A `using()` section at the top level, left open for the steps to nest in. */
 class OpenStep extends Step {
   readonly kind = 'open';
@@ -1092,6 +1111,7 @@ const STEPS: [fc.Arbitrary<Step>, number][] = [
   [fc.constantFrom(0, 0, 150).map((ms) => new LatencyStep(ms)), 1],
   [fc.constantFrom(100, 400).map((ms) => new StallStep(ms)), 1],
   [fc.tuple(fc.boolean(), fc.boolean()).map((args) => new FlushScriptsStep(...args)), 2],
+  [fc.boolean().map((allowed) => new ChannelsStep(allowed)), 1],
   [
     fc
       .tuple(fc.nat({ max: 2 }), fc.constantFrom(100, 400))
@@ -1205,6 +1225,7 @@ export function replay(json: readonly unknown[]): Step {
     latency: LatencyStep,
     stall: StallStep,
     flush: FlushScriptsStep,
+    channels: ChannelsStep,
     open: OpenStep,
     nest: NestStep,
     fork: ForkStep,
@@ -1231,6 +1252,7 @@ export function replay(json: readonly unknown[]): Step {
 export async function settle(model: Model, real: Real): Promise<void> {
   real.deployment.latency(0);
   real.deployment.heal();
+  await real.deployment.channels(true);
   for (const leader of real.leaders) {
     if (!leader.stopped) await stopLeader(model, leader, `settle: stop ${leader.key}`);
   }
