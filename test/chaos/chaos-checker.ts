@@ -19,6 +19,12 @@ export interface Section {
    */
   starved?: boolean;
   /**
+   * When its lease had run out, as its holder knew it (`expiresAt`), read when its signal aborted.
+   * A starved holder whose lease ended before another entered ran on only because its process
+   * could not run its expiry timer in time (see `ScenarioFigures.overlapsStarved`).
+   */
+  leaseEnd?: number;
+  /**
    * Its signal aborted after the phase it entered in had ended (see `runPhases`): the next
    * phase's fault may have made it fire.
    */
@@ -118,8 +124,17 @@ export interface ScenarioFigures {
   callDetails: string[];
   /** Failed calls during which the machine was starved (see `Call.starved`). */
   failedStarved: number;
-  /** Sections entered while another holder of the key still believed it held the lock. */
+  /**
+   * Sections entered while another holder of the key still believed it held the lock (not counting
+   * `overlapsStarved`).
+   */
   overlaps: number;
+  /**
+   * Sections entered while other holders still believed, every one of them starved past its own
+   * lease: the lease had ended before this section entered (the lock kept its promise), and their
+   * expiry timers could not run while their process stood still. What fencing is for.
+   */
+  overlapsStarved: number;
   staleAccepted: number;
   staleRejected: number;
   fenceRegressions: number;
@@ -177,6 +192,7 @@ export function check(record: ScenarioRecord): ScenarioFigures {
   }
 
   let overlaps = 0;
+  let overlapsStarved = 0;
   let fenceRegressions = 0;
   const notes: string[] = [];
   // Up to 8 of each kind (the words before the colon), so that many overlaps (expected where
@@ -222,8 +238,15 @@ export function check(record: ScenarioRecord): ScenarioFigures {
         }
         const conflicting = conflicts(section, believing);
         if (conflicting.length > 0) {
-          overlaps++;
-          note(`overlap: ${describe(section)} while ${conflicting.map(describe).join(', ')}`);
+          const pastLease = (holder: Section): boolean =>
+            holder.starved === true &&
+            holder.leaseEnd !== undefined &&
+            holder.leaseEnd <= section.enter;
+          if (conflicting.every(pastLease)) overlapsStarved++;
+          else {
+            overlaps++;
+            note(`overlap: ${describe(section)} while ${conflicting.map(describe).join(', ')}`);
+          }
         }
         // Only a newer hold intrudes on a holder: a stale one entering is the one that lost.
         for (const holder of conflicting) {
@@ -315,6 +338,7 @@ export function check(record: ScenarioRecord): ScenarioFigures {
     callDetails,
     notes,
     overlaps,
+    overlapsStarved,
     staleAccepted,
     staleRejected: record.rejected,
     fenceRegressions,

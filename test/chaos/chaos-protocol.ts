@@ -80,6 +80,8 @@ export type ChaosEvent =
       at: number;
       /** When `lock.signal` aborted, if it did while the section ran. */
       abortAt?: number;
+      /** When the lock's lease had run out, as its holder last knew it (`expiresAt`), at the abort. */
+      leaseEnd?: number;
       reason?: string;
       wrote: 'accepted' | 'rejected' | 'skipped';
       /**
@@ -104,7 +106,7 @@ export type ChaosEvent =
       detail?: string;
     }
   /** The section's lock signal aborted after the section ended (at the release, say). */
-  | { t: 'signal'; id: string; at: number; worstTick: number }
+  | { t: 'signal'; id: string; at: number; worstTick: number; leaseEnd: number }
   | { t: 'unhandled'; error: string }
   | {
       t: 'summary';

@@ -58,7 +58,7 @@ export function renderTable(results: readonly ScenarioFigures[]): string {
     r.faults,
     r.sections,
     `${r.calls.ok} / ${r.calls.busy} / ${r.calls.failed}${r.failedStarved ? ` (${r.failedStarved} starved)` : ''} / ${r.calls.other}`,
-    r.overlaps,
+    `${r.overlaps}${r.overlapsStarved ? ` (+${r.overlapsStarved} starved)` : ''}`,
     r.staleAccepted,
     r.staleRejected,
     r.fenceRegressions,
@@ -142,6 +142,11 @@ ${summary(results)}
   overdue timers tell it; and a Redis restarted empty forgets every lock at once (a failover that lost the last
   writes forgets those), so a new holder can enter before the old one's next extension finds its lock gone. A holder that is alive but cut off (partition,
   paused Redis, latency) stops believing at its own TTL, which starts before Redis's: no overlap.
+  *+n starved*: overlaps where every holder still believing had been starved of CPU (its event loop, or the
+  runner's, standing still for over 100 ms) past the end of its own lease before the newcomer entered: the
+  lease had ended (the lock kept its promise), only the expiry timer could not run. Counted apart, as
+  a frozen holder's are what fencing is for; an overlap with a holder whose lease had not ended, or
+  that was not starved, is counted in *overlaps*.
 - **stale writes accepted / rejected**: writes to the fence-guarded resource. The guard accepts a fence at
   least as high as every fence it accepted before. *Rejected* writes are overlapping holders caught by
   their fence; *accepted* stale writes would be damage, and are 0.

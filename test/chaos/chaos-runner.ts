@@ -456,6 +456,7 @@ async function runSession(
           Object.assign(section, {
             exit: event.at,
             abortAt: event.abortAt,
+            leaseEnd: event.leaseEnd,
             reason: event.reason,
             wrote: event.wrote,
           });
@@ -489,6 +490,7 @@ async function runSession(
           const section = sections.get(event.id);
           if (section && section.abortAt === undefined) {
             section.abortAt = event.at;
+            section.leaseEnd = event.leaseEnd;
             section.starved = starvedLease(section, event.at, event.worstTick);
           }
           break;

@@ -93,6 +93,8 @@ async function section(
     multi,
   });
   let abortAt: number | undefined = lock.signal.aborted ? enter : undefined;
+  /** The lease's end at the abort, on this clock (`expiresAt` is on `performance.now()`'s). */
+  const leaseEnd = (): number => now() - (performance.now() - lock.expiresAt);
   let done = false;
   // Kept after the section: a signal that comes later (at the release) is reported on its own.
   // How long the event loop stood still while the lease ran (from a TTL before the section):
@@ -100,7 +102,7 @@ async function section(
   const worstTick = (at: number): number => stalls.worst(enter - config.ttl, at);
   const onAbort = (): void => {
     const at = now();
-    if (done) emit({ t: 'signal', id, at, worstTick: worstTick(at) });
+    if (done) emit({ t: 'signal', id, at, worstTick: worstTick(at), leaseEnd: leaseEnd() });
     else abortAt ??= at;
   };
   lock.signal.addEventListener('abort', onAbort, { once: true });
@@ -124,6 +126,7 @@ async function section(
       id,
       at: now(),
       abortAt,
+      leaseEnd: abortAt === undefined ? undefined : leaseEnd(),
       reason,
       wrote,
       worstTick: abortAt === undefined ? undefined : worstTick(abortAt),

@@ -90,6 +90,21 @@ describe('chaos checker', () => {
     assert.equal(late.signalDelay.p50, 30);
   });
 
+  it("a holder starved past its own lease's end: the overlap is counted apart; unstarved, or its lease not over, it is an overlap", () => {
+    const holder = { enter: 0, exit: 200, abortAt: 130 };
+    const starved = check(record([{ ...holder, starved: true, leaseEnd: 90 }, { enter: 100 }]));
+    assert.deepEqual([starved.overlaps, starved.overlapsStarved], [0, 1]);
+    assert.equal(starved.lost, 1); // still lost, and signalled late: the delay is measured
+    for (const other of [
+      { ...holder, starved: false, leaseEnd: 90 },
+      { ...holder, starved: true, leaseEnd: 110 },
+      { ...holder, starved: true },
+    ]) {
+      const figures = check(record([other, { enter: 100 }]));
+      assert.deepEqual([figures.overlaps, figures.overlapsStarved], [1, 0], JSON.stringify(other));
+    }
+  });
+
   it('a killed holder believes until the kill and is not counted as lost', () => {
     assert.equal(
       check(record([{ enter: 0, exit: undefined, killedAt: 90 }, { enter: 100 }])).overlaps,
