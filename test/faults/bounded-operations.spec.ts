@@ -20,6 +20,7 @@ import { Cluster, Redis } from 'ioredis';
 import {
   LockBackendError,
   LockLostError,
+  LockQuorumError,
   LockService,
   RedisLockModule,
   WithLock,
@@ -404,7 +405,8 @@ describe('bounded operations: Redis restarted empty', () => {
 
 /**
  * The bound lives in LockService, above the topology: the same calls on a Cluster (every node
- * frozen) and through Sentinel (the master frozen) settle within commandTimeout too.
+ * frozen), through Sentinel (the master frozen) and in Redlock mode (a majority of three nodes
+ * frozen: the cause says what each did) settle within commandTimeout too.
  */
 const topologies = {
   'Redis Cluster, every node paused': async () => {
@@ -418,6 +420,18 @@ const topologies = {
         cluster.nodes.forEach((n) => n.signal('SIGCONT'));
         client.disconnect();
         await cluster.stop();
+      },
+    };
+  },
+  'Redlock (3 nodes), a majority paused': async () => {
+    const nodes = await Promise.all([0, 1, 2].map(() => startRedis()));
+    return {
+      options: { nodes: nodes.map((node) => node.url) },
+      quorum: true,
+      freeze: () => nodes.slice(0, 2).forEach((node) => node.signal('SIGSTOP')),
+      stop: async () => {
+        nodes.forEach((node) => node.signal('SIGCONT'));
+        await Promise.all(nodes.map((node) => node.stop()));
       },
     };
   },
@@ -438,13 +452,19 @@ const topologies = {
   },
 } satisfies Record<
   string,
-  () => Promise<{ options: RedisLockModuleOptions; freeze(): void; stop(): Promise<void> }>
+  () => Promise<{
+    options: RedisLockModuleOptions;
+    /** Redlock: the error's cause is a `LockQuorumError`. */
+    quorum?: boolean;
+    freeze(): void;
+    stop(): Promise<void>;
+  }>
 >;
 
 for (const [name, start] of Object.entries(topologies)) {
   describe(`bounded operations: ${name}`, () => {
     it('tryAcquire, acquire, isLocked, release, extend and shutdown all settle within commandTimeout', async () => {
-      const topology = await start();
+      const topology: { quorum?: boolean } & Awaited<ReturnType<typeof start>> = await start();
       const app = await startLockModule({ ...topology.options, commandTimeout: COMMAND_TIMEOUT });
       let closed = false;
       try {
@@ -460,6 +480,14 @@ for (const [name, start] of Object.entries(topologies)) {
         ]);
         const operations = ['acquire', 'acquire', 'isLocked', 'release', 'extend'];
         outcomes.forEach((outcome, i) => assertBackendError(outcome, operations[i]));
+        if (topology.quorum) {
+          // Redlock: what each node did is in the cause.
+          for (const outcome of outcomes) {
+            const { cause } = outcome.error as LockBackendError;
+            assert.ok(cause instanceof LockQuorumError, String(cause));
+            assert.deepEqual([cause.nodes, cause.quorum, cause.answered], [3, 2, 1]);
+          }
+        }
         const closing = await settle(app.close());
         closed = true;
         assert.equal(closing.error, undefined);

@@ -12,6 +12,7 @@ import {
 } from '../support/lock-module.js';
 import { LockAcquireTimeoutError, LockBackendError, type Lock } from '../../lib/index.js';
 import { FaultProxy } from '../support/fault-proxy.js';
+import { assertWithin, watchStalls } from '../support/timing.js';
 
 /**
  * One live holder per key, on the engine's edges: a lock passed on in the process, a re-entered
@@ -80,6 +81,45 @@ describe('never two live holders', () => {
       assert.equal(signal.aborted, true, 'two live holders: the heir still believes it holds');
       await taken.release();
       assert.equal(await released, true);
+    });
+  });
+
+  it("extend() of a lock passed on in its process, whose own write gets no answer, fails within twice commandTimeout with LockBackendError('extend')", async () => {
+    const commandTimeout = 400;
+    await throughProxy(commandTimeout, async (slow, proxy) => {
+      const key = uniqueKey();
+      const releaser = await slow.locks.acquire(key, { ttl: 30_000 });
+      const heirPending = slow.locks.acquire(key, { ttl: 30_000, acquireTimeout: 10_000 });
+      await subscribed(key);
+      // The heir's own token write (PASS_ON) goes out into a partition: never answered.
+      proxy.stall();
+      // The release sent that write: with no answer it fails within commandTimeout too.
+      const released = releaser.release().catch((failure: unknown) => failure);
+      const heir = await heirPending;
+      assert.equal(heir.fence, releaser.fence + 1, 'passed on in the process');
+      const watch = watchStalls();
+      const started = performance.now();
+      const error = await heir.extend().then(
+        () => assert.fail('extended with no answer from Redis'),
+        (failure: unknown) => failure,
+      );
+      const took = performance.now() - started;
+      assert.ok(error instanceof LockBackendError, String(error));
+      assert.deepEqual([error.operation, error.timedOut], ['extend', true]);
+      assertWithin(
+        took,
+        2 * commandTimeout,
+        watch,
+        'extend() of a passed-on lock Redis never answers',
+      );
+      watch.stop();
+      const release = await released;
+      assert.ok(
+        release === true || (release instanceof LockBackendError && release.timedOut),
+        String(release),
+      );
+      proxy.heal();
+      await heir.release().catch(() => false);
     });
   });
 

@@ -19,13 +19,19 @@ import {
   startLockModule,
   startNonPollingApp,
   uniqueKey,
+  waitingCallers,
   type LockModuleFixture,
 } from '../support/lock-module.js';
+import { monitorRedis } from '../support/redis-monitor.js';
 import {
   ACQUIRE_OWN_TOKEN_REDLOCK_SCRIPT,
+  HANDOFF_SCRIPT,
+  HANDOFF_UNRESERVED_SCRIPT,
+  PASS_ON_SCRIPT,
   RAISE_FENCE_SCRIPT,
   RELEASE_SCRIPT,
 } from '../../lib/redis/lock.scripts.js';
+import { createHash } from 'node:crypto';
 import { raceThenLock, transfersRaceThenLock } from '../support/processes.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
 import { assertWithin, watchStalls } from '../support/timing.js';
@@ -108,7 +114,7 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     const waiter = await startNonPollingApp({ nodes: servers.map((server) => server.url) });
     try {
       const waiting = waiter.locks.acquire(key, { acquireTimeout: 5_000 });
-      await sleep(100);
+      assert.ok(await eventually(() => waitingCallers(waiter.locks, key) === 1));
       assert.equal(await lock.release(), true);
       const next = await waiting; // woken by the release: its next poll is 60 s away
       assert.ok(next.fence > lock.fence);
@@ -120,6 +126,34 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
       await waiter.close();
     }
     assert.equal(await locks.isLocked(key), false);
+  });
+
+  it('passes no lock on within the process: a waiter of the same app takes it from the nodes itself', async () => {
+    const key = uniqueKey();
+    const sha = (script: string): string => createHash('sha1').update(script).digest('hex');
+    const handedOn = new Set([HANDOFF_SCRIPT, HANDOFF_UNRESERVED_SCRIPT, PASS_ON_SCRIPT].map(sha));
+    const monitors = await Promise.all(servers.map((server) => monitorRedis(server.port)));
+    const fences: number[] = [];
+    try {
+      const first = await locks.acquire(key, { ttl: 10_000 });
+      fences.push(first.fence);
+      const waiters = [1, 2].map(() =>
+        locks.using(key, (lock) => void fences.push(lock.fence), { acquireTimeout: 8_000 }),
+      );
+      assert.ok(await eventually(() => waitingCallers(locks, key) === 2));
+      await first.release();
+      await Promise.all(waiters);
+    } finally {
+      for (const monitor of monitors) monitor.stop();
+    }
+    assert.equal(fences.length, 3);
+    assert.ok(fences[0] < fences[1] && fences[1] < fences[2], `fences ${fences.join(', ')}`);
+    const onNodes = monitors.flatMap((monitor) => monitor.commands);
+    assert.deepEqual(
+      onNodes.filter(({ args }) => args[0] === 'evalsha' && handedOn.has(args[1])),
+      [],
+      'a hand-over or pass-on script',
+    );
   });
 
   it('refuses at startup two nodes that are one server under two names (127.0.0.1 and localhost)', async () => {

@@ -8,10 +8,21 @@ import {
 } from '../../lib/index.js';
 import {
   eventually,
+  sleep,
   startLockModule,
   uniqueKey,
+  waitingCallers,
   type LockModuleFixture,
 } from '../support/lock-module.js';
+import { monitorRedis } from '../support/redis-monitor.js';
+import {
+  ACQUIRE_SCRIPT,
+  ACQUIRE_UNRESERVED_SCRIPT,
+  HANDOFF_SCRIPT,
+  HANDOFF_UNRESERVED_SCRIPT,
+  PASS_ON_SCRIPT,
+} from '../../lib/redis/lock.scripts.js';
+import { createHash } from 'node:crypto';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
 import { assertWithin, watchStalls } from '../support/timing.js';
 
@@ -63,6 +74,53 @@ describe('replicaAck: lock writes confirmed by replicas (WAIT)', () => {
       await lock.extend(60_000);
       assert.ok((await onReplica.pttl(`lock:{${key}}`)) > 5_000);
       await lock.release();
+    }
+  });
+
+  it("passes no lock on within the process: each waiter's grant is its own write, with a WAIT behind it", async () => {
+    const key = uniqueKey();
+    const lockKey = `lock:{${key}}`;
+    const sha = (script: string): string => createHash('sha1').update(script).digest('hex');
+    const monitor = await monitorRedis(master.port);
+    const fences: number[] = [];
+    try {
+      const first = await acked.locks.acquire(key, { ttl: 10_000 });
+      fences.push(first.fence);
+      const waiters = [1, 2, 3].map(() =>
+        acked.locks.using(
+          key,
+          async (lock) => {
+            fences.push(lock.fence);
+            await sleep(5);
+          },
+          { acquireTimeout: 8_000 },
+        ),
+      );
+      assert.ok(await eventually(() => waitingCallers(acked.locks, key) === 3));
+      await first.release();
+      await Promise.all(waiters);
+    } finally {
+      monitor.stop();
+    }
+    assert.equal(fences.length, 4);
+    const sent = monitor.commands;
+    const handedOn = new Set([HANDOFF_SCRIPT, HANDOFF_UNRESERVED_SCRIPT, PASS_ON_SCRIPT].map(sha));
+    assert.deepEqual(
+      sent.filter(({ args }) => args[0] === 'evalsha' && handedOn.has(args[1])),
+      [],
+      'a hand-over or pass-on script: a grant without WAIT',
+    );
+    // Every acquisition of the key (granted or not) is followed by WAIT on its connection.
+    const acquiring = new Set([ACQUIRE_SCRIPT, ACQUIRE_UNRESERVED_SCRIPT].map(sha));
+    const acquisitions = sent.filter(
+      ({ args }) => args[0] === 'evalsha' && acquiring.has(args[1]) && args[3] === lockKey,
+    );
+    assert.ok(acquisitions.length >= 4, `${acquisitions.length} acquisitions for 4 grants`);
+    for (const acquisition of acquisitions) {
+      const next = sent
+        .slice(sent.indexOf(acquisition) + 1)
+        .find(({ source }) => source === acquisition.source);
+      assert.equal(next?.args[0], 'wait', `after an acquisition: ${next?.args.join(' ')}`);
     }
   });
 
