@@ -263,7 +263,8 @@ describe('hostile input (property-based)', () => {
               const lock = value as Lock;
               remember(lock);
               const pttl = await redis.pttl(`${PREFIX}{${key}}`);
-              assert.ok(pttl <= (ttl as number), `pttl ${pttl} > ttl ${String(ttl)}`);
+              // -1 (no TTL) is no lock: it must have one, at most the ttl asked for.
+              assert.ok(pttl > 0 && pttl <= (ttl as number), `pttl ${pttl} for ttl ${String(ttl)}`);
               await lock.release();
             }
           } else {
@@ -287,7 +288,10 @@ describe('hostile input (property-based)', () => {
         const pttl = await redis.pttl(`${PREFIX}{${lock.key}}`);
         if (validTtl(ttl)) {
           assert.equal(error, undefined, String(error));
-          assert.ok(pttl <= (ttl as number), `pttl ${pttl} after extend(${String(ttl)})`);
+          assert.ok(
+            pttl > 0 && pttl <= (ttl as number),
+            `pttl ${pttl} after extend(${String(ttl)})`,
+          );
         } else {
           assert.ok(error instanceof LockArgumentError && error.argument === 'ttl', String(error));
           assert.ok(pttl > 50_000, 'the lock keeps its TTL');

@@ -14,11 +14,13 @@ import {
 } from '../../lib/index.js';
 import {
   assertOwnTokenKeepsFence,
+  eventually,
   sleep,
   startNonPollingApp,
   twoAppsOnOneRedis,
   uniqueKey,
 } from '../support/lock-module.js';
+import { monitorRedis } from '../support/redis-monitor.js';
 import { assertWithin, watchStalls } from '../support/timing.js';
 
 let exportsInside = 0;
@@ -38,6 +40,26 @@ class ExportJobs {
 
 describe('counting semaphores (limit)', () => {
   const env = twoAppsOnOneRedis({ fenceRetention: 0 });
+
+  /**
+   * Watches the attempts on `key`: `asleep(n)` resolves once `n` waiters that came after it
+   * started have each made their two attempts (the first, and the one right after subscribing):
+   * from then on only a release wakes them (their app never polls within the test).
+   */
+  async function attemptsOn(
+    key: string,
+  ): Promise<{ asleep(n: number): Promise<void>; stop(): void }> {
+    const monitor = await monitorRedis(env.server.port);
+    const attempts = (): number =>
+      monitor.commands.filter(({ args }) => args[0] === 'evalsha' && args[3] === `lock:{${key}}`)
+        .length;
+    return {
+      asleep: async (n) => {
+        assert.ok(await eventually(() => attempts() >= 2 * n), `${attempts()} attempts`);
+      },
+      stop: () => monitor.stop(),
+    };
+  }
 
   /** Tracks whether `pending` has settled yet. */
   const settledFlag = (pending: Promise<unknown>): { settled: boolean } => {
@@ -62,9 +84,11 @@ describe('counting semaphores (limit)', () => {
           await env.other.locks.acquire(key, { limit: 2, ttl: 30_000 }),
           await env.other.locks.acquire(key, { limit: 2, ttl: 30_000 }),
         ];
+        const watch = await attemptsOn(key);
         const two = app.locks.acquire(key, { limit: 2, acquireTimeout: 10_000 });
         const twoFlag = settledFlag(two);
-        await sleep(100); // asleep
+        await watch.asleep(1);
+        watch.stop();
         // A third place is free for limit 3: got at once, not after the limit-2 waiter gives up
         // at 10 s (nor at its own deadline, 20 s).
         const three = await app.locks.acquire(key, { limit: 3, acquireTimeout: 20_000 });
@@ -84,11 +108,13 @@ describe('counting semaphores (limit)', () => {
         const held = await Promise.all(
           [0, 1, 2].map(() => env.other.locks.acquire(key, { limit: 3, ttl: 30_000 })),
         );
+        const watch = await attemptsOn(key);
         const two = app.locks.acquire(key, { limit: 2, acquireTimeout: 10_000 });
         const twoFlag = settledFlag(two);
-        await sleep(100);
+        await watch.asleep(1);
         const three = app.locks.acquire(key, { limit: 3, acquireTimeout: 20_000 });
-        await sleep(100); // both asleep: their next polls are past their deadlines
+        await watch.asleep(2); // both asleep: their next polls are past their deadlines
+        watch.stop();
         // 2 left: no room for limit 2, room for limit 3.
         await held[0].release();
         const third = await three;
