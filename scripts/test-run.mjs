@@ -6,11 +6,11 @@
 //    (3 by default: on 2 cores, they mostly wait on timers and Redis). A failure here is a
 //    failure: no re-run.
 // 2. isolated: the suites that start more than one server or more than one process (a Cluster,
-//    Sentinels, Redlock's masters, worker processes, the chaos short profile, the bench smoke
-//    run), after the shared tier, in two lanes: the busy files (ISOLATED) one at a time, and
-//    beside them, one at a time, the files that mostly wait on Redis and timers (BESIDE: under
-//    half a core each, measured with `/usr/bin/time`), so that no two busy suites ever load the
-//    machine together. A file of this tier that fails is run once more when both lanes are done,
+//    Sentinels, Redlock's masters, worker processes, the chaos short profile), after the shared
+//    tier, in three lanes: the busy files (ISOLATED) one at a time, and beside them, one at a time
+//    in each of two lanes, the files that mostly wait on Redis and timers (BESIDE: under half a
+//    core each, measured with `/usr/bin/time`), so that no two busy suites ever load the machine
+//    together. A file of this tier that fails is run once more when both lanes are done,
 //    alone on the idle machine: if it passes then, the run passes and ends with a
 //    `FLAKY: <file> — <failure>` line; if it fails again, the run fails. Never a file whose failure
 //    is an invariant of the lock (INVARIANT: two holders, a fence going back, a stale write
@@ -59,9 +59,7 @@ const isInvariant = (failure) => INVARIANT.some((pattern) => pattern.test(failur
 
 const ISOLATED = [
   'chaos/chaos.spec.js',
-  'bench/bench.spec.js',
   'integration/processes.spec.js',
-  'integration/cluster.spec.js',
   'integration/redlock.spec.js',
   'e2e/sample-command.e2e.spec.js',
   'package/pack.spec.js',
@@ -69,26 +67,39 @@ const ISOLATED = [
 ];
 
 /**
- * Isolated suites that mostly wait (failovers, timeouts, paused servers): each uses under half a
- * core on its own. They run one at a time beside the busy lane of ISOLATED.
+ * Isolated suites that mostly wait (failovers, timeouts, paused servers, workers that sleep in
+ * their sections): each uses under half a core on its own. They run one at a time in each of two
+ * lanes beside the busy lane of ISOLATED, so that the machine's two cores carry one busy suite
+ * and two waiting ones. Each lane's longest first.
  */
 const BESIDE = [
-  // Builds dist/ as pack.spec does, so never beside it: first here, long before pack.spec's turn
-  // near the end of the busy lane. The snippets compile against its .d.ts.
-  'package/snippets.spec.js',
-  // Failovers on a Cluster and through Sentinel: mostly waiting for them. First, beside the busy
-  // lane's chaos and bench runs, so that the two lanes end together (~3.5 min each).
-  'chaos/chaos-failover.spec.js',
-  'faults/bounded-operations.spec.js',
-  'integration/sentinel.spec.js',
-  'integration/cluster-failover.spec.js',
-  'faults/hostile-input.spec.js',
-  'integration/health.spec.js',
-  'integration/replica-ack.spec.js',
-  'integration/jobs.spec.js',
-  'integration/model-redlock.spec.js',
-  'integration/model-cluster.spec.js',
+  [
+    // Builds dist/ as pack.spec does, so never beside it: first, long before pack.spec's turn.
+    // The snippets compile against its .d.ts.
+    'package/snippets.spec.js',
+    // Failovers on a Cluster and through Sentinel: mostly waiting for them.
+    'chaos/chaos-failover.spec.js',
+    'integration/jobs.spec.js',
+    'faults/hostile-input.spec.js',
+    'integration/health.spec.js',
+  ],
+  [
+    'integration/model-cluster.spec.js',
+    'integration/model-redlock.spec.js',
+    'integration/cluster.spec.js',
+    'faults/bounded-operations.spec.js',
+    'integration/sentinel.spec.js',
+    'integration/cluster-failover.spec.js',
+    'integration/replica-ack.spec.js',
+  ],
 ];
+
+/**
+ * Files not in `npm test`: run on their own (`--only`). The bench smoke run (two lanes of worker
+ * processes, a core each, for a minute): `npm run bench:smoke`, whenever the bench or a
+ * contender changes.
+ */
+const OWN_SCRIPT = ['bench/bench.spec.js'];
 
 /**
  * What the NestJS 11 / ioredis 5 run covers: what differs between those versions. The module and
@@ -130,8 +141,9 @@ const fileTimeoutMs = Number(values['file-timeout']) * 1_000;
 const all = findSpecs(testDir)
   .map((path) => relative(testDir, path))
   .filter((file) => !values.compat || COMPAT.includes(file))
-  .filter((file) => !values.only || values.only.some((part) => file.includes(part)));
-for (const file of [...ISOLATED, ...BESIDE, ...COMPAT]) {
+  .filter((file) => !values.only || values.only.some((part) => file.includes(part)))
+  .filter((file) => !OWN_SCRIPT.includes(file) || values.only);
+for (const file of [...ISOLATED, ...BESIDE.flat(), ...OWN_SCRIPT, ...COMPAT]) {
   if (!findSpecs(testDir).some((path) => relative(testDir, path) === file)) {
     throw new Error(`scripts/test-run.mjs names ${file}, which is not in build/test`);
   }
@@ -141,11 +153,12 @@ for (const file of [...ISOLATED, ...BESIDE, ...COMPAT]) {
 const weight = (file) =>
   statSync(join(testDir, file)).size + (file.endsWith('.e2e.spec.js') ? 1e9 : 0);
 const shared = all
-  .filter((file) => !ISOLATED.includes(file) && !BESIDE.includes(file))
+  .filter((file) => ![...ISOLATED, ...BESIDE.flat(), ...OWN_SCRIPT].includes(file))
   .sort((a, b) => weight(b) - weight(a));
 // In the lists' order: the longest first in each lane.
-const busy = ISOLATED.filter((file) => all.includes(file));
-const beside = BESIDE.filter((file) => all.includes(file));
+const lanes = [ISOLATED, ...BESIDE, OWN_SCRIPT].map((lane) =>
+  lane.filter((file) => all.includes(file)),
+);
 
 const seconds = (ms) => (ms / 1_000).toFixed(1);
 const scratch = mkdtempSync(join(tmpdir(), 'test-run-'));
@@ -165,7 +178,7 @@ await pool(shared, concurrency, async (file) => {
   results.push({ file, tier: 'shared', attempts: [await runFile(file)] });
 });
 await Promise.all(
-  [busy, beside].map(async (lane) => {
+  lanes.map(async (lane) => {
     for (const file of lane)
       results.push({ file, tier: 'isolated', attempts: [await runFile(file)] });
   }),
