@@ -141,12 +141,30 @@ export class Replies {
     ) {
       return error as Error;
     }
-    // In Redlock mode, a round a silent node left undecided did not answer in time either.
-    const silent = error instanceof LockQuorumError && error.timedOut;
+    // In Redlock mode, a round a silent node left undecided did not answer in time either; nor
+    // did a reply the module's own shutdown cut off (see `cutOffByShutdown`).
+    const silent =
+      (error instanceof LockQuorumError && error.timedOut) ||
+      (this.stopping.aborted && cutOffByShutdown(error));
     const cause = this.backend.explain?.(error) ?? error;
     quietCommands(cause);
     return new LockBackendError(key, operation, cause, silent, this.view);
   }
+}
+
+/** What ioredis rejects a command with whose connection was closed before its reply came. */
+const CLOSED = 'Connection is closed.';
+
+/**
+ * Whether `error` is a reply that never came because the connection was closed under it (on every
+ * node that failed, in Redlock mode): during shutdown, that is the module's own closing, at its
+ * deadline, or at once for a connection that was not ready: the call had no reply in time.
+ */
+function cutOffByShutdown(error: unknown): boolean {
+  if (error instanceof LockQuorumError) {
+    return error.failures.length > 0 && error.failures.every((failure) => failure.endsWith(CLOSED));
+  }
+  return error instanceof Error && error.message === CLOSED;
 }
 
 /**

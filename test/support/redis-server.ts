@@ -195,7 +195,8 @@ export interface RedisClusterFixture {
   /** Runs a command on a node through redis-cli; resolves its output. */
   cli(node: RedisServer, ...args: string[]): Promise<string>;
   /** The node that serves `slot` as master right now. */
-  ownerOf(slot: number): Promise<RedisServer>;
+  /** The master that serves `slot`, as the first of `by` that answers sees it (default: any node). */
+  ownerOf(slot: number, by?: readonly RedisServer[]): Promise<RedisServer>;
   /** The slot ranges each master serves right now. */
   slotTable(): Promise<Map<RedisServer, [number, number][]>>;
   /**
@@ -257,9 +258,11 @@ export async function startCluster(
     await stop();
     throw error;
   }
-  /** Slot ranges of each master, as the first node that answers sees them. */
-  const slotTable = async (): Promise<Map<RedisServer, [number, number][]>> => {
-    for (const node of nodes) {
+  /** Slot ranges of each master, as the first node of `by` that answers sees them. */
+  const slotTable = async (
+    by: readonly RedisServer[] = nodes,
+  ): Promise<Map<RedisServer, [number, number][]>> => {
+    for (const node of by) {
       const table = await cli(node, 'cluster', 'nodes').catch(() => undefined);
       if (table === undefined) continue;
       const owners = new Map<RedisServer, [number, number][]>();
@@ -286,8 +289,8 @@ export async function startCluster(
     }
     throw new Error('no cluster node answers');
   };
-  const ownerOf = async (slot: number): Promise<RedisServer> => {
-    for (const [owner, ranges] of await slotTable()) {
+  const ownerOf = async (slot: number, by?: readonly RedisServer[]): Promise<RedisServer> => {
+    for (const [owner, ranges] of await slotTable(by)) {
       if (ranges.some(([from, to]) => from <= slot && slot <= to)) return owner;
     }
     throw new Error(`no owner found for slot ${slot}`);

@@ -10,7 +10,9 @@ import {
   LockAcquireAbortedError,
   LockAcquireTimeoutError,
   LockArgumentError,
+  LockBackendError,
   LockLostError,
+  LockQuorumError,
   LockReplicationError,
   RedisLockShutdownError,
 } from '../../lib/index.js';
@@ -113,5 +115,37 @@ describe("keys in error messages with logKeys 'hashed' or 'hidden'", () => {
     assert.equal(keyView('hashed')(key), 'key#40da1e25f8d85145');
     assert.equal(keyView('hashed')(key), keyView('hashed')(key));
     assert.notEqual(keyView('hashed')(`${key}.`), keyView('hashed')(key));
+  });
+});
+
+describe('a reply cut off by shutdown', () => {
+  const failure = (stopping: boolean, error: Error) => {
+    const stop = new AbortController();
+    if (stopping) stop.abort(new Error('shutting down'));
+    const replies = new Replies({ replyTimeout: 100 } as LockBackend, 100, stop.signal, quoteKey);
+    return replies.failure('k', 'release', undefined, error);
+  };
+  const closed = new Error('Connection is closed.');
+  const quorum = (...failures: string[]) => new LockQuorumError(3, 2, 0, failures);
+
+  it('is no reply in time (timedOut) once shutdown has begun: it closed the connection at its deadline', () => {
+    for (const error of [
+      closed,
+      quorum('node 0: Connection is closed.', 'node 1: Connection is closed.'),
+    ]) {
+      const mapped = failure(true, error);
+      assert.ok(mapped instanceof LockBackendError && mapped.timedOut, String(mapped));
+    }
+  });
+
+  it('is not, before shutdown, nor when a node failed otherwise', () => {
+    for (const [stopping, error] of [
+      [false, closed],
+      [true, new Error('ERR something else')],
+      [true, quorum('node 0: Connection is closed.', 'node 1: NOPERM no rights')],
+    ] as const) {
+      const mapped = failure(stopping, error);
+      assert.ok(mapped instanceof LockBackendError && !mapped.timedOut, String(mapped));
+    }
   });
 });
