@@ -86,6 +86,34 @@ async function everyShape(a: LockService, b: LockService): Promise<void> {
   assert.ok(fence > 0);
 }
 
+/**
+ * Two apps on `options` (two processes of one service; a function gives each its own, such as a
+ * Cluster client of its own), every shape between them, and the
+ * log lines of the run. `poll`: their waiters retry every 200 ms; else never within the test
+ * (60 s), so that a waiter that gets the key was woken by the release.
+ */
+async function twoApps(
+  options:
+    Omit<RedisLockModuleOptions, 'defaults'> | (() => Omit<RedisLockModuleOptions, 'defaults'>),
+  poll: boolean,
+  more: (a: LockService) => Promise<void> = async () => undefined,
+): Promise<{ level: string; message: string }[]> {
+  const defaults = { retryInterval: poll ? 200 : 60_000 };
+  const optionsOf = typeof options === 'function' ? options : () => options;
+  const a = await startLockModule({ ...optionsOf(), defaults });
+  const b = await startLockModule({ ...optionsOf(), defaults });
+  const logs = LogCapture.install();
+  try {
+    await everyShape(a.locks, b.locks);
+    await more(a.locks);
+    return logs.capture.lines;
+  } finally {
+    logs.restore();
+    await a.close();
+    await b.close();
+  }
+}
+
 describe('a least-privilege Redis user', () => {
   let server: RedisServer;
   let admin: Redis;
@@ -108,31 +136,6 @@ describe('a least-privilege Redis user', () => {
     username,
     password: 'pw',
   });
-
-  /**
-   * Two apps on `options` (two processes of one service), every shape between them, and the
-   * log lines of the run. `poll`: their waiters retry every 200 ms; else never within the test
-   * (60 s), so that a waiter that gets the key was woken by the release.
-   */
-  async function twoApps(
-    options: Omit<RedisLockModuleOptions, 'defaults'>,
-    poll: boolean,
-    more: (a: LockService) => Promise<void> = async () => undefined,
-  ): Promise<{ level: string; message: string }[]> {
-    const defaults = { retryInterval: poll ? 200 : 60_000 };
-    const a = await startLockModule({ ...options, defaults });
-    const b = await startLockModule({ ...options, defaults });
-    const logs = LogCapture.install();
-    try {
-      await everyShape(a.locks, b.locks);
-      await more(a.locks);
-      return logs.capture.lines;
-    } finally {
-      logs.restore();
-      await a.close();
-      await b.close();
-    }
-  }
 
   it("the README's recipe runs every shape, waiters woken by the release, and logs no warning", async () => {
     const lines = await twoApps({ connection: connection('locks') }, false);
@@ -301,19 +304,9 @@ describe("a least-privilege Redis user: the recipe's extras", () => {
         clients.push(made);
         return made;
       };
-      const defaults = { retryInterval: 60_000 };
-      const a = await startLockModule({ client: client(), defaults });
-      const b = await startLockModule({ client: client(), defaults });
-      const logs = LogCapture.install();
-      try {
-        await everyShape(a.locks, b.locks);
-      } finally {
-        logs.restore();
-        await a.close();
-        await b.close();
-      }
+      const lines = await twoApps(() => ({ client: client() }), false);
       assert.deepEqual(
-        logs.capture.lines.filter((line) => line.level === 'warn'),
+        lines.filter((line) => line.level === 'warn'),
         [],
       );
     } finally {
@@ -335,24 +328,16 @@ describe("a least-privilege Redis user: the recipe's extras", () => {
       );
       onReplica.disconnect();
       assert.ok(linked, 'the replica follows the master');
-      const options = {
-        connection: { host: master.host, port: master.port, username: 'locks', password: 'pw' },
-        replicaAck: { replicas: 1, timeout: 1_000 },
-        commandTimeout: 3_000,
-        defaults: { retryInterval: 60_000 },
-      };
-      const a = await startLockModule(options);
-      const b = await startLockModule(options);
-      const logs = LogCapture.install();
-      try {
-        await everyShape(a.locks, b.locks);
-      } finally {
-        logs.restore();
-        await a.close();
-        await b.close();
-      }
+      const lines = await twoApps(
+        {
+          connection: { host: master.host, port: master.port, username: 'locks', password: 'pw' },
+          replicaAck: { replicas: 1, timeout: 1_000 },
+          commandTimeout: 3_000,
+        },
+        false,
+      );
       assert.deepEqual(
-        logs.capture.lines.filter((line) => line.level === 'warn'),
+        lines.filter((line) => line.level === 'warn'),
         [],
       );
     } finally {

@@ -14,7 +14,7 @@ import {
   waitingCallers,
   type LockModuleFixture,
 } from '../support/lock-module.js';
-import { monitorRedis } from '../support/redis-monitor.js';
+import { monitorRedis, type MonitoredCommand } from '../support/redis-monitor.js';
 import {
   ACQUIRE_SCRIPT,
   ACQUIRE_UNRESERVED_SCRIPT,
@@ -81,6 +81,11 @@ describe('replicaAck: lock writes confirmed by replicas (WAIT)', () => {
     const key = uniqueKey();
     const lockKey = `lock:{${key}}`;
     const sha = (script: string): string => createHash('sha1').update(script).digest('hex');
+    const acquiring = new Set([ACQUIRE_SCRIPT, ACQUIRE_UNRESERVED_SCRIPT].map(sha));
+    const acquisitionsOf = (commands: readonly MonitoredCommand[]): MonitoredCommand[] =>
+      commands.filter(
+        ({ args }) => args[0] === 'evalsha' && acquiring.has(args[1]) && args[3] === lockKey,
+      );
     const monitor = await monitorRedis(master.port);
     const fences: number[] = [];
     try {
@@ -99,6 +104,10 @@ describe('replicaAck: lock writes confirmed by replicas (WAIT)', () => {
       assert.ok(await eventually(() => waitingCallers(acked.locks, key) === 3));
       await first.release();
       await Promise.all(waiters);
+      // MONITOR's lines come on a socket of their own, after the replies: until the WAIT behind
+      // the last acquisition has arrived, fewer WAITs than acquisitions are seen.
+      const waits = (): number => monitor.commands.filter(({ args }) => args[0] === 'wait').length;
+      assert.ok(await eventually(() => waits() >= acquisitionsOf(monitor.commands).length));
     } finally {
       monitor.stop();
     }
@@ -111,10 +120,7 @@ describe('replicaAck: lock writes confirmed by replicas (WAIT)', () => {
       'a hand-over or pass-on script: a grant without WAIT',
     );
     // Every acquisition of the key (granted or not) is followed by WAIT on its connection.
-    const acquiring = new Set([ACQUIRE_SCRIPT, ACQUIRE_UNRESERVED_SCRIPT].map(sha));
-    const acquisitions = sent.filter(
-      ({ args }) => args[0] === 'evalsha' && acquiring.has(args[1]) && args[3] === lockKey,
-    );
+    const acquisitions = acquisitionsOf(sent);
     assert.ok(acquisitions.length >= 4, `${acquisitions.length} acquisitions for 4 grants`);
     for (const acquisition of acquisitions) {
       const next = sent

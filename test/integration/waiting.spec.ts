@@ -500,9 +500,12 @@ describe('waiting for a held lock', () => {
 
   it('passes the lock on in the process until its block of fences is used up, then takes a new block through Redis; every fence unique and above the last', async () => {
     const key = uniqueKey();
+    // A turn (handoffTurn) long enough for the whole chain: with the default 25 ms, a loaded
+    // machine ended it before a block was used up (a failed gate run: no block used up).
+    const app = await startLockModule({ connection: server.url, handoffTurn: 60_000 });
+    const waiter = app.locks;
     const held = await waiter.acquire(key, { ttl: 30_000 });
-    // Sections yield once (setImmediate, not a timer of at least 1 ms), so that the chain stays
-    // well within the process's turn (handoffTurn) even on a slow machine.
+    // Sections yield once (setImmediate, not a timer of at least 1 ms).
     const sections: { fence: number; lost: boolean; released: boolean }[] = [];
     const local = Array.from({ length: 2 * FENCE_STRIDE + 3 }, async () => {
       const lock = await waiter.acquire(key, { acquireTimeout: 10_000 });
@@ -512,7 +515,9 @@ describe('waiting for a held lock', () => {
       section.lost = lock.signal.aborted;
       section.released = await lock.release();
     });
-    const kinds = await scriptsWhileReleasing(held, local, [[PASS_ON_SCRIPT, 'P']], 'G');
+    const kinds = await scriptsWhileReleasing(held, local, [[PASS_ON_SCRIPT, 'P']], 'G').finally(
+      () => app.close(),
+    );
     // Each grant from Redis reserves a block; at most FENCE_STRIDE - 1 pass-ons (P) follow it,
     // the first after the held lock's grant. A block used up is followed by one handoff through
     // Redis (G), the next grant. Anything else between grants can only be the end of the
