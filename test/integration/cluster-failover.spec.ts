@@ -171,10 +171,23 @@ describe('on Redis Cluster with replicas (3 masters, 1 replica each), resharded 
       await eventually(() => waitingCallers(other.locks, key) === 1),
       'the other app waits',
     );
-    // Move the slot by hand, as redis-cli --cluster reshard does.
+    // Move the slot by hand, as redis-cli --cluster reshard does. redis-cli exits 0 on an error
+    // reply: each step's reply is checked, and kept for the diagnosis.
+    const steps: string[] = [];
+    const step = async (node: RedisServer, ...args: string[]): Promise<string> => {
+      const reply = (await cluster.cli(node, ...args)).trim();
+      steps.push(`${node.port} ${args.join(' ')}: ${reply}`);
+      return reply;
+    };
     const [sourceId, targetId] = await Promise.all([idOf(source), idOf(target)]);
-    await cluster.cli(target, 'cluster', 'setslot', String(slot), 'importing', sourceId);
-    await cluster.cli(source, 'cluster', 'setslot', String(slot), 'migrating', targetId);
+    assert.equal(
+      await step(target, 'cluster', 'setslot', String(slot), 'importing', sourceId),
+      'OK',
+    );
+    assert.equal(
+      await step(source, 'cluster', 'setslot', String(slot), 'migrating', targetId),
+      'OK',
+    );
     const keys = (await cluster.cli(source, 'cluster', 'getkeysinslot', String(slot), '100'))
       .trim()
       .split('\n');
@@ -184,7 +197,7 @@ describe('on Redis Cluster with replicas (3 masters, 1 replica each), resharded 
     assert.ok(keys.includes(`lock:{${key}}`));
     assert.ok(keys.includes(`lock:{${key}}:turns`));
     assert.ok(keys.some((name) => name.endsWith(':counter') && keySlot(name) === slot));
-    await cluster.cli(
+    const migrated = await step(
       source,
       'migrate',
       target.host,
@@ -195,27 +208,37 @@ describe('on Redis Cluster with replicas (3 masters, 1 replica each), resharded 
       'keys',
       ...keys,
     );
+    assert.equal(migrated, 'OK', steps.join('; '));
     // The new owner first, then the old one, then the rest (the order the Redis docs give).
     const others = (await masters()).filter((node) => node !== source && node !== target);
     for (const master of [target, source, ...others]) {
-      await cluster.cli(master, 'cluster', 'setslot', String(slot), 'node', targetId);
+      const reply = await step(master, 'cluster', 'setslot', String(slot), 'node', targetId);
+      if (master === target || master === source) assert.equal(reply, 'OK', steps.join('; '));
     }
     // As the masters told see it. A replica learns the move by gossip, which took over 20 s in
     // a loaded clean-clone run (FLAKY twice when this read the first node that answers, possibly
     // a replica); the client does not need it: a stale view sends it to the old owner, whose
     // MOVED it follows.
     for (const by of [target, source]) {
-      assert.ok(
-        await eventually(
-          () =>
-            cluster.ownerOf(slot, [by]).then(
-              (owner) => owner === target,
-              () => false, // a view in the middle of the move may name no owner yet
-            ),
-          20_000,
-        ),
-        `slot ${slot} moved to ${target.port} in ${by.port}'s view`,
+      const moved = await eventually(
+        () =>
+          cluster.ownerOf(slot, [by]).then(
+            (owner) => owner === target,
+            () => false, // a view in the middle of the move may name no owner yet
+          ),
+        20_000,
       );
+      if (!moved) {
+        const views = await Promise.all(
+          [target, source].map(async (node) => {
+            const table = await cluster.cli(node, 'cluster', 'nodes').catch(String);
+            return `${node.port} sees:\n${table}`;
+          }),
+        );
+        assert.fail(
+          `slot ${slot} not moved to ${target.port} in ${by.port}'s view within 20 s; steps: ${steps.join('; ')}\n${views.join('\n')}`,
+        );
+      }
     }
 
     await lock.extend().catch(async (error: unknown) => {

@@ -10,6 +10,7 @@ import {
   sleep,
   startNonPollingApp,
   uniqueKey,
+  waitingCallers,
   type LockModuleFixture,
 } from '../support/lock-module.js';
 import {
@@ -84,7 +85,7 @@ describe('on Redis Cluster', () => {
         const key = uniqueKey(`tagged${i}`);
         const held = await one.locks.acquire(key, { ttl: 30_000 });
         const waiting = two.locks.acquire(key, { acquireTimeout: 5_000 });
-        await sleep(50);
+        assert.ok(await eventually(() => waitingCallers(two.locks, key) === 1), 'it waits');
         const watch = watchStalls();
         const releasedAt = performance.now();
         assert.equal(await held.release(), true, 'the release failed');
@@ -99,7 +100,7 @@ describe('on Redis Cluster', () => {
       const fair = uniqueKey('tagged-fair');
       const first = await one.locks.acquire(fair, { fair: true, ttl: 30_000 });
       const second = two.locks.acquire(fair, { fair: true, acquireTimeout: 5_000 });
-      await sleep(50);
+      assert.ok(await eventually(() => waitingCallers(two.locks, fair) === 1), 'it waits');
       await first.release();
       await (await second).release();
     } finally {
@@ -140,7 +141,7 @@ describe('on Redis Cluster', () => {
     const second = await other.locks.acquire(key, { limit: 2 });
     assert.equal(await app.locks.tryAcquire(key, { limit: 2 }), null);
     const waiting = app.locks.acquire(key, { limit: 2, acquireTimeout: 5_000 });
-    await sleep(100);
+    assert.ok(await eventually(() => waitingCallers(app.locks, key) === 1), 'it waits');
     await first.release();
     const third = await waiting; // woken by the release
     assert.ok(third.fence > second.fence);
@@ -159,7 +160,7 @@ describe('on Redis Cluster', () => {
       [app, other].map((fixture) => fixture.locks.acquire(key, { mode: 'read' })),
     );
     const writing = app.locks.acquire(key, { acquireTimeout: 5_000 });
-    await sleep(100);
+    assert.ok(await eventually(() => waitingCallers(app.locks, key) === 1), 'it waits');
     await readers[0].release();
     await readers[1].release();
     const writer = await writing; // woken by the last reader's release

@@ -26,6 +26,7 @@ import {
   PASS_ON_SCRIPT,
 } from '../../lib/redis/lock.scripts.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
+import { monitorRedis, scriptCalls } from '../support/redis-monitor.js';
 
 /** The fence counter every key of a Redis shares, under the default prefix. */
 const COUNTER = 'lock:{}:counter';
@@ -549,6 +550,42 @@ describe('LockService on a single Redis', () => {
           await next.release();
         }
       } finally {
+        await redis.del(COUNTER); // back to the clock for the other tests
+      }
+    });
+
+    it('are exact safe integers up to 2^53 µs, where the server clock gets in the year 2255: grants, blocks and pass-ons', async () => {
+      const key = uniqueKey();
+      // Odd and 16 digits: a float or a %.14g string anywhere on the way would show.
+      const near = Number.MAX_SAFE_INTEGER - 3 * FENCE_STRIDE - 4;
+      await redis.set(COUNTER, String(near));
+      const monitor = await monitorRedis(server.port);
+      try {
+        const lock = await locks.acquire(key, { ttl: 5_000 });
+        assert.equal(lock.fence, near + 1);
+        // The end of its block, written back exactly.
+        assert.equal(await redis.get(COUNTER), String(near + FENCE_STRIDE));
+        // An heir in the process, asleep (its attempt and its attempt once subscribed have run),
+        // is passed the next fence of the block.
+        const heir = locks.acquire(key, { ttl: 5_000, acquireTimeout: 5_000 });
+        assert.ok(
+          await eventually(
+            () => scriptCalls(monitor.commands, ACQUIRE_SCRIPT, `lock:{${key}}`) >= 3,
+          ),
+          'the heir is asleep',
+        );
+        await lock.release();
+        const next = await heir;
+        assert.equal(next.fence, near + 2);
+        await next.release();
+        // The next grant takes the next block.
+        const other = await locks.acquire(uniqueKey());
+        assert.equal(other.fence, near + FENCE_STRIDE + 1);
+        assert.equal(await redis.get(COUNTER), String(near + 2 * FENCE_STRIDE));
+        assert.ok(Number.isSafeInteger(near + 2 * FENCE_STRIDE));
+        await other.release();
+      } finally {
+        monitor.stop();
         await redis.del(COUNTER); // back to the clock for the other tests
       }
     });

@@ -16,6 +16,7 @@ import {
   twoAppsOnOneRedis,
   assertOwnTokenKeepsFence,
   uniqueKey,
+  waitingCallers,
 } from '../support/lock-module.js';
 import { monitorRedis } from '../support/redis-monitor.js';
 
@@ -39,7 +40,7 @@ describe("read/write locks (mode: 'read')", () => {
     try {
       // Within 3 s: short of its next poll (60 s) and of the second reader's TTL (5 s).
       const waiting = waiter.locks.acquire(key, { acquireTimeout: 3_000 });
-      await sleep(100);
+      assert.ok(await eventually(() => waitingCallers(waiter.locks, key) === 1), 'it waits');
       assert.equal(await second.release(), true);
       const writer = await waiting; // so the last reader's release woke it
       assert.ok(writer.fence > second.fence);
@@ -176,7 +177,8 @@ describe("read/write locks (mode: 'read')", () => {
     const key = uniqueKey('doc');
     const writer = await env.locks.acquire(key, { ttl: 10_000 });
     const reader = env.locks.acquire(key, { ...read, acquireTimeout: 5_000 });
-    await sleep(50); // the reader waits (readers never join the queue of waiting processes)
+    // The reader waits (readers never join the queue of waiting processes).
+    assert.ok(await eventually(() => waitingCallers(env.locks, key) === 1), 'it waits');
     await writer.release();
     await (await reader).release();
     // Queued by the writer's release, the process would stay there for its stay (~4 s): no

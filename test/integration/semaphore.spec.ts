@@ -19,6 +19,7 @@ import {
   startNonPollingApp,
   twoAppsOnOneRedis,
   uniqueKey,
+  waitingCallers,
 } from '../support/lock-module.js';
 import { monitorRedis } from '../support/redis-monitor.js';
 import { assertWithin, watchStalls } from '../support/timing.js';
@@ -142,7 +143,7 @@ describe('counting semaphores (limit)', () => {
     const waiter = await startNonPollingApp({ connection: env.server.url, fenceRetention: 0 });
     try {
       const waiting = waiter.locks.acquire(key, { limit: 3, acquireTimeout: 5_000 });
-      await sleep(100);
+      assert.ok(await eventually(() => waitingCallers(waiter.locks, key) === 1), 'it waits');
       assert.equal(await holders[1].release(), true);
       const fourth = await waiting; // woken by the release: its next poll is 60 s away
       assert.ok(fourth.fence > holders[2].fence);

@@ -18,18 +18,15 @@ import {
   startLockModule,
   startNonPollingApp,
   uniqueKey,
+  waitingCallers,
   type LockModuleFixture,
 } from '../support/lock-module.js';
 import { assertWithin, watchStalls } from '../support/timing.js';
-import {
-  monitorRedis,
-  scriptCalls,
-  scriptSequence,
-  type MonitoredCommand,
-} from '../support/redis-monitor.js';
+import { monitorRedis, scriptCalls, scriptSequence } from '../support/redis-monitor.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
 import {
   ACQUIRE_SCRIPT,
+  ACQUIRE_UNRESERVED_SCRIPT,
   FENCE_STRIDE,
   HANDOFF_SCRIPT,
   HANDOFF_UNRESERVED_SCRIPT,
@@ -73,13 +70,13 @@ describe('waiting for a held lock', () => {
    * counter with that TTL + fenceRetention.
    */
   async function assertHandedOver(
-    monitor: { readonly commands: MonitoredCommand[] },
+    monitor: Awaited<ReturnType<typeof monitorRedis>>,
     key: string,
     script: string,
     next: Lock,
     ttl: number,
   ): Promise<void> {
-    await sleep(20);
+    await monitor.caughtUp();
     const calls = (s: string): number => scriptCalls(monitor.commands, s, `lock:{${key}}`);
     const scripts = [PASS_ON_SCRIPT, HANDOFF_SCRIPT, RELEASE_SCRIPT, ACQUIRE_SCRIPT];
     assert.deepEqual(
@@ -99,7 +96,11 @@ describe('waiting for a held lock', () => {
     );
   }
 
-  /** A lock on a new key held through `locks`, and one caller queued (and asleep) behind it. */
+  /**
+   * A lock on a new key held through `locks`, and one caller queued and asleep behind it: its
+   * attempt and its attempt once subscribed have both run, and it sends nothing more until a
+   * release wakes it.
+   */
   async function heldWithWaiter(
     locks: LockService,
     heldTtl: number,
@@ -107,28 +108,54 @@ describe('waiting for a held lock', () => {
   ): Promise<{ key: string; held: Lock; queued: Promise<Lock> }> {
     const key = uniqueKey();
     const held = await locks.acquire(key, { ttl: heldTtl });
-    const queued = locks.acquire(key, { ttl: waiterTtl, acquireTimeout: 10_000 });
-    await sleep(100); // queued and asleep
-    return { key, held, queued };
+    const attempts = await attemptsOn(key);
+    try {
+      const queued = locks.acquire(key, { ttl: waiterTtl, acquireTimeout: 10_000 });
+      await attempts.asleep(2);
+      return { key, held, queued };
+    } finally {
+      attempts.stop();
+    }
+  }
+
+  /** Waits until `count` callers of `locks` wait for `key` (each counted once it found it held). */
+  async function queuedIn(locks: LockService, key: string, count: number): Promise<void> {
+    assert.ok(
+      await eventually(() => waitingCallers(locks, key) === count),
+      `${waitingCallers(locks, key)} of ${count} callers queued`,
+    );
   }
 
   /**
-   * Once `sections` (callers of the held key) are queued and asleep, releases `held` and lets them
-   * all run; returns the lock scripts Redis ran on the key meanwhile (see `scriptSequence`).
+   * Starts `sections` (callers of the held key, in `locks`' process, started in one tick: none
+   * finds another waiter of its process to queue behind) and, once all are queued and asleep
+   * (each made its attempt and its attempt once subscribed), releases `held` and lets them all
+   * run; returns the lock scripts Redis ran on the key from the release on (see `scriptSequence`).
    */
   async function scriptsWhileReleasing(
+    locks: LockService,
     held: Lock,
-    sections: readonly Promise<unknown>[],
+    sections: () => Promise<unknown>[],
     letters: Parameters<typeof scriptSequence>[2],
     other: string,
   ): Promise<string> {
-    await sleep(100);
     const monitor = await monitorRedis(server.port);
     try {
+      const started = sections();
+      const attempts = (): number =>
+        scriptCalls(monitor.commands, ACQUIRE_SCRIPT, `lock:{${held.key}}`);
+      await queuedIn(locks, held.key, started.length);
+      const asleep = 2 * started.length;
+      assert.ok(
+        await eventually(() => attempts() >= asleep),
+        `${attempts()} of ${asleep} attempts`,
+      );
+      await monitor.caughtUp();
+      const from = monitor.commands.length;
       await held.release();
-      await Promise.all(sections);
-      await sleep(20);
-      return scriptSequence(monitor.commands, `lock:{${held.key}}`, letters, other);
+      await Promise.all(started);
+      await monitor.caughtUp();
+      return scriptSequence(monitor.commands.slice(from), `lock:{${held.key}}`, letters, other);
     } finally {
       monitor.stop();
     }
@@ -187,7 +214,7 @@ describe('waiting for a held lock', () => {
     const monitor = await monitorRedis(server.port);
     const waitMs = 2_500;
     await assert.rejects(waiter.acquire(key, { acquireTimeout: waitMs }), LockAcquireTimeoutError);
-    await sleep(50);
+    await monitor.caughtUp();
     monitor.stop();
     await held.release();
     const attempts = scriptCalls(monitor.commands, ACQUIRE_SCRIPT, `lock:{${key}}`);
@@ -238,7 +265,7 @@ describe('waiting for a held lock', () => {
           { acquireTimeout: 5_000 },
         ),
       );
-      await sleep(100);
+      await queuedIn(app.locks, key, 5);
       await held.release();
       await Promise.all(waiters);
       assert.deepEqual(order, [0, 1, 2, 3, 4]);
@@ -256,11 +283,15 @@ describe('waiting for a held lock', () => {
       const waiters = Array.from({ length: 5 }, () =>
         waiter.using(key, () => sleep(5), { acquireTimeout: 10_000, autoExtend: false }),
       );
-      await sleep(200);
-      const beforeRelease = attempts(); // each waiter: one attempt, one more once subscribed
+      // Started in one tick, none found another waiter of its process to queue behind: each made
+      // one attempt, and one more once subscribed.
+      await queuedIn(waiter, key, 5);
+      assert.ok(await eventually(() => attempts() >= 10), `${attempts()} of 10 attempts`);
+      await monitor.caughtUp();
+      const beforeRelease = attempts();
       await held.release();
       await Promise.all(waiters);
-      await sleep(20);
+      await monitor.caughtUp();
       // Woken one at a time: five releases, five attempts. Waking every waiter on each release
       // would cost 5 + 4 + 3 + 2 + 1 = 15.
       assert.equal(beforeRelease, 10);
@@ -281,6 +312,7 @@ describe('waiting for a held lock', () => {
   async function attemptsOn(key: string): Promise<{
     count(): number;
     asleep(attempts: number): Promise<void>;
+    caughtUp(): Promise<void>;
     stop(): void;
   }> {
     const monitor = await monitorRedis(server.port);
@@ -293,6 +325,7 @@ describe('waiting for a held lock', () => {
           `${count()} of ${attempts} attempts`,
         );
       },
+      caughtUp: () => monitor.caughtUp(),
       stop: () => monitor.stop(),
     };
   }
@@ -333,7 +366,7 @@ describe('waiting for a held lock', () => {
       assert.ok(pttl > 0 && pttl <= 2 * (60_000 + 50 + 1_000), `the queue lapses: ${pttl}`);
       await held.release();
       await Promise.all(waiting);
-      await sleep(20);
+      await attempts.caughtUp();
       // One attempt per release, by the process it named. Waking every process at each release
       // would cost 3 + 2 + 1.
       assert.equal(attempts.count(), 6 + 3);
@@ -397,10 +430,11 @@ describe('waiting for a held lock', () => {
     const held = await waiter.acquire(key, { ttl: 5_000 });
     const next = waiter.acquire(key, { ttl: 100, acquireTimeout: 5_000 });
     assert.ok(await eventually(async () => (await redis.exists(`lock:{${key}}:turns`)) === 1));
-    await sleep(50);
+    await queuedIn(waiter, key, 1);
     await held.release(); // passed on to its own waiter: no release in Redis names anyone
     const lock = await next;
-    await sleep(150); // its lease ran out
+    // Its lease ran out.
+    assert.ok(await eventually(async () => (await redis.exists(`lock:{${key}}`)) === 0));
     assert.equal(await lock.release(), false);
     assert.equal(await redis.exists(`lock:{${key}}:turns`), 0, 'the process stayed in the queue');
   });
@@ -444,7 +478,7 @@ describe('waiting for a held lock', () => {
     const queued: Promise<void>[] = [];
     for (let i = 0; i < 5; i++) {
       queued.push(take(`w${i}`));
-      await sleep(30); // one after another
+      await queuedIn(waiter, key, i + 1); // one after another
     }
     await held.release();
     // Asks again at once, while its release is still on its way to the first waiter: without
@@ -507,17 +541,22 @@ describe('waiting for a held lock', () => {
     const held = await waiter.acquire(key, { ttl: 30_000 });
     // Sections yield once (setImmediate, not a timer of at least 1 ms).
     const sections: { fence: number; lost: boolean; released: boolean }[] = [];
-    const local = Array.from({ length: 2 * FENCE_STRIDE + 3 }, async () => {
-      const lock = await waiter.acquire(key, { acquireTimeout: 10_000 });
-      const section = { fence: lock.fence, lost: false, released: false };
-      sections.push(section);
-      await new Promise((resolve) => setImmediate(resolve));
-      section.lost = lock.signal.aborted;
-      section.released = await lock.release();
-    });
-    const kinds = await scriptsWhileReleasing(held, local, [[PASS_ON_SCRIPT, 'P']], 'G').finally(
-      () => app.close(),
-    );
+    const local = (): Promise<void>[] =>
+      Array.from({ length: 2 * FENCE_STRIDE + 3 }, async () => {
+        const lock = await waiter.acquire(key, { acquireTimeout: 10_000 });
+        const section = { fence: lock.fence, lost: false, released: false };
+        sections.push(section);
+        await new Promise((resolve) => setImmediate(resolve));
+        section.lost = lock.signal.aborted;
+        section.released = await lock.release();
+      });
+    const kinds = await scriptsWhileReleasing(
+      waiter,
+      held,
+      local,
+      [[PASS_ON_SCRIPT, 'P']],
+      'G',
+    ).finally(() => app.close());
     // Each grant from Redis reserves a block; at most FENCE_STRIDE - 1 pass-ons (P) follow it,
     // the first after the held lock's grant. A block used up is followed by one handoff through
     // Redis (G), the next grant. Anything else between grants can only be the end of the
@@ -558,17 +597,24 @@ describe('waiting for a held lock', () => {
       const key = uniqueKey();
       const held = await app.locks.acquire(key, { ttl: 30_000 });
       assert.equal(Number(await redis.get('zero:{}:counter')), held.fence);
-      const queued = app.locks.acquire(key, { ttl: 30_000, acquireTimeout: 10_000 });
-      await sleep(100);
       const monitor = await monitorRedis(server.port);
       try {
+        const queued = app.locks.acquire(key, { ttl: 30_000, acquireTimeout: 10_000 });
+        const calls = (script: string, from = 0): number =>
+          scriptCalls(monitor.commands.slice(from), script, `zero:{${key}}`);
+        // Asleep: its attempt and its attempt once subscribed have run.
+        assert.ok(
+          await eventually(() => calls(ACQUIRE_UNRESERVED_SCRIPT) >= 2),
+          'the waiter is asleep',
+        );
+        await monitor.caughtUp();
+        const from = monitor.commands.length;
         assert.equal(await held.release(), true);
         const next = await queued;
-        await sleep(20);
-        const calls = (script: string): number =>
-          scriptCalls(monitor.commands, script, `zero:{${key}}`);
-        assert.equal(calls(HANDOFF_UNRESERVED_SCRIPT), 1);
-        assert.equal(calls(PASS_ON_SCRIPT) + calls(HANDOFF_SCRIPT), 0);
+        await monitor.caughtUp();
+        assert.equal(calls(ACQUIRE_UNRESERVED_SCRIPT, from), 0);
+        assert.equal(calls(HANDOFF_UNRESERVED_SCRIPT, from), 1);
+        assert.equal(calls(PASS_ON_SCRIPT, from) + calls(HANDOFF_SCRIPT, from), 0);
         assert.ok(next.fence > held.fence);
         // One fence taken: the counter stands at it, no block beyond.
         assert.equal(Number(await redis.get('zero:{}:counter')), next.fence);
@@ -661,15 +707,16 @@ describe('waiting for a held lock', () => {
     const app = await startLockModule({ connection: server.url, handoffTurn });
     try {
       const held = await app.locks.acquire(uniqueKey(), { ttl: 30_000 });
-      const local = Array.from({ length: count }, () =>
-        app.locks.using(held.key, () => sleep(sectionMs), { acquireTimeout: 10_000 }),
-      );
+      const local = (): Promise<void>[] =>
+        Array.from({ length: count }, () =>
+          app.locks.using(held.key, () => sleep(sectionMs), { acquireTimeout: 10_000 }),
+        );
       const letters: Parameters<typeof scriptSequence>[2] = [
         [PASS_ON_SCRIPT, 'P'],
         [HANDOFF_SCRIPT, 'H'],
         [RELEASE_SCRIPT, 'R'],
       ];
-      return await scriptsWhileReleasing(held, local, letters, 'A');
+      return await scriptsWhileReleasing(app.locks, held, local, letters, 'A');
     } finally {
       await app.close();
     }
@@ -701,7 +748,9 @@ describe('waiting for a held lock', () => {
       waiter.using(key, section(`local${i}`), { acquireTimeout: 10_000 }),
     );
     const remote = holder.using(key, section('remote'), { acquireTimeout: 10_000 });
-    await sleep(150); // all queued: six in this process, one in the other
+    // All queued: six in this process, one in the other.
+    await queuedIn(waiter, key, 6);
+    await queuedIn(holder, key, 1);
     await held.release();
     await Promise.all([...local, remote]);
     // Handed over in this process (a turn begins); the release after the turn frees the lock and
@@ -728,7 +777,9 @@ describe('waiting for a held lock', () => {
         app.locks.using(key, section(`local${i}`), { acquireTimeout: 10_000 }),
       );
       const remote = holder.using(key, section('remote'), { acquireTimeout: 10_000 });
-      await sleep(150); // all queued: three in this process, one in the other
+      // All queued: three in this process, one in the other.
+      await queuedIn(app.locks, key, 3);
+      await queuedIn(holder, key, 1);
       await held.release();
       await Promise.all([...local, remote]);
       // Nothing is passed on in the process: the release frees the lock, this process's waiters
@@ -756,7 +807,7 @@ describe('waiting for a held lock', () => {
         acquireTimeout: 10_000,
         signal: giveUp.signal,
       });
-      await sleep(100);
+      await queuedIn(slow.locks, key, 1);
       proxy.setLatency(150);
       const released = held.release(); // the handoff is on its way
       await sleep(50);
@@ -774,19 +825,28 @@ describe('waiting for a held lock', () => {
   it('idle waiters in one process poll as one: an attempt per retryInterval, not one per waiter', async () => {
     const key = uniqueKey();
     const held = await holder.acquire(key, { ttl: 30_000 });
-    const parked = Array.from({ length: 50 }, () =>
-      waiter.acquire(key, { acquireTimeout: 20_000 }).then((lock) => lock.release()),
-    );
-    await sleep(300); // every waiter has subscribed and gone to sleep
-    const monitor = await monitorRedis(server.port);
-    await sleep(3_000);
-    monitor.stop();
-    const attempts = scriptCalls(monitor.commands, ACQUIRE_SCRIPT, `lock:{${key}}`);
-    // retryInterval is 1 s (+ up to 50 ms jitter): the first waiter polls about 3 times; fifty
-    // waiters each on their own timer would send about 150 attempts.
-    assert.ok(attempts >= 2 && attempts <= 4, `${attempts} attempts in 3 s from 50 idle waiters`);
-    await held.release();
-    await Promise.all(parked);
+    const attempts = await attemptsOn(key);
+    try {
+      const parked = Array.from({ length: 50 }, () =>
+        waiter.acquire(key, { acquireTimeout: 20_000 }).then((lock) => lock.release()),
+      );
+      // Started in one tick: each made its attempt and one more once subscribed; then the first
+      // polls and the others sleep in the queue.
+      await queuedIn(waiter, key, 50);
+      await attempts.asleep(100);
+      await attempts.caughtUp();
+      const before = attempts.count();
+      await sleep(3_000);
+      await attempts.caughtUp();
+      const polls = attempts.count() - before;
+      // retryInterval is 1 s (+ up to 50 ms jitter): the first waiter polls about 3 times; fifty
+      // waiters each on their own timer would send about 150 attempts.
+      assert.ok(polls >= 2 && polls <= 3, `${polls} attempts in 3 s from 50 idle waiters`);
+      await held.release();
+      await Promise.all(parked);
+    } finally {
+      attempts.stop();
+    }
   });
 
   it('a release whose message is lost costs at most retryInterval, never a hang', async () => {
@@ -798,7 +858,7 @@ describe('waiting for a held lock', () => {
     await holder.acquire(key, { ttl: 30_000 });
     try {
       const waiting = app.locks.acquire(key, { acquireTimeout: 5_000 });
-      await sleep(100);
+      await queuedIn(app.locks, key, 1);
       // The lock goes away with no release message at all, as if the message had been lost.
       const watch = watchStalls();
       const freedAt = performance.now();
@@ -819,7 +879,7 @@ describe('waiting for a held lock', () => {
     const held = await holder.acquire(key);
     const controller = new AbortController();
     const pending = waiter.acquire(key, { acquireTimeout: 10_000, signal: controller.signal });
-    await sleep(100);
+    await queuedIn(waiter, key, 1);
     const watch = watchStalls();
     const abortedAt = performance.now();
     controller.abort(new Error('client went away'));
@@ -849,7 +909,7 @@ describe('waiting for a held lock', () => {
         waiter.acquire(key, { acquireTimeout: 10_000, signal: controller.signal }),
       );
       // Every caller is waiting (the first polls, the others sleep in the queue).
-      await sleep(200);
+      await queuedIn(waiter, key, 40);
       assert.ok(
         getEventListeners(controller.signal, 'abort').length <= 1,
         `${getEventListeners(controller.signal, 'abort').length} listeners on one shared signal`,
@@ -877,9 +937,9 @@ describe('waiting for a held lock', () => {
     try {
       const controller = new AbortController();
       const first = app.locks.acquire(key, { acquireTimeout: 10_000, signal: controller.signal });
-      await sleep(50);
+      await queuedIn(app.locks, key, 1);
       const second = app.locks.acquire(key, { acquireTimeout: 10_000 });
-      await sleep(100);
+      await queuedIn(app.locks, key, 2);
       controller.abort();
       await assert.rejects(first, LockAcquireAbortedError);
       await held.release();
@@ -887,6 +947,34 @@ describe('waiting for a held lock', () => {
       await (await second).release();
     } finally {
       await app.close();
+    }
+  });
+
+  it('an attempt in flight at the deadline counts if its reply comes within commandTimeout: acquire() and tryAcquire() get the lock', async () => {
+    const proxy = await FaultProxy.start(() => server.port);
+    const slow = await startLockModule({
+      connection: `redis://127.0.0.1:${proxy.port}`,
+      commandTimeout: 3_000,
+    });
+    try {
+      await (await slow.locks.acquire(uniqueKey())).release(); // connection and scripts ready
+      proxy.setLatency(150); // each way: a round trip of 300 ms, past each deadline below
+      for (const take of [
+        (key: string) => slow.locks.acquire(key, { acquireTimeout: 50 }),
+        (key: string) => slow.locks.tryAcquire(key),
+      ]) {
+        const key = uniqueKey();
+        const started = performance.now();
+        const lock = await take(key);
+        const took = performance.now() - started;
+        assert.ok(lock, 'the attempt in flight at the deadline did not count');
+        assert.ok(took >= 290, `answered after ${took.toFixed(0)} ms: not past the deadline`);
+        assert.equal(await redis.get(`lock:{${key}}`), lock.token);
+        assert.equal(await lock.release(), true);
+      }
+    } finally {
+      await slow.close();
+      await proxy.close();
     }
   });
 
@@ -1025,15 +1113,16 @@ describe('waiting for a held lock', () => {
     const key = uniqueKey();
     const held = await holder.acquire(key);
     const pending = waiter.acquire(key, { acquireTimeout: 5_000 });
-    await sleep(100);
+    await queuedIn(waiter, key, 1);
     const probe = new Redis(server.port, '127.0.0.1');
     const during = (await probe.pubsub('CHANNELS', `lock:{${key}}:released`)) as string[];
     await held.release();
     await (await pending).release();
-    await sleep(50);
-    const afterwards = (await probe.pubsub('CHANNELS', `lock:{${key}}:released`)) as string[];
+    const channels = async (): Promise<string[]> =>
+      (await probe.pubsub('CHANNELS', `lock:{${key}}:released`)) as string[];
+    const closed = await eventually(async () => (await channels()).length === 0, 2_000);
     probe.disconnect();
     assert.deepEqual(during, [`lock:{${key}}:released`]);
-    assert.deepEqual(afterwards, []);
+    assert.ok(closed, 'the channel stayed open');
   });
 });

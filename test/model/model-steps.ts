@@ -202,9 +202,8 @@ class AcquireStep extends Step {
     const options = { ttl: this.ttl, autoExtend: this.autoExtend, holdAtLeast };
     const what = this.toString();
     const node = model.node(undefined);
-    const bound = 2 * model.commandTimeout * keys.length;
     if (this.wait === 'try') {
-      const lock = await model.bounded(what, bound, () =>
+      const lock = await model.bounded(what, model.tryBound(app, keys.length, 2), () =>
         app.locks.tryAcquire(key, options).catch((error: unknown) => {
           model.failed(what, error, app);
           return null;
@@ -219,7 +218,7 @@ class AcquireStep extends Step {
       const { signal } = waiter.abort;
       const quit = quitting(waiter.abort, this.quitAfter);
       const call = model
-        .bounded(what, acquireTimeout + bound, () =>
+        .bounded(what, acquireTimeout + model.tryBound(app, keys.length, 2), () =>
           app.locks.acquire(key, { ...options, acquireTimeout, signal }),
         )
         .then(
@@ -266,7 +265,7 @@ class AcquireOwnStep extends Step {
     const what = this.toString();
     const token = `own-${this.token}-${model.prefix}`;
     const started = performance.now();
-    const lock = await model.bounded(what, this.wait + 2 * model.commandTimeout, () =>
+    const lock = await model.bounded(what, this.wait + model.tryBound(app, 1, 2), () =>
       app.locks
         .acquire(key, { token, ttl: this.ttl, acquireTimeout: this.wait })
         .catch((error: unknown) => {
@@ -370,7 +369,7 @@ class ShapeStep extends Step {
     const what = this.toString();
     const node = model.node(undefined);
     if (this.wait === 'try') {
-      const lock = await model.bounded(what, model.commandTimeout, () =>
+      const lock = await model.bounded(what, model.tryBound(app, 1), () =>
         app.locks.tryAcquire(key, options).catch((error: unknown) => {
           model.failed(what, error, app);
           return null;
@@ -386,7 +385,7 @@ class ShapeStep extends Step {
       const quit = quitting(waiter.abort, this.quitAfter);
       model.pending.push(
         model
-          .bounded(what, acquireTimeout + 2 * model.commandTimeout, () =>
+          .bounded(what, acquireTimeout + model.tryBound(app, 1, 2), () =>
             app.locks.acquire(key, { ...options, acquireTimeout, signal }),
           )
           .then(
@@ -690,10 +689,10 @@ class NestStep extends Step {
           model.failed(what, error, app, waited);
         }
       });
-      await model.bounded(what, this.wait + 2 * model.commandTimeout, () => child.started);
+      await model.bounded(what, this.wait + model.tryBound(app, 1, 2), () => child.started);
     } else {
       const node = model.node(parent.node);
-      await model.bounded(what, this.wait + 2 * model.commandTimeout, () =>
+      await model.bounded(what, this.wait + model.tryBound(app, 1, 2), () =>
         parent.run(async () => {
           const straight = straightNesting(model, node, parent.keys);
           const started = performance.now();

@@ -12,15 +12,20 @@ export interface MonitoredCommand {
 /**
  * Records every command a Redis server executes, through MONITOR on a raw socket (ioredis's own
  * monitor() can mistake a monitor line for a reply under load). Resolves once MONITOR is on.
+ * `caughtUp()` resolves once every command Redis executed before it was called is in `commands`:
+ * MONITOR reports commands in the order Redis runs them, on a socket of its own, so it sends a
+ * marker (`ECHO`) on another connection and waits for it to come back through MONITOR.
  */
 export async function monitorRedis(
   port: number,
   host = '127.0.0.1',
 ): Promise<{
   readonly commands: MonitoredCommand[];
+  caughtUp(): Promise<void>;
   stop(): void;
 }> {
   const commands: MonitoredCommand[] = [];
+  const markers = new Map<string, () => void>();
   const socket: Socket = createConnection({ port, host });
   let buffer = '';
   await new Promise<void>((resolve, reject) => {
@@ -33,12 +38,42 @@ export async function monitorRedis(
         buffer = buffer.slice(end + 2);
         if (line === '+OK') resolve();
         const parsed = /^\+\d+\.\d+ \[\d+ ([^\]]+)\] (.*)$/.exec(line);
-        if (parsed) commands.push({ source: parsed[1], args: parseQuoted(parsed[2]) });
+        if (!parsed) continue;
+        const command = { source: parsed[1], args: parseQuoted(parsed[2]) };
+        if (command.args[0] === 'echo' && markers.has(command.args[1])) {
+          markers.get(command.args[1])!();
+          continue;
+        }
+        commands.push(command);
       }
     });
     socket.write('MONITOR\r\n');
   });
-  return { commands, stop: () => void socket.destroy() };
+  let nextMarker = 0;
+  const caughtUp = async (): Promise<void> => {
+    const marker = `monitor-caught-up-${process.pid}-${nextMarker++}`;
+    const seen = new Promise<void>((resolve) => markers.set(marker, resolve));
+    const sender = createConnection({ port, host });
+    sender.on('error', () => {}); // the wait below says what went wrong
+    let timer: NodeJS.Timeout | undefined;
+    try {
+      sender.write(`*2\r\n$4\r\nECHO\r\n$${marker.length}\r\n${marker}\r\n`);
+      await Promise.race([
+        seen,
+        new Promise<never>((_, reject) => {
+          timer = setTimeout(
+            () => reject(new Error(`MONITOR on ${host}:${port} never showed its marker in 10 s`)),
+            10_000,
+          );
+        }),
+      ]);
+    } finally {
+      clearTimeout(timer);
+      markers.delete(marker);
+      sender.destroy();
+    }
+  };
+  return { commands, caughtUp, stop: () => void socket.destroy() };
 }
 
 /** Splits `"evalsha" "abc" "2"` into its unescaped strings. */
