@@ -1,7 +1,8 @@
 import assert from 'node:assert/strict';
+import { inspect } from 'node:util';
 import { after, before, describe, it } from 'node:test';
 import { Cluster, Redis } from 'ioredis';
-import { LockReplicationError } from '../../lib/index.js';
+import { LockBackendError, LockReplicationError } from '../../lib/index.js';
 import {
   eventually,
   sleep,
@@ -138,10 +139,20 @@ describe('on Redis Cluster with replicas (3 masters, 1 replica each), resharded 
   async function lockingResumed(key: () => string, since: number): Promise<number> {
     let lastError: unknown = 'the key was taken';
     while (performance.now() - since < 20_000) {
+      const watch = watchStalls();
+      const asked = performance.now();
+      let failed: unknown;
       const lock = await app.locks.tryAcquire(key()).catch((error: unknown) => {
-        lastError = error;
+        lastError = failed = error;
         return null;
       });
+      // Meanwhile a call on those slots fails with LockBackendError within commandTimeout (the
+      // default 1 s), never hangs, never another error.
+      if (failed !== undefined) {
+        assert.ok(failed instanceof LockBackendError, inspect(failed));
+        assertWithin(performance.now() - asked, 1_000, watch, 'a call on the failed slots');
+      }
+      watch.stop();
       if (lock) {
         await lock.release();
         return performance.now() - since;

@@ -43,6 +43,24 @@ describe('fair locks (fair: true)', () => {
   const fair = { fair: true } as const;
   const locksOf = (i: number): LockService => apps[i].locks;
 
+  it('your own token that holds a fair lock gets its fence again, from any app, and the next holder a greater one; nothing stays', async () => {
+    const key = uniqueKey('own');
+    const mine = await locksOf(0).acquire(key, { ...fair, token: 'mine', ttl: 10_000 });
+    for (const app of [0, 1]) {
+      const again = await locksOf(app).acquire(key, { ...fair, token: 'mine', ttl: 10_000 });
+      assert.equal(again.fence, mine.fence, `app ${app}: the same fence for the token holding it`);
+    }
+    assert.equal(await mine.release(), true);
+    const next = await locksOf(1).acquire(key, fair);
+    assert.ok(next.fence > mine.fence, `${next.fence} after ${mine.fence}`);
+    const back = locksOf(0).acquire(key, { ...fair, token: 'mine', acquireTimeout: 5_000 });
+    assert.equal(await next.release(), true);
+    const mineAgain = await back;
+    assert.ok(mineAgain.fence > next.fence, `${mineAgain.fence} after ${next.fence}`);
+    assert.equal(await mineAgain.release(), true);
+    assert.deepEqual(await redis.keys(`lock:{${key}}*`), []);
+  });
+
   /**
    * Six waiters, alternating between two apps, ask 40 ms apart while a third app holds the key;
    * resolves the order in which they got it.

@@ -26,6 +26,7 @@ import {
   type LockModuleFixture,
 } from '../support/lock-module.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
+import { assertWithin, watchStalls } from '../support/timing.js';
 
 /** What a leader's work writes to: rejects a fence lower than the highest it has seen. */
 class FencedStore {
@@ -131,14 +132,23 @@ describe('leadership (lead, @WhileLeader)', { timeout: 90_000 }, () => {
   it('a term whose work throws is logged and the campaign goes on; a work that returns leads again', async () => {
     const key = uniqueKey('leader');
     const fences: number[] = [];
+    const began: number[] = [];
+    const watch = watchStalls();
     const leadership = apps[0].locks.lead(key, async ({ fence, signal }) => {
       fences.push(fence);
+      began.push(performance.now());
       if (fences.length === 1) throw new Error('ingest failed');
       if (fences.length === 2) return;
       await new Promise((resolve) => signal.addEventListener('abort', resolve, { once: true }));
     });
     assert.ok(await eventually(() => fences.length === 3, 10_000), `terms: ${fences.join(', ')}`);
     assert.ok(fences[1] > fences[0] && fences[2] > fences[1], fences.join(', '));
+    // The campaign goes on after retryInterval (100 ms here), not at once: a work that returns
+    // at once does not spin.
+    for (const i of [1, 2]) {
+      assertWithin(began[i] - began[i - 1], 100, watch, `term ${i + 1} after term ${i}`, 95);
+    }
+    watch.stop();
     assert.equal(leadership.isLeader, true);
     await leadership.stop();
     const failed = logs.capture.lines.filter(

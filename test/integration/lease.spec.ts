@@ -256,17 +256,33 @@ describe('the lease of a held lock', () => {
   });
 
   describe('failing extensions', () => {
-    it('keep being retried with one warning per outage, and end as "unconfirmed" at the TTL', async () => {
+    it('keep being retried every ttl / 10 with one warning per outage, and end as "unconfirmed" at the TTL', async () => {
       const key = uniqueKey();
       const { capture, restore } = LogCapture.install();
       try {
-        const lock = await locks.acquire(key, { ttl: 400, autoExtend: true });
-        // Every extension now fails (Redis refuses scripts) instead of answering "not held".
+        const watch = watchStalls();
+        const lock = await locks.acquire(key, { ttl: 1_000, autoExtend: true });
+        // Every extension now fails (Redis refuses scripts) instead of answering "not held"; the
+        // ACL log counts each refused attempt.
         await scripts('-');
+        await redis.acl('LOG', 'RESET');
         assert.ok(await eventually(() => lock.signal.aborted, 3_000));
         assert.equal((lock.signal.reason as LockLostError).reason, 'unconfirmed');
         const warnings = capture.lines.filter((line) => line.message.includes('Could not extend'));
         assert.equal(warnings.length, 1, `${warnings.length} warnings for one outage`);
+        // The first at a third of the lease (~333 ms), then every 100 ms until the lease ends
+        // (~988 ms): 7 attempts. A loaded machine's stalls cost some, never add any; every
+        // ttl / 5 would be 4, no retry 1.
+        const log = (await redis.acl('LOG')) as (string | number)[][];
+        const attempts = log
+          .map((entry) => new Map(entry.flatMap((v, i) => (i % 2 ? [] : [[v, entry[i + 1]]]))))
+          .filter((entry) => entry.get('object') === 'evalsha')
+          .reduce((sum, entry) => sum + Number(entry.get('count')), 0);
+        const lost = Math.ceil(watch.stop() / 100);
+        assert.ok(
+          attempts <= 7 && attempts >= 6 - lost,
+          `${attempts} extension attempts in a 1 s lease (event loop stalled up to ${lost * 100} ms)`,
+        );
       } finally {
         restore();
         await scripts('+');

@@ -54,7 +54,27 @@ describe('LockService on a single Redis', () => {
   describe('acquire and release', () => {
     it('stores a 128-bit random token under the prefixed key with the TTL, atomically', async () => {
       const key = uniqueKey('order');
-      const lock = await locks.acquire(key, { ttl: 5_000 });
+      await (await locks.acquire(uniqueKey())).release(); // the script loaded
+      const monitor = await monitorRedis(server.port);
+      let lock: Lock;
+      try {
+        lock = await locks.acquire(key, { ttl: 5_000 });
+        await monitor.caughtUp();
+      } finally {
+        monitor.stop();
+      }
+      // One command sent, a script; in it, one write of the key that sets token and TTL
+      // together (no SETNX then EXPIRE, no moment without a TTL).
+      const onKey = monitor.commands.filter(({ args }) => args.includes(`lock:{${key}}`));
+      assert.deepEqual(
+        onKey.filter(({ source }) => source !== 'lua').map(({ args }) => args[0]),
+        ['evalsha'],
+      );
+      const writes = onKey
+        .filter(({ source }) => source === 'lua')
+        .map(({ args }) => args.map((arg) => arg.toLowerCase()))
+        .filter(([name]) => !['get', 'exists', 'pttl', 'type', 'hget', 'zscore'].includes(name));
+      assert.deepEqual(writes, [['set', `lock:{${key}}`, lock.token, 'nx', 'px', '5000']]);
       assert.equal(lock.key, key);
       assert.match(lock.token, /^[0-9a-f]{32}$/);
       assert.equal(await redis.get(`lock:{${key}}`), lock.token);
@@ -502,6 +522,30 @@ describe('LockService on a single Redis', () => {
       }
     });
 
+    it('every grant, of any key and shape, is above every fence the counter gave before, the blocks reserved for pass-ons included', async () => {
+      const shapes: [string, (key: string) => Promise<Lock>][] = [
+        ['plain (a block)', (key) => locks.acquire(key)],
+        ['own token', (key) => locks.acquire(key, { token: `own-${key}` })],
+        ['semaphore', (key) => locks.acquire(key, { limit: 2 })],
+        ['read', (key) => locks.acquire(key, { mode: 'read' })],
+        ['fair', (key) => locks.acquire(key, { fair: true })],
+        ['several keys', (key) => locks.acquire([key, `${key}:b`])],
+      ];
+      let highest = 0;
+      for (let round = 0; round < 3; round++) {
+        for (const [shape, take] of shapes) {
+          const lock = await take(uniqueKey(shape.replace(/\W/g, '')));
+          for (const fence of Object.values(lock.fences)) {
+            assert.ok(fence > highest, `${shape}: fence ${fence} after ${highest} went back`);
+          }
+          const top = Math.max(...Object.values(lock.fences));
+          highest = shape.startsWith('plain') ? top + FENCE_STRIDE - 1 : top;
+          assert.equal(Number(await redis.get(COUNTER)), highest, `${shape}: the counter`);
+          await lock.release();
+        }
+      }
+    });
+
     it('keep increasing after the counter key is deleted', async () => {
       const key = uniqueKey();
       const first = await locks.acquire(key);
@@ -777,6 +821,49 @@ describe('LockService on a single Redis', () => {
         await third.release();
       } finally {
         await app.close();
+      }
+    });
+
+    it('nothing of a key stays once its lock is released, whatever fenceRetention: every shape, your own token, several keys; only the counter', async () => {
+      for (const fenceRetention of [0, 1_000, 60_000]) {
+        const keyPrefix = `retain${fenceRetention}:`;
+        const options = { connection: server.url, fenceRetention, keyPrefix };
+        const [app, other] = [await startLockModule(options), await startLockModule(options)];
+        try {
+          const takes: AcquireOptions[] = [
+            {},
+            { token: 'own' },
+            { limit: 2 },
+            { limit: 2, token: 'own' },
+            { mode: 'read' },
+            { mode: 'read', token: 'own' },
+            { mode: 'write' },
+            { fair: true },
+            { fair: true, token: 'own' },
+          ];
+          for (const options of takes) {
+            const lock = await app.locks.acquire(uniqueKey(), options);
+            assert.equal(await lock.release(), true);
+          }
+          const [a, b] = [uniqueKey(), uniqueKey()];
+          for (const token of [undefined, 'own']) {
+            assert.equal(await (await app.locks.acquire([a, b], { token })).release(), true);
+          }
+          // A waiter queued (its process in the queue of waiting processes), then served.
+          const key = uniqueKey();
+          const held = await app.locks.acquire(key);
+          const waiting = other.locks.acquire(key, { acquireTimeout: 5_000 });
+          assert.ok(await eventually(() => waitingCallers(other.locks, key) === 1));
+          await held.release();
+          await (await waiting).release();
+          assert.deepEqual(
+            await redis.keys(`${keyPrefix}*`),
+            [`${keyPrefix}{}:counter`],
+            `fenceRetention ${fenceRetention}`,
+          );
+        } finally {
+          await Promise.all([app.close(), other.close()]);
+        }
       }
     });
 

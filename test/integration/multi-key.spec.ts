@@ -54,6 +54,24 @@ describe('several keys at once (acquire([a, b]))', () => {
     assert.equal(await lock.release(), false);
   });
 
+  it("your own token that holds several keys gets each key's fence again, from either app, and the next holder greater ones; nothing stays", async () => {
+    const [a, b] = pair();
+    const mine = await env.locks.acquire([a, b], { token: 'mine', ttl: 10_000 });
+    for (const locks of [env.locks, env.other.locks]) {
+      const again = await locks.acquire([b, a], { token: 'mine', ttl: 10_000 });
+      assert.deepEqual(again.fences, mine.fences, 'the same fences for the token holding them');
+    }
+    // One key of the two taken by someone else meanwhile: that key's fence is a new one.
+    assert.equal(await mine.release(), true);
+    const theirs = await env.other.locks.acquire(b);
+    await theirs.release();
+    const next = await env.locks.acquire([a, b], { token: 'mine' });
+    assert.ok(next.fences[a] > mine.fences[a], `${a}: ${next.fences[a]} after ${mine.fences[a]}`);
+    assert.ok(next.fences[b] > theirs.fence, `${b}: ${next.fences[b]} after ${theirs.fence}`);
+    assert.equal(await next.release(), true);
+    for (const key of [a, b]) assert.deepEqual(await env.redis.keys(`lock:{${key}}*`), []);
+  });
+
   it('takes free keys in one script, one round trip; when one is taken, goes key by key in order', async () => {
     const [a, b] = pair();
     const monitor = await monitorRedis(env.server.port);

@@ -9,6 +9,7 @@ import {
   LockArgumentError,
   LockLostError,
   WithLock,
+  type AcquireOptions,
   type LockService,
   type Lock,
 } from '../../lib/index.js';
@@ -347,6 +348,83 @@ describe('re-entrancy', () => {
         },
         { ttl: 3_000, autoExtend: false },
       );
+    });
+
+    it('another shape (limit, read or write, fair) or holdAtLeast is a LockArgumentError naming it; the same one re-enters', async () => {
+      const outers: [string, AcquireOptions, AcquireOptions[]][] = [
+        ['plain', {}, [{ limit: 2 }, { mode: 'read' }, { fair: true }]],
+        ['semaphore', { limit: 2 }, [{}, { limit: 3 }, { mode: 'read' }]],
+        ['read', { mode: 'read' }, [{}, { mode: 'write' }, { fair: true }, { limit: 2 }]],
+        ['fair', { fair: true }, [{}, { mode: 'read' }, { limit: 2 }]],
+      ];
+      for (const [name, shape, others] of outers) {
+        const key = uniqueKey();
+        await locks.using(
+          key,
+          async (outer) => {
+            for (const other of others) {
+              await assert.rejects(
+                locks.using(key, async () => assert.fail('ran'), other),
+                (error) =>
+                  error instanceof LockArgumentError && error.argument === 'limit + mode + fair',
+                `${name} outer, nested ${JSON.stringify(other)}`,
+              );
+            }
+            if (name === 'plain') {
+              // (holdAtLeast is for plain locks only.)
+              await assert.rejects(
+                locks.using(key, async () => assert.fail('ran'), { holdAtLeast: 10 }),
+                (error) => error instanceof LockArgumentError && error.argument === 'holdAtLeast',
+              );
+            }
+            await locks.using(key, async (inner) => assert.equal(inner.fence, outer.fence), shape);
+          },
+          shape,
+        );
+      }
+    });
+
+    it("a hold lost while a view is inside: the view's signal aborts with the hold's reason, its release is false, its extend() and a re-entry throw it", async () => {
+      const key = uniqueKey();
+      await locks.using(
+        key,
+        async (outer) => {
+          const view = await locks.acquire(key);
+          await redis.del(`lock:{${key}}`); // lost behind the holder's back
+          assert.ok(await eventually(() => outer.signal.aborted, 3_000), 'the hold never learnt');
+          const reason = outer.signal.reason as LockLostError;
+          assert.ok(reason instanceof LockLostError);
+          assert.equal(view.signal.reason, reason);
+          await assert.rejects(view.extend(), (error) => error === reason);
+          assert.equal(await view.release(), false);
+          // The level free again, a re-entry meets the loss.
+          await assert.rejects(
+            locks.using(key, () => 'inner'),
+            (error) => error === reason,
+          );
+        },
+        { ttl: 2_000, autoExtend: true },
+      );
+    });
+
+    it('a view reads the outer lock: key, keys, token, fences and lease, and extends it', async () => {
+      const [a, b] = [uniqueKey(), uniqueKey()].sort();
+      await locks.using([a, b], async (outer) => {
+        const view = await locks.acquire([a, b]);
+        assert.deepEqual(
+          [view.key, view.keys, view.token, view.fence, view.fences, view.expiresAt],
+          [outer.key, outer.keys, outer.token, outer.fence, outer.fences, outer.expiresAt],
+        );
+        const before = outer.expiresAt;
+        await view.extend(20_000);
+        assert.ok(outer.expiresAt > before, 'the view extended the outer lock');
+        assert.equal(view.expiresAt, outer.expiresAt);
+        assert.equal(await view.release(), true);
+        await assert.rejects(view.extend(), LockLostError);
+        assert.equal(await view.release(), false, 'a view is released once');
+        assert.equal(outer.signal.aborted, false);
+        assert.equal(await locks.isLocked(a), true, "the view's release freed the outer lock");
+      });
     });
 
     it('an already-aborted signal rejects and does not run the nested work', async () => {
