@@ -63,8 +63,10 @@ describe('jobs and leaders across three processes', () => {
   it("an @Interval job with onBusy: 'skip' and holdAtLeast runs once per fire across the fleet", async () => {
     const prefix = `${uniqueKey('jobs')}:`;
     const FIRES = 10;
-    // Timers 150 ms apart: each instance's n-th tick is the same fire.
-    const instances = [0, 150, 300].map((phase) =>
+    // Timers 100 ms apart: each instance's n-th tick is the same fire. A later instance's tick
+    // finds the first one's run held for 700 ms: 500 ms of margin for a timer that a loaded
+    // machine fires late (with 150 ms apart, 400 ms: a three-lane gate run once ran a fire twice).
+    const instances = [0, 100, 200].map((phase) =>
       start(['jobs', String(server.port), prefix, String(phase), String(FIRES)]),
     );
     started.push(...instances);

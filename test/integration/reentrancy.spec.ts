@@ -371,11 +371,14 @@ describe('re-entrancy', () => {
               );
             }
             if (name === 'plain') {
-              // (holdAtLeast is for plain locks only.)
+              // (holdAtLeast is for plain locks only.) The outer one's (0) re-enters.
               await assert.rejects(
                 locks.using(key, async () => assert.fail('ran'), { holdAtLeast: 10 }),
                 (error) => error instanceof LockArgumentError && error.argument === 'holdAtLeast',
               );
+              await locks.using(key, async (inner) => assert.equal(inner.fence, outer.fence), {
+                holdAtLeast: 0,
+              });
             }
             await locks.using(key, async (inner) => assert.equal(inner.fence, outer.fence), shape);
           },
@@ -397,6 +400,7 @@ describe('re-entrancy', () => {
           assert.equal(view.signal.reason, reason);
           await assert.rejects(view.extend(), (error) => error === reason);
           assert.equal(await view.release(), false);
+          assert.equal(view.signal.aborted, true, 'released, the view forgot why it ended');
           // The level free again, a re-entry meets the loss.
           await assert.rejects(
             locks.using(key, () => 'inner'),
@@ -407,24 +411,50 @@ describe('re-entrancy', () => {
       );
     });
 
-    it('a view reads the outer lock: key, keys, token, fences and lease, and extends it', async () => {
-      const [a, b] = [uniqueKey(), uniqueKey()].sort();
-      await locks.using([a, b], async (outer) => {
-        const view = await locks.acquire([a, b]);
-        assert.deepEqual(
-          [view.key, view.keys, view.token, view.fence, view.fences, view.expiresAt],
-          [outer.key, outer.keys, outer.token, outer.fence, outer.fences, outer.expiresAt],
-        );
-        const before = outer.expiresAt;
-        await view.extend(20_000);
-        assert.ok(outer.expiresAt > before, 'the view extended the outer lock');
-        assert.equal(view.expiresAt, outer.expiresAt);
-        assert.equal(await view.release(), true);
-        await assert.rejects(view.extend(), LockLostError);
-        assert.equal(await view.release(), false, 'a view is released once');
-        assert.equal(outer.signal.aborted, false);
-        assert.equal(await locks.isLocked(a), true, "the view's release freed the outer lock");
+    it('at the outer end, a view still inside is told, and one that ended above it is not', async () => {
+      const key = uniqueKey();
+      let middle: Lock | undefined;
+      let deeper: Lock | undefined;
+      await locks.using(key, async () => {
+        // A nested section (the middle view) whose own flow leaves a view open, one level down:
+        // the section ends, the view below it stays inside.
+        await locks.using(key, async (view) => {
+          middle = view;
+          void view.signal; // created while inside
+          deeper = await locks.acquire(key);
+          void deeper.signal;
+        });
+        assert.equal(middle!.signal.aborted, false);
       });
+      assert.equal(deeper!.signal.aborted, true, 'the view still inside was not told');
+      assert.equal(middle!.signal.aborted, false, 'the section that had ended was told');
+    });
+
+    it('a view reads the outer lock: key, keys, token, fences and lease, and extends it; one released before the outer end is not told of it', async () => {
+      const [a, b] = [uniqueKey(), uniqueKey()].sort();
+      for (const keys of [[a], [a, b]]) {
+        let released: Lock | undefined;
+        await locks.using(keys, async (outer) => {
+          const view = await locks.acquire(keys);
+          released = view;
+          void view.signal; // created while inside
+          assert.deepEqual(
+            [view.key, view.keys, view.token, view.fence, view.fences, view.expiresAt],
+            [outer.key, outer.keys, outer.token, outer.fence, outer.fences, outer.expiresAt],
+          );
+          const before = outer.expiresAt;
+          await view.extend(20_000);
+          assert.ok(outer.expiresAt > before, 'the view extended the outer lock');
+          assert.equal(view.expiresAt, outer.expiresAt);
+          assert.equal(await view.release(), true);
+          await assert.rejects(view.extend(), LockLostError);
+          assert.equal(await view.release(), false, 'a view is released once');
+          assert.equal(outer.signal.aborted, false);
+          assert.equal(await locks.isLocked(a), true, "the view's release freed the outer lock");
+        });
+        // Released before the outer end, the view was no longer inside: its signal says nothing.
+        assert.equal(released!.signal.aborted, false, `${keys.length} key(s)`);
+      }
     });
 
     it('an already-aborted signal rejects and does not run the nested work', async () => {

@@ -1,6 +1,8 @@
 import assert from 'node:assert/strict';
 import { after, afterEach, before, describe, it } from 'node:test';
+import { inspect } from 'node:util';
 import { Redis } from 'ioredis';
+import { LockBackendError } from '../../lib/index.js';
 import {
   eventually,
   LogCapture,
@@ -8,6 +10,7 @@ import {
   startLockModule,
   startNonPollingApp,
   uniqueKey,
+  waitingCallers,
   type LockModuleFixture,
 } from '../support/lock-module.js';
 import { raceThenLock } from '../support/processes.js';
@@ -61,7 +64,7 @@ describe('through Sentinel', () => {
       direct.disconnect();
     }
     const waiting = other.locks.acquire(key, { acquireTimeout: 5_000 });
-    await sleep(100);
+    assert.ok(await eventually(() => waitingCallers(other.locks, key) === 1), 'it waits');
     await lock.release();
     const next = await waiting; // woken by the release: its next poll is 60 s away
     assert.ok(next.fence > lock.fence);
@@ -211,7 +214,27 @@ describe('through Sentinel, failing over (a master, a replica, 3 Sentinels)', ()
         await sentinel.call('SENTINEL', 'FAILOVER', group.name);
         sentinel.disconnect();
       } else {
+        const dead = group.master.port;
         await group.master.kill();
+        // While Sentinel still names the dead master, a call fails at once with
+        // LockBackendError, at the connection's next failed reconnection (250 ms apart at most),
+        // not after commandTimeout (1 s): nothing queues for a master that is gone.
+        let failed = 0;
+        while (failed < 3 && (await group.masterPort()) === dead) {
+          const callWatch = watchStalls();
+          const asked = performance.now();
+          const outcome = await app.locks.tryAcquire(uniqueKey()).then(
+            (lock) => lock,
+            (error: unknown) => error,
+          );
+          const took = performance.now() - asked;
+          callWatch.stop();
+          if ((await group.masterPort()) !== dead) break; // switched meanwhile: not this case
+          assert.ok(outcome instanceof LockBackendError, inspect(outcome));
+          assertWithin(took, 250, callWatch, 'a call with no master reachable');
+          failed++;
+        }
+        assert.ok(failed > 0, 'Sentinel switched before a call could meet the dead master');
       }
       const [switched, resumed] = await Promise.all([
         group.switchedTo(group.replica.port, started),

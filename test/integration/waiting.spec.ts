@@ -22,7 +22,13 @@ import {
   type LockModuleFixture,
 } from '../support/lock-module.js';
 import { assertWithin, watchStalls } from '../support/timing.js';
-import { monitorRedis, scriptCalls, scriptSequence } from '../support/redis-monitor.js';
+import {
+  monitorRedis,
+  scriptCalls,
+  scriptCallsOf,
+  scriptSequence,
+  type MonitoredCommand,
+} from '../support/redis-monitor.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
 import {
   ACQUIRE_SCRIPT,
@@ -374,6 +380,43 @@ describe('waiting for a held lock', () => {
       assert.equal(await redis.exists(turns), 0, 'the queue is gone with its last waiter');
     } finally {
       attempts.stop();
+      await Promise.all(apps.map((app) => app.close()));
+    }
+  });
+
+  it('with nobody queued (the queue lapsed), a release wakes the first waiter of every process, and only it', async () => {
+    const key = uniqueKey();
+    const held = await holder.acquire(key, { ttl: 30_000 });
+    // Apps whose waiters never poll within a test: only a release wakes them.
+    const apps = await Promise.all(
+      [0, 1].map(() => startNonPollingApp({ connection: server.url })),
+    );
+    const monitor = await monitorRedis(server.port);
+    const attempts = (from = 0): MonitoredCommand[] =>
+      scriptCallsOf(monitor.commands.slice(from), ACQUIRE_SCRIPT, `lock:{${key}}`);
+    try {
+      // Two callers in each process, started in one tick: each tried, and once more once
+      // subscribed.
+      const waiting = apps.flatMap((app) =>
+        [0, 1].map(() => app.locks.acquire(key, { acquireTimeout: 10_000 })),
+      );
+      for (const app of apps) await queuedIn(app.locks, key, 2);
+      assert.ok(await eventually(() => attempts().length >= 8), `${attempts().length} attempts`);
+      await redis.del(`lock:{${key}}:turns`); // the queue of waiting processes lapsed
+      await monitor.caughtUp();
+      const from = monitor.commands.length;
+      await held.release();
+      // One of the two first waiters gets the key; the other tried and waits on.
+      const first = await Promise.race(waiting);
+      await monitor.caughtUp();
+      const woken = attempts(from);
+      assert.equal(woken.length, 2, woken.map(({ source }) => source).join(', '));
+      assert.equal(new Set(woken.map(({ source }) => source)).size, 2, 'one per process');
+      // Then each release wakes the next, until all four had it.
+      await first.release();
+      await Promise.all(waiting.map((lock) => lock.then((taken) => taken.release())));
+    } finally {
+      monitor.stop();
       await Promise.all(apps.map((app) => app.close()));
     }
   });

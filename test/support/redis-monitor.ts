@@ -95,19 +95,28 @@ function parseQuoted(text: string): string[] {
   return args;
 }
 
-/** How many of `commands` ran `script` (EVALSHA, or EVAL after a NOSCRIPT) on `key`. */
-export function scriptCalls(
+/** The commands of `commands` that ran `script` (EVALSHA, or EVAL after a NOSCRIPT) on `key`. */
+export function scriptCallsOf(
   commands: readonly MonitoredCommand[],
   script: string,
   key: string,
-): number {
+): MonitoredCommand[] {
   const sha = createHash('sha1').update(script).digest('hex');
   return commands
     .filter(
       ({ args }) =>
         (args[0] === 'evalsha' && args[1] === sha) || (args[0] === 'eval' && args[1] === script),
     )
-    .filter(({ args }) => args[3] === key).length;
+    .filter(({ args }) => args[3] === key);
+}
+
+/** How many of `commands` ran `script` on `key` (see `scriptCallsOf`). */
+export function scriptCalls(
+  commands: readonly MonitoredCommand[],
+  script: string,
+  key: string,
+): number {
+  return scriptCallsOf(commands, script, key).length;
 }
 
 /**
