@@ -19,7 +19,11 @@ import {
 import { FaultProxy } from '../support/fault-proxy.js';
 import { assertWithin, watchStalls } from '../support/timing.js';
 import { monitorRedis, scriptCalls } from '../support/redis-monitor.js';
-import { ACQUIRE_ALL_SCRIPT, ACQUIRE_SCRIPT } from '../../lib/redis/lock.scripts.js';
+import {
+  ACQUIRE_ALL_SCRIPT,
+  ACQUIRE_SCRIPT,
+  RELEASE_SCRIPT,
+} from '../../lib/redis/lock.scripts.js';
 
 describe('several keys at once (acquire([a, b]))', () => {
   const env = twoAppsOnOneRedis();
@@ -223,18 +227,31 @@ describe('several keys at once (acquire([a, b]))', () => {
   it('never grants several keys with a lapsed lease: through a 150 ms/way link, a key taken before the busy one ran out', async () => {
     const proxy = await FaultProxy.start(() => env.server.port);
     const slow = await startLockModule({ connection: `redis://127.0.0.1:${proxy.port}` });
+    const monitor = await monitorRedis(env.server.port);
     try {
       await slow.locks.isLocked(uniqueKey()); // a connection, before the latency
       proxy.setLatency(150);
+      /** Keys taken whose lease had run out before the rest were: released, not granted. */
+      let undone = 0;
       for (let round = 0; round < 3; round++) {
         const [a, b] = pair();
-        // b is busy at the one-step attempt: the keys are then taken one by one, b first, and b's
-        // 400 ms lease runs out while a's attempt makes its 300 ms round trip.
+        // b is busy when the one-step attempt reaches Redis (at 150 ms): the keys are then taken
+        // one by one, a (sent at ~300 ms, its 400 ms lease over at ~690) then b, free by then
+        // (released at 375 ms) but granted only at ~900 ms: a's lease ran out meanwhile. (Freed
+        // before the one-step attempt arrived, both keys would be taken in one step and this
+        // would test nothing: so it did until the undo count below was asserted.)
         const busy = await env.other.locks.acquire(b, { ttl: 5_000 });
-        setTimeout(() => void busy.release(), 50);
+        await monitor.caughtUp();
+        const from = monitor.commands.length;
+        setTimeout(() => void busy.release(), 375);
         const lock = await slow.locks
-          .acquire([a, b], { ttl: 400, acquireTimeout: 2_000 })
+          .acquire([a, b], { ttl: 400, acquireTimeout: 1_200 })
           .catch((error: unknown) => error);
+        await monitor.caughtUp();
+        const releases = (key: string): number =>
+          scriptCalls(monitor.commands.slice(from), RELEASE_SCRIPT, `lock:{${key}}`);
+        // Every release meanwhile but the busy holder's own is an undo of the slow app's.
+        undone += releases(a) + releases(b) - 1;
         if (lock instanceof Error) {
           assert.ok(lock instanceof LockAcquireTimeoutError, String(lock));
           continue;
@@ -243,7 +260,10 @@ describe('several keys at once (acquire([a, b]))', () => {
         assert.ok(left > 0, `round ${round}: [a, b] granted with a lease of ${left.toFixed(0)} ms`);
         await (lock as Lock).release();
       }
+      // The scenario happened: a test whose leases never ran out would prove nothing.
+      assert.ok(undone > 0, 'no key was taken after its lease ran out in any round');
     } finally {
+      monitor.stop();
       proxy.setLatency(0);
       await slow.close();
       await proxy.close();
