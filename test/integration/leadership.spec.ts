@@ -27,6 +27,8 @@ import {
 } from '../support/lock-module.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
 import { assertWithin, watchStalls } from '../support/timing.js';
+import { monitorRedis, scriptCalls } from '../support/redis-monitor.js';
+import { ACQUIRE_SCRIPT } from '../../lib/redis/lock.scripts.js';
 
 /** What a leader's work writes to: rejects a fence lower than the highest it has seen. */
 class FencedStore {
@@ -127,6 +129,35 @@ describe('leadership (lead, @WhileLeader)', { timeout: 90_000 }, () => {
       [true, false],
     ]);
     assert.equal(await apps[0].locks.isLocked(key), false, 'the last stop() released the lock');
+  });
+
+  it('followers in one process poll as one: an attempt per retryInterval, not one per follower', async (t) => {
+    const key = uniqueKey('leader');
+    const leader = apps[0].locks.lead(key, new Terms().leadUntilAborted());
+    const followers: Leadership[] = [];
+    const monitor = await monitorRedis(server.port);
+    try {
+      assert.ok(await eventually(() => leader.isLeader, 5_000));
+      for (let i = 0; i < 3; i++)
+        followers.push(apps[1].locks.lead(key, new Terms().leadUntilAborted()));
+      await sleep(300); // the campaigns settle into waiting
+      await monitor.caughtUp();
+      const before = scriptCalls(monitor.commands, ACQUIRE_SCRIPT, `lock:{${key}}`);
+      await sleep(1_000);
+      await monitor.caughtUp();
+      const polls = scriptCalls(monitor.commands, ACQUIRE_SCRIPT, `lock:{${key}}`) - before;
+      t.diagnostic(`${polls} attempts in 1 s`);
+      // retryInterval is 100 ms here (+ up to 50 ms of jitter): 6 to 10 attempts in 1 s; three
+      // followers each on its own timer would make 20 to 30. (A loaded machine makes fewer.)
+      assert.ok(
+        polls >= 2 && polls <= 11,
+        `${polls} attempts in 1 s from 3 followers in one process`,
+      );
+      assert.equal(followers.filter((follower) => follower.isLeader).length, 0);
+    } finally {
+      monitor.stop();
+      await Promise.all([leader, ...followers].map((leadership) => leadership.stop()));
+    }
   });
 
   it('a term whose work throws is logged and the campaign goes on; a work that returns leads again', async () => {
@@ -328,7 +359,12 @@ describe('leadership (lead, @WhileLeader)', { timeout: 90_000 }, () => {
       proxy.heal();
       assert.ok(await eventually(() => leadership.isLeader, 10_000), 'leads once Redis is back');
       assert.equal(lines('log').length, 1);
-      assert.match(lines('log')[0], /works again after \d+\.\d s \(\d+ failed attempts\)/);
+      const [, failed] = /works again after \d+\.\d s \((\d+) failed attempts\)/.exec(
+        lines('log')[0],
+      ) ?? [lines('log')[0], '0'];
+      // It kept trying through the outage: one attempt every commandTimeout + retryInterval
+      // (~300 ms) for at least the 1.5 s above.
+      assert.ok(Number(failed) >= 4, lines('log')[0]);
       await leadership.stop();
     } finally {
       restore();
