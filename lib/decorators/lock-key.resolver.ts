@@ -63,7 +63,7 @@ export function compileLockKey(
   const check = keyCheck(method, checks);
   if (!Array.isArray(source)) {
     const resolve = compileOne(source, method, params);
-    return (args, max, view) => check(resolve(args), source as string, args, max, view);
+    return (args, max, view) => check(resolve(args, view), source as string, args, max, view);
   }
   if (source.length === 0) {
     throw new RedisLockConfigurationError(
@@ -76,7 +76,9 @@ export function compileLockKey(
   // One key named twice (a transfer from an account to itself) is locked once.
   return (args, max, view) => [
     ...new Set(
-      resolvers.map((resolve, i) => check(resolve(args), source[i] as string, args, max, view)),
+      resolvers.map((resolve, i) =>
+        check(resolve(args, view), source[i] as string, args, max, view),
+      ),
     ),
   ];
 }
@@ -123,19 +125,30 @@ function keyCheck(
   };
 }
 
-/** One key's template or function (see `compileLockKey`). */
+/**
+ * One key's template or function (see `compileLockKey`); the resolver's `view` is the module's
+ * `logKeys`, for its errors.
+ */
 function compileOne(
   source: unknown,
   method: string,
   params: DeclaredParameters | undefined,
-): (args: readonly unknown[]) => string {
+): (args: readonly unknown[], view: KeyView | undefined) => string {
   const option = `@WithLock(${method}).key`;
   if (typeof source === 'function') {
     const fn = source as (...args: unknown[]) => unknown;
-    return (args) => {
+    return (args, view) => {
       const key = fn(...args);
       if (typeof key !== 'string' || key.length === 0 || !isWellFormed(key)) {
-        throw new LockKeyResolutionError(method, '(key function)', '(key function)', key);
+        throw new LockKeyResolutionError(
+          method,
+          '(key function)',
+          '(key function)',
+          key,
+          'unresolved',
+          undefined,
+          view,
+        );
       }
       return key;
     };
@@ -156,10 +169,11 @@ function compileOne(
     checkAgainstParameters(parts, params.types, method, params.exact, fail);
   }
   const encode = encoderFor(parts);
-  return (args) => {
+  return (args, view) => {
     let key = '';
     for (const part of parts) {
-      key += typeof part === 'string' ? part : encode(resolvePart(part, args, method, source));
+      key +=
+        typeof part === 'string' ? part : encode(resolvePart(part, args, method, source, view));
     }
     return key;
   };
@@ -299,6 +313,7 @@ function resolvePart(
   args: readonly unknown[],
   method: string,
   template: string,
+  view: KeyView | undefined,
 ): string {
   let value: unknown = args[part.index];
   for (const name of part.path) {
@@ -317,5 +332,13 @@ function resolvePart(
   ) {
     return String(value);
   }
-  throw new LockKeyResolutionError(method, template, part.placeholder, value);
+  throw new LockKeyResolutionError(
+    method,
+    template,
+    part.placeholder,
+    value,
+    'unresolved',
+    undefined,
+    view,
+  );
 }

@@ -170,7 +170,7 @@ export class LockKeyResolutionError extends RedisLockError {
         ? `${from}: the key is ${(value as string).length} characters long, more than maxKeyLength (${maxKeyLength}). A key names a resource: check the argument, or raise maxKeyLength.`
         : reason === 'refused'
           ? `${from}: validateKey refused the key ${view(value as string)}. Check the argument.`
-          : `${from}: ${placeholder} resolved to ${typeof value === 'string' ? unkeyedString(value) : describe(value)}. ` +
+          : `${from}: ${placeholder} resolved to ${typeof value === 'string' ? unkeyedString(value) : describe(value, undefined, view === quoteKey)}. ` +
             `A key part must be a non-empty, well-formed string or a finite number; check the argument the placeholder points at.`,
     );
     Object.defineProperty(this, 'value', { value, enumerable: false });
@@ -427,8 +427,12 @@ export class LockQuorumError extends RedisLockError {
   }
 }
 
-/** How a value is shown in a message: short, and never a secret (owner tokens, URL passwords). */
-function describe(value: unknown, name?: string): string {
+/**
+ * How a value is shown in a message: short, and never a secret (owner tokens, URL passwords).
+ * Without `propertyNames`, an object's are only counted (they may come from a request, and the
+ * module's `logKeys` keeps what requests put in keys out of messages).
+ */
+function describe(value: unknown, name?: string, propertyNames = true): string {
   if (name === 'token' && typeof value === 'string')
     return `a string of ${value.length} characters`;
   if (typeof value === 'string') {
@@ -452,6 +456,8 @@ function describe(value: unknown, name?: string): string {
   if (proto === Object.prototype || proto === null) {
     const keys = Object.keys(value);
     if (keys.length === 0) return 'an empty object';
+    if (!propertyNames)
+      return `an object with ${keys.length} ${keys.length === 1 ? 'property' : 'properties'}`;
     // The names may come from a request body: quoted (no line breaks) and cut short.
     const names = keys
       .slice(0, 5)

@@ -2,12 +2,15 @@ import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
 import { inspect } from 'node:util';
 import { after, before, describe, it } from 'node:test';
+import { Injectable } from '@nestjs/common';
 import { Redis } from 'ioredis';
 import {
   LockAcquireTimeoutError,
   LockArgumentError,
   LockBackendError,
+  LockKeyResolutionError,
   LockService,
+  WithLock,
   type LockEvent,
   type LogKeys,
 } from '../../lib/index.js';
@@ -21,6 +24,16 @@ import { startRedis, type RedisServer } from '../support/redis-server.js';
 
 /** A key that carries personal data, as keys built from request input do. */
 const SECRET = 'alice@example.com';
+
+/** Methods whose key parts come from their argument, as a request's body would give them. */
+@Injectable()
+class Carts {
+  @WithLock({ key: 'cart:{0}' })
+  async add(_owner: unknown): Promise<void> {}
+
+  @WithLock({ key: (owner: unknown) => owner as string })
+  async addByFunction(_owner: unknown): Promise<void> {}
+}
 
 /** What `logKeys: 'hashed'` shows for `key`: what an operator computes to find its lines. */
 function hashOf(key: string): string {
@@ -40,7 +53,9 @@ for (const mode of ['hashed', 'hidden'] as const satisfies readonly LogKeys[]) {
 
     before(async () => {
       server = await startRedis();
-      app = await startLockModule({ connection: server.url, logKeys: mode, maxKeyLength: 64 });
+      app = await startLockModule({ connection: server.url, logKeys: mode, maxKeyLength: 64 }, [
+        Carts,
+      ]);
       other = await startLockModule({ connection: server.url });
       redis = new Redis(server.url);
     });
@@ -76,6 +91,22 @@ for (const mode of ['hashed', 'hidden'] as const satisfies readonly LogKeys[]) {
           error.message.includes(shown(tooLong)) &&
           !error.message.includes(SECRET),
       );
+    });
+
+    it('a key part that resolved to an object is counted in the error, not named: its property names may be request data', async () => {
+      const carts = app.module.get(Carts);
+      for (const call of [
+        () => carts.add({ [SECRET]: 1 }),
+        () => carts.addByFunction({ [SECRET]: 1 }),
+      ]) {
+        await assert.rejects(
+          call(),
+          (error: unknown) =>
+            error instanceof LockKeyResolutionError &&
+            /resolved to an object with 1 property\./.test(error.message) &&
+            !error.message.includes(SECRET),
+        );
+      }
     });
 
     it("a Redis error's cause names neither key nor token, however deep it is inspected", async () => {

@@ -11,6 +11,7 @@ import {
   LockAcquireTimeoutError,
   LockArgumentError,
   LockBackendError,
+  LockKeyResolutionError,
   LockLostError,
   LockQuorumError,
   LockReplicationError,
@@ -110,6 +111,26 @@ describe("keys in error messages with logKeys 'hashed' or 'hidden'", () => {
       }
     });
   }
+
+  it("an object a placeholder resolved to is counted, not named: its property names may come from the request ('plain' names them)", () => {
+    const value = { 'alice@example.com': 1, role: 'admin' };
+    const message = (view: ReturnType<typeof keyView>): string =>
+      new LockKeyResolutionError(
+        'Cart.add',
+        'cart:{0}',
+        '{0}',
+        value,
+        'unresolved',
+        undefined,
+        view,
+      ).message;
+    for (const mode of ['hashed', 'hidden'] as const) {
+      const text = message(keyView(mode));
+      assert.match(text, /resolved to an object with 2 properties\./);
+      assert.ok(!text.includes('alice') && !text.includes('role'), text);
+    }
+    assert.match(message(keyView('plain')), /an object with "alice@example\.com", "role"/);
+  });
 
   it('hashed: the first 16 hex digits of SHA-256, the same for the same key', () => {
     assert.equal(keyView('hashed')(key), 'key#40da1e25f8d85145');
