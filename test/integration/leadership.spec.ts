@@ -131,6 +131,66 @@ describe('leadership (lead, @WhileLeader)', { timeout: 90_000 }, () => {
     assert.equal(await apps[0].locks.isLocked(key), false, 'the last stop() released the lock');
   });
 
+  it('stop() from outside waits for the work to return; a work that throws once stopped is not logged as failed', async () => {
+    const key = uniqueKey('leader');
+    let returned = false;
+    const leadership = apps[0].locks.lead(key, async ({ signal }) => {
+      await new Promise((resolve) => signal.addEventListener('abort', resolve, { once: true }));
+      await sleep(200); // winding down
+      returned = true;
+      throw new Error('interrupted by the stop');
+    });
+    assert.ok(await eventually(() => leadership.isLeader, 5_000));
+    await leadership.stop();
+    assert.equal(returned, true, 'stop() resolved before the work returned');
+    const failed = logs.capture.lines.filter(
+      ({ level, message }) => level === 'error' && message.includes(key),
+    );
+    assert.deepEqual(failed, [], 'a work that ended because it was stopped was logged as failed');
+  });
+
+  it('stop() during the pause between terms settles at once, not after the pause', async () => {
+    const app = await startLockModule({
+      connection: server.url,
+      defaults: { retryInterval: 5_000 },
+    });
+    try {
+      let terms = 0;
+      const leadership = app.locks.lead(uniqueKey('leader'), () => void terms++); // returns at once
+      assert.ok(await eventually(() => terms === 1, 5_000));
+      await sleep(50); // the term is over: the campaign pauses 5 s
+      const watch = watchStalls();
+      const started = performance.now();
+      await leadership.stop();
+      assertWithin(performance.now() - started, 0, watch, 'stop() during the pause');
+      watch.stop();
+      assert.equal(terms, 1);
+    } finally {
+      await app.close();
+      // Its testing module put in a logger of its own: capture again for the tests after it.
+      logs.restore();
+      logs = LogCapture.install();
+    }
+  });
+
+  it('a work that returns ends its term: isLeader and changes turn false until the next term', async () => {
+    const key = uniqueKey('leader');
+    const changes: boolean[] = [];
+    let terms = 0;
+    const leadership = apps[0].locks.lead(key, async ({ signal }) => {
+      if (++terms === 1) return; // the first term's work returns at once
+      await new Promise((resolve) => signal.addEventListener('abort', resolve, { once: true }));
+    });
+    leadership.changes.subscribe((leading) => changes.push(leading));
+    try {
+      assert.ok(await eventually(() => terms === 2 && leadership.isLeader, 5_000));
+      assert.deepEqual(changes, [true, false, true]);
+    } finally {
+      await leadership.stop();
+    }
+    assert.deepEqual(changes, [true, false, true, false]);
+  });
+
   it('followers in one process poll as one: an attempt per retryInterval, not one per follower', async (t) => {
     const key = uniqueKey('leader');
     const leader = apps[0].locks.lead(key, new Terms().leadUntilAborted());
@@ -209,12 +269,20 @@ describe('leadership (lead, @WhileLeader)', { timeout: 90_000 }, () => {
     await redis.del(names[0]);
     assert.ok(await eventually(() => reasons.length === 1, 5_000), 'the term signal aborted');
     assert.ok(reasons[0] instanceof LockLostError, String(reasons[0]));
+    const lost = (): string[] =>
+      logs.capture.lines
+        .filter(({ level, message }) => level === 'warn' && message.startsWith('Lost leadership'))
+        .map(({ message }) => message)
+        .filter((message) => message.includes(key));
+    assert.ok(await eventually(() => lost().length === 1), 'the lost term was not logged');
+    assert.match(lost()[0], /^Lost leadership of .* \(term \d+\): LockLostError/);
     assert.ok(await eventually(() => terms.fences.length === 2 && leadership.isLeader, 5_000));
     assert.ok(terms.fences[1] > terms.fences[0]);
     assert.equal(store.write(terms.fences[0]), false, "the old term's writes are rejected");
     await leadership.stop();
     assert.ok(reasons[1] instanceof LeadershipStoppedError, String(reasons[1]));
     assert.equal(reasons[1].by, 'stop');
+    assert.equal(lost().length, 1, `a stopped term was logged as lost: ${lost().join(' / ')}`);
   });
 
   it("isLeader and changes turn false the moment the term's signal aborts, while the work still runs", async () => {
