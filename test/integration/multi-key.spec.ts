@@ -10,6 +10,7 @@ import {
   type LockEvent,
 } from '../../lib/index.js';
 import {
+  eventually,
   sleep,
   startLockModule,
   startNonPollingApp,
@@ -237,16 +238,24 @@ describe('several keys at once (acquire([a, b]))', () => {
         const [a, b] = pair();
         // b is busy when the one-step attempt reaches Redis (at 150 ms): the keys are then taken
         // one by one, a (sent at ~300 ms, its 400 ms lease over at ~690) then b, free by then
-        // (released at 375 ms) but granted only at ~900 ms: a's lease ran out meanwhile. (Freed
-        // before the one-step attempt arrived, both keys would be taken in one step and this
-        // would test nothing: so it did until the undo count below was asserted.)
+        // (released once the one-step attempt ran) but granted only at ~900 ms: a's lease ran
+        // out meanwhile. (Freed before the one-step attempt arrived, both keys would be taken in
+        // one step and this would test nothing: so it did until the undo count was asserted.)
         const busy = await env.other.locks.acquire(b, { ttl: 5_000 });
         await monitor.caughtUp();
         const from = monitor.commands.length;
-        setTimeout(() => void busy.release(), 375);
-        const lock = await slow.locks
+        const taking = slow.locks
           .acquire([a, b], { ttl: 400, acquireTimeout: 1_200 })
           .catch((error: unknown) => error);
+        // Freed once Redis ran the one-step attempt (and found b busy), not at a time guessed.
+        assert.ok(
+          await eventually(
+            () => scriptCalls(monitor.commands.slice(from), ACQUIRE_ALL_SCRIPT, `lock:{${a}}`) > 0,
+          ),
+          'the one-step attempt never reached Redis',
+        );
+        await busy.release();
+        const lock = await taking;
         await monitor.caughtUp();
         const releases = (key: string): number =>
           scriptCalls(monitor.commands.slice(from), RELEASE_SCRIPT, `lock:{${key}}`);

@@ -408,6 +408,9 @@ describe('waiting for a held lock', () => {
       await held.release();
       // One of the two first waiters gets the key; the other tried and waits on.
       const first = await Promise.race(waiting);
+      // The other process's attempt may reach Redis after the winner's reply: wait for it, then
+      // for MONITOR to have shown everything up to now (a third attempt would be counted).
+      assert.ok(await eventually(() => attempts(from).length >= 2), 'one process was not woken');
       await monitor.caughtUp();
       const woken = attempts(from);
       assert.equal(woken.length, 2, woken.map(({ source }) => source).join(', '));
