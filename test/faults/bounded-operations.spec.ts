@@ -417,6 +417,19 @@ describe('bounded operations: Redis restarted empty', () => {
         await eventually(async () => (await redis.exists(`lock:{${key}}`)) === 0, 2_000),
         'the late grant was left in Redis',
       );
+      // The suite's own module reconnects too before the next test uses it (its commands fail
+      // at once meanwhile: maxRetriesPerRequest 0).
+      assert.ok(
+        await eventually(
+          () =>
+            locks.isLocked(uniqueKey()).then(
+              () => true,
+              () => false,
+            ),
+          5_000,
+        ),
+        "the suite's module did not reconnect",
+      );
     } finally {
       await app.close();
       own.disconnect();
