@@ -411,6 +411,7 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     assert.ok(error instanceof LockBackendError, String(error));
     assert.ok(error.cause instanceof LockQuorumError, String(error.cause));
     assert.equal(error.cause.timedOut, true);
+    assert.equal(error.cause.answered, 3, 'the one yes and the two no answered');
     assert.equal(error.timedOut, true, 'the outcome is unknown because nodes were silent');
     assert.ok(await eventually(async () => (await holders(key, lock.token)) === 0));
   });
@@ -677,7 +678,7 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     assert.equal(await again.release(), true);
   });
 
-  it('decides each round as soon as its outcome is known: two frozen nodes of five cost a grant, a refusal, an extension and a release no time', async () => {
+  it('decides each round as soon as its outcome is known: two frozen nodes of five cost a grant, a refusal, an extension, a release and a round that failures and a refusal decide no time', async () => {
     // Apps of their own with a long commandTimeout: waiting for a frozen node would take all of
     // it (4 s), far above what a loaded machine adds to a round of live nodes.
     const commandTimeout = 4_000;
@@ -703,6 +704,21 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
         const lock = await timed('grant', () => mine.locks.acquire(key, { ttl: 10_000 }));
         await timed('extension', () => lock.extend(10_000));
         assert.equal(await lock.release(), true);
+        // Two nodes fail at once (out of memory: the attempt's write is refused), one says no:
+        // no majority can say yes any more, whatever the frozen two would answer.
+        const other = uniqueKey();
+        await direct[2].set(`lock:{${other}}`, 'someone else', 'PX', 10_000);
+        await Promise.all([0, 1].map((i) => direct[i].config('SET', 'maxmemory', '1')));
+        try {
+          // Busy, as a refusal by a minority with the rest failed is (no majority of failures).
+          assert.equal(
+            await timed('failures and a refusal', () => mine.locks.tryAcquire(other)),
+            null,
+          );
+        } finally {
+          await Promise.all([0, 1].map((i) => direct[i].config('SET', 'maxmemory', '0')));
+          await direct[2].del(`lock:{${other}}`);
+        }
       });
       const stalled = watch.stop();
       for (const [what, ms] of times) {
