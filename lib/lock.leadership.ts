@@ -1,23 +1,34 @@
 import type { Logger } from '@nestjs/common';
 import { Subject, type Observable } from 'rxjs';
+import { randomBytes } from 'node:crypto';
+import { hostname } from 'node:os';
 import { setTimeout as sleep } from 'node:timers/promises';
 import {
+  LeaderElectionTimeoutError,
   LeadershipStoppedError,
+  LockAcquireAbortedError,
   LockAcquireTimeoutError,
   LockArgumentError,
   RedisLockShutdownError,
   type KeyView,
 } from './errors/redis-lock.errors.js';
 import type { AcquireOptions, Lock } from './interfaces/lock.interface.js';
+import type { LockEvents } from './engine/lock.events.js';
 import { inChainOf, outsideLocks } from './engine/lock.context.js';
 import { ignoreDeadline, within } from './utils/within.js';
-import { leadOptionsProblem, NOT_COUNTED } from './options/acquire-options.js';
+import {
+  electedOptionsProblem,
+  leadOptionsProblem,
+  NOT_COUNTED,
+} from './options/acquire-options.js';
 import { OutageLog } from './utils/outage-log.js';
 
 /** One term of a leadership: what `work` gets while this instance leads. */
 export interface LeaderTerm {
   /** The leadership's key, without the module's `keyPrefix`. */
   readonly key: string;
+  /** The id of the participant that leads in this term: this one's (see `LeadOptions.id`). */
+  readonly id: string;
   /**
    * The term number: the lock's fence, greater than every earlier leader's. Send it with every
    * write the leader makes and have the resource reject one lower than the highest it has seen.
@@ -30,8 +41,12 @@ export interface LeaderTerm {
   readonly signal: AbortSignal;
 }
 
-/** A campaign for leadership started by `LockService.lead()`. */
+/** A campaign for leadership started by `LockService.lead()` or a `@WhileLeader` method. */
 export interface Leadership {
+  /** The key campaigned for, without the module's `keyPrefix`. */
+  readonly key: string;
+  /** This participant's id (see `LeadOptions.id`). */
+  readonly id: string;
   /** Whether this instance leads now: from the term's start until its `signal` aborts or its work settles. */
   readonly isLeader: boolean;
   /** `true` when this instance becomes leader, `false` when it ceases to be; completes after `stop()`. */
@@ -46,6 +61,24 @@ export interface Leadership {
    * leading (its fence is what refuses its writes once another instance leads).
    */
   stop(): Promise<void>;
+  /**
+   * Resolves with the term when this instance leads: at once if it leads now, else when its next
+   * term starts (the term's `signal` not aborted at that moment). The campaign is not changed by
+   * it: a timeout or an abort ends only this wait.
+   * @throws LeaderElectionTimeoutError when `timeout` ms pass first (the campaign goes on)
+   * @throws LockAcquireAbortedError when `signal` aborts first
+   * @throws LeadershipStoppedError once `stop()` or the shutdown ended the campaign
+   * @throws LockArgumentError for a bad option
+   */
+  elected(options?: ElectedOptions): Promise<LeaderTerm>;
+}
+
+/** Options of `Leadership.elected()`. */
+export interface ElectedOptions {
+  /** How long to wait (ms, ≥ 0; 0 answers only whether it leads now). @default no limit */
+  timeout?: number;
+  /** Ends the wait (`LockAcquireAbortedError`). */
+  signal?: AbortSignal;
 }
 
 /** Options of `LockService.lead()` and `@WhileLeader`. */
@@ -56,6 +89,12 @@ export interface LeadOptions {
    * @default 10_000 (or the module's `defaults.ttl`)
    */
   ttl?: number;
+  /**
+   * This participant's id, carried by its terms (`LeaderTerm.id`) and its `elected` / `deposed`
+   * events: a non-empty string of at most 200 characters, such as a pod name.
+   * @default one per `LockService`: the host name, the process id and a random part
+   */
+  id?: string;
 }
 
 /** What a campaign needs of the lock engine. */
@@ -92,11 +131,19 @@ export function assertLeadArguments(work: unknown, options: unknown): void {
  */
 export class Campaign implements Leadership {
   private readonly stopper = new AbortController();
+  /** Why the campaign ended, once `stop()` or the shutdown ended it: its stopper's reason. */
+  private stopped: LeadershipStoppedError | undefined;
   private readonly subject = new Subject<boolean>();
-  private leading = false;
   private over = false;
   /** The current term's lock, while it runs. */
   private termLock: Lock | undefined;
+  /** The current term, from its start until it ends (its signal aborts or its work settles). */
+  private current: { term: LeaderTerm; started: number } | undefined;
+  /** The `elected()` calls waiting for a term. */
+  private readonly electors = new Set<{
+    resolve(term: LeaderTerm): void;
+    reject(error: Error): void;
+  }>();
   /** Ends the current term without waiting for its work: `stop()` from inside that work. */
   private leaveTerm: (() => void) | undefined;
   /** The current term's work, or the last one, settled either way: what shutdown waits for. */
@@ -110,6 +157,7 @@ export class Campaign implements Leadership {
 
   constructor(
     readonly key: string,
+    readonly id: string,
     private readonly work: (term: LeaderTerm) => unknown,
     readonly ttl: number,
     private readonly pause: number,
@@ -117,13 +165,24 @@ export class Campaign implements Leadership {
     private readonly logger: Logger,
     /** How log lines show keys (the module's `logKeys`). */
     readonly view: KeyView,
+    private readonly events: LockEvents,
   ) {
     this.outage = new OutageLog(logger, `Campaign for leadership of ${view(key)}`);
     this.done = outsideLocks(() => this.campaign());
   }
 
   get isLeader(): boolean {
-    return this.leading;
+    return this.current !== undefined;
+  }
+
+  /** What the health check shows: leading now, following, or failing (its last attempt failed). */
+  get state(): 'leading' | 'following' | 'failing' {
+    return this.current ? 'leading' : this.outage.failing ? 'failing' : 'following';
+  }
+
+  /** Whether `stop()` or the shutdown has been asked for. */
+  get stopping(): boolean {
+    return this.stopped !== undefined;
   }
 
   /** Whether the campaign is over (stopped, and its last term's work settled). */
@@ -132,13 +191,52 @@ export class Campaign implements Leadership {
   }
 
   stop(by: 'stop' | 'shutdown' = 'stop'): Promise<void> {
-    if (!this.stopper.signal.aborted)
-      this.stopper.abort(new LeadershipStoppedError(this.key, by, this.view));
+    this.giveUp(by);
     // From inside the term's work (its call chain runs under the term's lock, even one released
     // or lost meanwhile): never wait for it.
     const term = this.termLock;
     if (term && inChainOf(term)) this.leaveTerm?.();
     return this.done;
+  }
+
+  /** Ends the campaign (once): its term's signal and every `elected()` waiting are told why. */
+  private giveUp(by: 'stop' | 'shutdown'): void {
+    if (this.stopped) return;
+    this.stopped = new LeadershipStoppedError(this.key, by, this.view);
+    this.stopper.abort(this.stopped);
+    for (const elector of this.electors) elector.reject(this.stopped);
+  }
+
+  elected(options?: ElectedOptions): Promise<LeaderTerm> {
+    const problem = electedOptionsProblem(options);
+    if (problem) return Promise.reject(new LockArgumentError(...problem));
+    if (this.stopped) return Promise.reject(this.stopped);
+    if (this.current) return Promise.resolve(this.current.term);
+    const { timeout, signal } = options ?? {};
+    const aborted = (): LockAcquireAbortedError =>
+      new LockAcquireAbortedError(this.key, signal?.reason, this.view, 'Waiting to lead');
+    if (signal?.aborted) return Promise.reject(aborted());
+    return new Promise<LeaderTerm>((resolve, reject) => {
+      const settle = (): void => {
+        clearTimeout(timer);
+        signal?.removeEventListener('abort', onAbort);
+        this.electors.delete(elector);
+      };
+      const elector = {
+        resolve: (term: LeaderTerm) => (settle(), resolve(term)),
+        reject: (error: Error) => (settle(), reject(error)),
+      };
+      const onAbort = (): void => elector.reject(aborted());
+      const timer =
+        timeout === undefined
+          ? undefined
+          : setTimeout(
+              () => elector.reject(new LeaderElectionTimeoutError(this.key, timeout, this.view)),
+              timeout,
+            );
+      signal?.addEventListener('abort', onAbort, { once: true });
+      this.electors.add(elector);
+    });
   }
 
   /** The current (or last) term's work settled: what shutdown waits for, up to the TTL. */
@@ -177,6 +275,7 @@ export class Campaign implements Leadership {
     // Stopped while an attempt was on its way: its grant, if it comes, is undone before `stop()`
     // resolves, so that a stopped campaign holds nothing.
     await this.runTerm.undone(this.key);
+    this.giveUp('shutdown'); // ended by the engine's shutdown before the module's own stop
     this.over = true;
     this.subject.complete();
   }
@@ -192,12 +291,12 @@ export class Campaign implements Leadership {
     this.outage.recovered();
     if (this.stopper.signal.aborted) return;
     const signal = AbortSignal.any([lock.signal, this.stopper.signal]);
-    const cease = (): void => this.change(false);
+    const term: LeaderTerm = { key: this.key, id: this.id, fence: lock.fence, signal };
+    const cease = (): void => this.endTerm(lock);
     signal.addEventListener('abort', cease, { once: true });
     this.termLock = lock;
     const left = new Promise<void>((resolve) => (this.leaveTerm = resolve));
-    this.change(true);
-    const term = { key: this.key, fence: lock.fence, signal };
+    this.beginTerm(term);
     // Called at once (a throw becomes a rejection), in this call chain: it holds the term's lock.
     const work = new Promise((resolve) => resolve(this.work(term))).catch((error: unknown) => {
       if (signal.aborted) return;
@@ -212,7 +311,7 @@ export class Campaign implements Leadership {
     } finally {
       this.termLock = this.leaveTerm = undefined;
       signal.removeEventListener('abort', cease);
-      this.change(false);
+      this.endTerm(lock);
       if (lock.signal.aborted && !this.stopper.signal.aborted) {
         this.logger.warn(
           `Lost leadership of ${this.view(this.key)} (term ${lock.fence}): ${String(lock.signal.reason)}`,
@@ -221,29 +320,85 @@ export class Campaign implements Leadership {
     }
   }
 
-  private change(leading: boolean): void {
-    if (this.leading === leading) return;
-    this.leading = leading;
-    this.subject.next(leading);
+  /** A term starts: `isLeader`, `changes`, the `elected()` calls waiting and the events hear it. */
+  private beginTerm(term: LeaderTerm): void {
+    this.current = { term, started: performance.now() };
+    this.subject.next(true);
+    for (const elector of this.electors) elector.resolve(term);
+    if (this.events.observed) {
+      this.events.emit({ type: 'elected', key: this.key, id: this.id, fence: term.fence });
+    }
+  }
+
+  /** The current term ends (once): its signal aborted, or its work settled first. */
+  private endTerm(lock: Lock): void {
+    const ended = this.current;
+    if (!ended) return;
+    this.current = undefined;
+    this.subject.next(false);
+    if (!this.events.observed) return;
+    const stopped = this.stopped;
+    this.events.emit({
+      type: 'deposed',
+      key: this.key,
+      id: this.id,
+      fence: ended.term.fence,
+      heldMs: performance.now() - ended.started,
+      reason: stopped ? stopped.by : lock.signal.aborted ? 'lost' : 'settled',
+    });
   }
 }
 
 /** @internal The leaderships of one `LockService`: started by `lead()`, stopped at shutdown. */
 export class Leaderships {
   private readonly campaigns = new Set<Campaign>();
+  /** The participant id of this service's leaderships that name none. */
+  readonly defaultId = `${hostname()}:${process.pid}:${randomBytes(4).toString('hex')}`;
 
   constructor(
     private readonly runTerm: TermRunner,
     private readonly logger: Logger,
     private readonly view: KeyView,
+    private readonly events: LockEvents,
   ) {}
 
   /** Starts campaigning (see `LockService.lead`); its arguments are checked. */
-  start(key: string, work: (term: LeaderTerm) => unknown, ttl: number, pause: number): Leadership {
-    const campaign = new Campaign(key, work, ttl, pause, this.runTerm, this.logger, this.view);
+  start(
+    key: string,
+    work: (term: LeaderTerm) => unknown,
+    ttl: number,
+    pause: number,
+    id = this.defaultId,
+  ): Leadership {
+    const campaign = new Campaign(
+      key,
+      id,
+      work,
+      ttl,
+      pause,
+      this.runTerm,
+      this.logger,
+      this.view,
+      this.events,
+    );
     this.campaigns.add(campaign);
     void campaign.done.then(() => this.campaigns.delete(campaign));
     return campaign;
+  }
+
+  /** Each leadership campaigning now: its key (as events show keys), id and state. */
+  report(): { key: string; id: string; state: Campaign['state'] }[] {
+    return [...this.campaigns]
+      .filter((campaign) => !campaign.stopping)
+      .map(({ key, id, state }) => ({ key: this.events.shown(key), id, state }));
+  }
+
+  /** The first leadership campaigning for `key` that is not stopped, if any. */
+  find(key: string): Leadership | undefined {
+    for (const campaign of this.campaigns) {
+      if (campaign.key === key && !campaign.stopping) return campaign;
+    }
+    return undefined;
   }
 
   /**

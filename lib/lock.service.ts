@@ -65,6 +65,7 @@ export class LockService implements OnApplicationBootstrap, OnModuleDestroy, OnA
       },
       this.logger,
       this.defaults.keyView,
+      this.engine.events,
     );
   }
 
@@ -149,9 +150,23 @@ export class LockService implements OnApplicationBootstrap, OnModuleDestroy, OnA
    */
   lead(key: string, work: (term: LeaderTerm) => unknown, options?: LeadOptions): Leadership {
     assertLeadArguments(work, options);
-    const { ttl } = resolveAcquireOptions(key, options, this.defaults, 'using');
+    const { id, ...lockOptions } = options ?? {};
+    const { ttl } = resolveAcquireOptions(key, lockOptions, this.defaults, 'using');
     this.engine.assertRunning(key);
-    return this.leaderships.start(key, work, ttl, this.defaults.retryInterval);
+    return this.leaderships.start(key, work, ttl, this.defaults.retryInterval, id);
+  }
+
+  /**
+   * The leadership this service campaigns for on `key`, started by `lead()` or for a
+   * `@WhileLeader` method (the first, if several), or `undefined` if none runs (never started,
+   * or stopped).
+   * @throws LockArgumentError for a bad key
+   * @example
+   * const leading = locks.leadership('leader:ingest')?.isLeader ?? false;
+   */
+  leadership(key: string): Leadership | undefined {
+    assertKey(key, this.defaults);
+    return this.leaderships.find(key);
   }
 
   /**
@@ -186,10 +201,14 @@ export class LockService implements OnApplicationBootstrap, OnModuleDestroy, OnA
 
   /**
    * @internal For `RedisLockHealthIndicator`: whether Redis answers a PING (in Redlock mode, a
-   * majority of nodes), within `commandTimeout`. Never rejects.
+   * majority of nodes), within `commandTimeout`, with the leaderships campaigning now in its
+   * details (`leaderships`: key, id, state). Never rejects.
    */
-  checkHealth(): Promise<BackendHealth> {
-    return this.engine.health();
+  async checkHealth(): Promise<BackendHealth> {
+    const health = await this.engine.health();
+    const leaderships = this.leaderships.report();
+    if (leaderships.length === 0) return health;
+    return { ...health, details: { ...health.details, leaderships } };
   }
 
   /**

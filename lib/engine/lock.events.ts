@@ -38,8 +38,13 @@ export class LockEvents {
     return this.subscribers > 0;
   }
 
+  /** A key as events show it: as it is, unless the module's `logKeys` hashes or hides keys. */
+  shown(key: string): string {
+    return this.view === quoteKey ? key : this.view(key);
+  }
+
   emit(event: LockEvent): void {
-    if (this.view !== quoteKey) event.key = this.view(event.key);
+    event.key = this.shown(event.key);
     try {
       this.subject.next(event);
     } catch (error) {

@@ -291,8 +291,10 @@ export class LockAcquireAbortedError extends RedisLockError {
     reason: unknown,
     /** How the key is shown (the module's `logKeys`). */
     view: KeyView = quoteKey,
+    /** What was waiting: acquiring the lock, or `Leadership.elected()`. */
+    what: 'Acquiring lock' | 'Waiting to lead' = 'Acquiring lock',
   ) {
-    super(`Acquiring lock ${view(key)} was aborted by the caller's signal.`, { cause: reason });
+    super(`${what} ${view(key)} was aborted by the caller's signal.`, { cause: reason });
     keepKeyQuiet(this, view);
   }
 }
@@ -331,6 +333,26 @@ export class LeadershipStoppedError extends RedisLockError {
       by === 'stop'
         ? `Leadership of ${view(key)} was given up by stop(): finish the term's work and return.`
         : `Leadership of ${view(key)} ends: the RedisLockModule is shutting down. Finish the term's work and return.`,
+    );
+    keepKeyQuiet(this, view);
+  }
+}
+
+/**
+ * `Leadership.elected({ timeout })`: this instance did not become leader within `timeout`. Only
+ * the wait ends: the campaign goes on.
+ */
+export class LeaderElectionTimeoutError extends RedisLockError {
+  constructor(
+    /** The leadership's key, without the module's `keyPrefix`. */
+    readonly key: string,
+    /** The `timeout` waited, in ms. */
+    readonly timeout: number,
+    /** How the key is shown (the module's `logKeys`). */
+    view: KeyView = quoteKey,
+  ) {
+    super(
+      `Not elected leader of ${view(key)} within ${timeout} ms: another instance leads, or Redis cannot be reached. The campaign goes on: call elected() again to wait longer, or stop() to give up.`,
     );
     keepKeyQuiet(this, view);
   }

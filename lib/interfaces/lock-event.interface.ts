@@ -29,4 +29,19 @@ export type LockEvent =
    * A `@WithLock({ onBusy: 'skip' })` call found the key held by another holder and skipped (the
    * method was not run): the normal life of a job on several instances, not a failure.
    */
-  | { type: 'skipped'; key: string; waitedMs: number };
+  | { type: 'skipped'; key: string; waitedMs: number }
+  /** A leadership's term began: this instance (participant `id`) leads `key` with term `fence`. */
+  | { type: 'elected'; key: string; id: string; fence: number }
+  /**
+   * A leadership's term ended, `heldMs` after it began: its work settled (`'settled'`; the
+   * campaign goes on), its lock was lost or could not be confirmed (`'lost'`), or `stop()` or the
+   * shutdown gave it up (`'stop'`, `'shutdown'`).
+   */
+  | {
+      type: 'deposed';
+      key: string;
+      id: string;
+      fence: number;
+      heldMs: number;
+      reason: 'settled' | 'lost' | 'stop' | 'shutdown';
+    };

@@ -9,6 +9,7 @@ import {
   durationProblem,
   holdAtLeastProblem,
   isOptionsObject,
+  isWellFormed,
   lockShape,
   rejectUnknownKeys,
   tokenProblem,
@@ -133,9 +134,38 @@ export function leadOptionsProblem(options: unknown): [string, unknown, string] 
   if (options === undefined) return undefined;
   if (!isOptionsObject(options)) return ['options', options, 'must be an object'];
   for (const [name, value] of Object.entries(options)) {
-    if (name !== 'ttl') return [name, value, 'is not an option of a leadership (only ttl is)'];
+    if (name !== 'ttl' && name !== 'id') {
+      return [name, value, 'is not an option of a leadership (only ttl and id are)'];
+    }
   }
-  const { ttl } = options as { ttl?: unknown };
+  const { ttl, id } = options as { ttl?: unknown; id?: unknown };
   const problem = ttl === undefined ? undefined : ttlProblem(ttl);
-  return problem ? ['ttl', ttl, problem] : undefined;
+  if (problem) return ['ttl', ttl, problem];
+  if (id === undefined) return undefined;
+  if (typeof id !== 'string' || id.length === 0) return ['id', id, 'must be a non-empty string'];
+  if (id.length > MAX_PARTICIPANT_ID) {
+    return ['id', id, `must be at most ${MAX_PARTICIPANT_ID} characters`];
+  }
+  return isWellFormed(id) ? undefined : ['id', id, 'must be well-formed Unicode'];
+}
+
+/** The longest participant id of a leadership. */
+const MAX_PARTICIPANT_ID = 200;
+
+/** What is wrong with the options of `Leadership.elected()`, or `undefined`. */
+export function electedOptionsProblem(options: unknown): [string, unknown, string] | undefined {
+  if (options === undefined) return undefined;
+  if (!isOptionsObject(options)) return ['options', options, 'must be an object'];
+  for (const [name, value] of Object.entries(options)) {
+    if (name !== 'timeout' && name !== 'signal') {
+      return [name, value, 'is not an option of elected() (only timeout and signal are)'];
+    }
+  }
+  const { timeout, signal } = options as { timeout?: unknown; signal?: unknown };
+  const problem = timeout === undefined ? undefined : durationProblem(timeout, true);
+  if (problem) return ['timeout', timeout, problem];
+  if (signal !== undefined && !(signal instanceof AbortSignal)) {
+    return ['signal', signal, 'must be an AbortSignal'];
+  }
+  return undefined;
 }

@@ -3,7 +3,7 @@ import { after, before, describe, it } from 'node:test';
 import { Controller, Get, Module, type INestApplication } from '@nestjs/common';
 import { Test } from '@nestjs/testing';
 import { HealthCheck, HealthCheckService, TerminusModule } from '@nestjs/terminus';
-import { RedisLockModule, type RedisLockModuleOptions } from '../../lib/index.js';
+import { LockService, RedisLockModule, type RedisLockModuleOptions } from '../../lib/index.js';
 import { RedisLockHealthIndicator } from '../../lib/health/index.js';
 import { eventually, sleep } from '../support/lock-module.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
@@ -145,6 +145,59 @@ describe('RedisLockHealthIndicator (nestjs-redis-lock/health)', () => {
       watch.stop();
     } finally {
       for (const server of servers) server.signal('SIGCONT');
+      await app.close();
+    }
+  });
+
+  it('lists the leaderships campaigning now: key, id and whether each leads, follows or fails to reach Redis', async () => {
+    const [app, url] = await startApp({
+      connection: servers[1].url,
+      commandTimeout: 300,
+      defaults: { retryInterval: 100 },
+    });
+    const locks = app.get(LockService);
+    const untilAborted = async ({ signal }: { signal: AbortSignal }): Promise<void> => {
+      await new Promise((resolve) => signal.addEventListener('abort', resolve, { once: true }));
+    };
+    try {
+      const leader = locks.lead('leader:report', untilAborted, { ttl: 1_000 });
+      await leader.elected();
+      const follower = locks.lead('leader:report', untilAborted, { ttl: 1_000, id: 'second' });
+      const leaderships = async (): Promise<unknown> =>
+        (await get(url))[1].info?.locks?.leaderships;
+      assert.deepEqual(await leaderships(), [
+        { key: 'leader:report', id: leader.id, state: 'leading' },
+        { key: 'leader:report', id: 'second', state: 'following' },
+      ]);
+      // Redis gone: the leader's lock cannot be confirmed, and both campaigns' attempts fail.
+      await servers[1].kill();
+      const failing = async (): Promise<unknown> => (await get(url))[1].error?.locks?.leaderships;
+      assert.ok(
+        await eventually(
+          async () =>
+            JSON.stringify(await failing()) ===
+            JSON.stringify([
+              { key: 'leader:report', id: leader.id, state: 'failing' },
+              { key: 'leader:report', id: 'second', state: 'failing' },
+            ]),
+          5_000,
+        ),
+        JSON.stringify(await failing()),
+      );
+      servers[1] = await servers[1].restart();
+      assert.ok(
+        await eventually(async () => {
+          const states = ((await leaderships()) as { state: string }[] | undefined)?.map(
+            ({ state }) => state,
+          );
+          return states?.sort().join() === 'following,leading';
+        }, 5_000),
+        'one leads and one follows once Redis is back',
+      );
+      await follower.stop();
+      await leader.stop();
+      assert.equal(await leaderships(), undefined, 'no leadership: nothing listed');
+    } finally {
       await app.close();
     }
   });

@@ -38,8 +38,9 @@ function start(args: string[]): Instance {
 interface LeaderEvent {
   pid: number;
   at: number;
-  event: 'ready' | 'lead' | 'ended';
+  event: 'ready' | 'lead' | 'elected' | 'ended';
   fence?: number;
+  id?: string;
   reason?: string;
   lateWriteAccepted?: boolean;
 }
@@ -192,5 +193,24 @@ describe('jobs and leaders across three processes', () => {
       'terms strictly increase',
     );
     assert.equal(new Set(fences).size, fences.length);
+    // Each term carried its process's own participant id, and each process's elected() (on the
+    // @WhileLeader method's handle) resolved with each of its terms, and with no other.
+    const all = await leads();
+    assert.deepEqual(
+      all.filter(({ pid, id }) => id !== `worker-${pid}`),
+      [],
+      'a term with another id',
+    );
+    const terms = (list: LeaderEvent[]): string[] =>
+      list.map(({ pid, fence, id }) => `${pid}:${fence}:${id}`).sort();
+    assert.ok(
+      await eventually(
+        async () =>
+          terms((await events()).filter(({ event }) => event === 'elected')).join() ===
+          terms(all).join(),
+        5_000,
+      ),
+      `elected() told ${JSON.stringify(terms((await events()).filter(({ event }) => event === 'elected')))} of terms ${JSON.stringify(terms(all))}`,
+    );
   });
 });

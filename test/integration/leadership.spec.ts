@@ -3,9 +3,12 @@ import { after, before, describe, it } from 'node:test';
 import { Injectable, Module, Scope } from '@nestjs/common';
 import { Test } from '@nestjs/testing';
 import { Redis } from 'ioredis';
+import { hostname } from 'node:os';
 import {
   getCurrentLock,
+  LeaderElectionTimeoutError,
   LeadershipStoppedError,
+  LockAcquireAbortedError,
   LockArgumentError,
   LockLostError,
   LockService,
@@ -15,6 +18,7 @@ import {
   WhileLeader,
   type LeaderTerm,
   type Leadership,
+  type LockEvent,
 } from '../../lib/index.js';
 import { FaultProxy } from '../support/fault-proxy.js';
 import {
@@ -482,6 +486,143 @@ describe('leadership (lead, @WhileLeader)', { timeout: 90_000 }, () => {
     }
   });
 
+  it('elected() resolves with the term: at once while leading, at the next term for a follower; a timeout, a signal or stop() ends only the wait', async () => {
+    const key = uniqueKey('leader');
+    const terms = new Terms();
+    const leader = apps[0].locks.lead(key, terms.leadUntilAborted());
+    const term = await leader.elected({ timeout: 5_000 });
+    assert.equal(leader.isLeader, true);
+    assert.deepEqual([term.key, term.id, term.fence], [key, leader.id, terms.fences[0]]);
+    assert.equal(term.signal.aborted, false);
+    assert.equal(await leader.elected({ timeout: 0 }), term, 'leading now: the same term at once');
+
+    const follower = apps[1].locks.lead(key, terms.leadUntilAborted());
+    // timeout 0 answers whether it leads now; a timeout is measured from the call.
+    await assert.rejects(follower.elected({ timeout: 0 }), LeaderElectionTimeoutError);
+    const watch = watchStalls();
+    const started = performance.now();
+    const late = await follower.elected({ timeout: 300 }).catch((error: unknown) => error);
+    // A timer may fire up to a millisecond early on this clock.
+    assertWithin(performance.now() - started, 300, watch, 'elected({ timeout: 300 })', 299);
+    watch.stop();
+    assert.ok(late instanceof LeaderElectionTimeoutError, String(late));
+    assert.deepEqual([late.key, late.timeout], [key, 300]);
+    assert.match(late.message, /within 300 ms.*The campaign goes on/);
+    const cancel = new AbortController();
+    const cancelled = follower.elected({ signal: cancel.signal });
+    cancel.abort(new Error('user left'));
+    const aborted = await cancelled.catch((error: unknown) => error);
+    assert.ok(aborted instanceof LockAcquireAbortedError, String(aborted));
+    assert.match(aborted.message, /^Waiting to lead /);
+    assert.equal((aborted.cause as Error).message, 'user left');
+    await assert.rejects(follower.elected({ signal: cancel.signal }), LockAcquireAbortedError);
+    assert.equal(follower.isLeader, false, 'the waits that ended changed nothing');
+
+    // The follower's next term: the leader steps down.
+    const next = follower.elected();
+    await leader.stop();
+    const second = await next;
+    assert.equal(follower.isLeader, true);
+    assert.equal(second.fence, terms.fences[1]);
+    assert.ok(second.fence > term.fence);
+    assert.equal(second.signal.aborted, false);
+    await assert.rejects(leader.elected(), (error: unknown) => {
+      assert.ok(error instanceof LeadershipStoppedError && error.by === 'stop', String(error));
+      return true;
+    });
+
+    // stop() ends a wait in progress; bad options are refused.
+    const third = apps[2].locks.lead(key, terms.leadUntilAborted());
+    const waiting = third.elected().catch((error: unknown) => error);
+    await third.stop();
+    assert.ok((await waiting) instanceof LeadershipStoppedError);
+    for (const options of [{ timeout: -1 }, { timeout: '5' }, { signal: {} }, { wait: 1 }, 5]) {
+      await assert.rejects(follower.elected(options as never), LockArgumentError);
+    }
+    await follower.stop();
+  });
+
+  it('a participant id of its own or one per LockService; elected and deposed events name it, with the fence and why the term ended', async () => {
+    const key = uniqueKey('leader');
+    const events: LockEvent[] = [];
+    const subscription = apps[0].locks.events.subscribe((event) => {
+      if (event.type === 'elected' || event.type === 'deposed') events.push(event);
+    });
+    try {
+      let terms = 0;
+      const named = apps[0].locks.lead(
+        key,
+        async ({ signal }) => {
+          if (++terms === 1) return; // the first term's work settles at once
+          await new Promise((resolve) => signal.addEventListener('abort', resolve, { once: true }));
+        },
+        { id: 'pod-a', ttl: 600 },
+      );
+      assert.equal(named.id, 'pod-a');
+      assert.ok(await eventually(() => terms === 2 && named.isLeader, 5_000));
+      const term = await named.elected();
+      assert.equal(term.id, 'pod-a');
+      // The key deleted behind its back: the term is lost at the next extension (every 200 ms).
+      const names = (await redis.keys(`*${key}*`)).filter((name) => !name.includes('fence'));
+      await redis.del(names);
+      assert.ok(await eventually(() => terms === 3 && named.isLeader, 5_000));
+      await named.stop();
+      const fences = events
+        .filter(({ type }) => type === 'elected')
+        .map((e) => (e as { fence: number }).fence);
+      assert.equal(fences.length, 3);
+      assert.deepEqual(
+        events.map((event) => ({
+          ...event,
+          heldMs: 'heldMs' in event ? typeof event.heldMs : undefined,
+        })),
+        [
+          { type: 'elected', key, id: 'pod-a', fence: fences[0], heldMs: undefined },
+          {
+            type: 'deposed',
+            key,
+            id: 'pod-a',
+            fence: fences[0],
+            reason: 'settled',
+            heldMs: 'number',
+          },
+          { type: 'elected', key, id: 'pod-a', fence: fences[1], heldMs: undefined },
+          { type: 'deposed', key, id: 'pod-a', fence: fences[1], reason: 'lost', heldMs: 'number' },
+          { type: 'elected', key, id: 'pod-a', fence: fences[2], heldMs: undefined },
+          { type: 'deposed', key, id: 'pod-a', fence: fences[2], reason: 'stop', heldMs: 'number' },
+        ],
+      );
+    } finally {
+      subscription.unsubscribe();
+    }
+    // Without an id: one per LockService, the host name, the process id and a random part.
+    const [a, b] = [uniqueKey('leader'), uniqueKey('leader')].map((each) =>
+      apps[0].locks.lead(each, async () => {}),
+    );
+    const other = apps[1].locks.lead(uniqueKey('leader'), async () => {});
+    assert.match(a.id, new RegExp(`^${hostname()}:${process.pid}:[0-9a-f]{8}$`));
+    assert.equal(b.id, a.id);
+    assert.notEqual(other.id, a.id);
+    await Promise.all([a, b, other].map((leadership) => leadership.stop()));
+    for (const id of ['', 7, 'x'.repeat(201), '\ud800']) {
+      assert.throws(
+        () => apps[0].locks.lead(key, async () => {}, { id } as never),
+        LockArgumentError,
+      );
+    }
+  });
+
+  it('locks.leadership(key) is the running leadership of key, from lead(); undefined once stopped or never started', async () => {
+    const key = uniqueKey('leader');
+    assert.equal(apps[0].locks.leadership(key), undefined);
+    const leadership = apps[0].locks.lead(key, new Terms().leadUntilAborted());
+    assert.equal(apps[0].locks.leadership(key), leadership);
+    assert.equal(apps[1].locks.leadership(key), undefined, "another service's is not this one's");
+    await leadership.stop();
+    assert.equal(apps[0].locks.leadership(key), undefined);
+    assert.throws(() => apps[0].locks.leadership(''), LockArgumentError);
+  });
+
   it('lead() once the module is shutting down throws RedisLockShutdownError', async () => {
     const app = await startLockModule({ connection: server.url });
     await app.close();
@@ -549,6 +690,41 @@ describe('@WhileLeader', { timeout: 90_000 }, () => {
       );
       const [before, after] = worked.filter(({ key }) => key === 'leader:ingest');
       assert.ok(after.fence > before.fence);
+    } finally {
+      await first.close();
+      await second.close();
+    }
+  });
+
+  it("locks.leadership(key) is a @WhileLeader method's handle: isLeader, elected(), stop(); a shutdown ends an elected() wait", async () => {
+    const options = { connection: server.url, keyPrefix: `${uniqueKey('app')}:` };
+    const first = await startLockModule(options, [Ingest]);
+    const second = await startLockModule(options, [Ingest]);
+    try {
+      const handles = [first, second].map(({ locks }) => locks.leadership('leader:ingest')!);
+      assert.ok(handles.every((handle) => handle !== undefined));
+      const term = await Promise.race(handles.map((handle) => handle.elected()));
+      const leading = handles.findIndex((handle) => handle.isLeader);
+      assert.equal(handles.filter((handle) => handle.isLeader).length, 1);
+      const entry = worked.find(({ fence }) => fence === term.fence)!;
+      assert.ok(entry, 'the term elected() gave is the one the method runs');
+      const following = handles[1 - leading];
+      const waiting = following.elected();
+      // The leader's method stopped through its handle: the follower leads at once (TTL 60 s).
+      await handles[leading].stop();
+      assert.ok(entry.reason instanceof LeadershipStoppedError, String(entry.reason));
+      assert.equal(entry.reason.by, 'stop');
+      assert.ok((await waiting).fence > term.fence);
+      assert.equal([first, second][leading].locks.leadership('leader:ingest'), undefined);
+      // The leader's app closes: a third's wait ends with the shutdown, not never.
+      const third = await startLockModule(options, [Ingest]);
+      const wait = third.locks
+        .leadership('leader:ingest')!
+        .elected()
+        .catch((error: unknown) => error);
+      await third.close();
+      const error = await wait;
+      assert.ok(error instanceof LeadershipStoppedError && error.by === 'shutdown', String(error));
     } finally {
       await first.close();
       await second.close();
@@ -640,6 +816,7 @@ describe('@WhileLeader', { timeout: 90_000 }, () => {
       ['k', { ttl: -1 }, '@WhileLeader(Job.run).ttl'],
       ['k', { acquireTimeout: 1 }, '@WhileLeader(Job.run).acquireTimeout'],
       ['k', 5, '@WhileLeader(Job.run)'],
+      ['k', { id: '' }, '@WhileLeader(Job.run).id'],
     ] as const) {
       assert.throws(
         () => define(key, options),
@@ -647,6 +824,7 @@ describe('@WhileLeader', { timeout: 90_000 }, () => {
         option,
       );
     }
+    assert.doesNotThrow(() => define('k', { ttl: 1_000, id: 'pod-a' }));
   });
 
   it('a work that ignores its signal does not hold shutdown past its TTL, and is logged', async () => {

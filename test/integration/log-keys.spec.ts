@@ -145,6 +145,32 @@ for (const mode of ['hashed', 'hidden'] as const satisfies readonly LogKeys[]) {
       );
     });
 
+    it("a leadership's events and its health report show the key as log lines do", async () => {
+      const key = keyOf();
+      const seen: LockEvent[] = [];
+      const subscription = app.locks.events.subscribe((event) => seen.push(event));
+      const leadership = app.locks.lead(key, async () => {}); // each term ends at once
+      try {
+        await leadership.elected();
+        const { details } = await app.locks.checkHealth();
+        assert.deepEqual((details.leaderships as { key: string }[])[0].key, shown(key));
+      } finally {
+        await leadership.stop();
+        subscription.unsubscribe();
+      }
+      assert.deepEqual(
+        seen
+          .filter(({ type }) => type === 'elected' || type === 'deposed')
+          .slice(0, 2)
+          .map((event) => [event.type, event.key]),
+        [
+          ['elected', shown(key)],
+          ['deposed', shown(key)],
+        ],
+      );
+      assert.doesNotMatch(JSON.stringify(seen), new RegExp(SECRET));
+    });
+
     it("the library's warnings and errors show the key as the module says, never the key itself", async () => {
       const logs = LogCapture.install();
       try {

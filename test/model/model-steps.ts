@@ -1,6 +1,8 @@
 import fc from 'fast-check';
 import {
   getCurrentLock,
+  LeaderElectionTimeoutError,
+  LeadershipStoppedError,
   LockAcquireTimeoutError,
   LockBackendError,
   LockLostError,
@@ -149,6 +151,10 @@ export interface Leader {
   readonly leadership: Leadership;
   term: Flow | undefined;
   stopped: boolean;
+  /** The fences of the terms its work was given. */
+  readonly fences: number[];
+  /** When its `stop()` was first called, by a step or by its app's shutdown. */
+  stopCalledAt?: number;
 }
 
 /** A step: one thing an app does, written and read as JSON (`[kind, ...args]`). */
@@ -919,9 +925,11 @@ class LeadStep extends Step {
       key,
       stopped: false,
       term: undefined,
+      fences: [],
       leadership: app.locks.lead(
         key,
-        async ({ signal }) => {
+        async ({ signal, fence }) => {
+          leader.fences.push(fence);
           const flow = new Flow(app, [key], undefined, model, `${what} term`, signal);
           real.flows.push(flow);
           leader.term = flow;
@@ -931,6 +939,13 @@ class LeadStep extends Step {
         },
         { ttl: 1_000 },
       ),
+    };
+    // Told when stop() is first called, by a step or by the app's shutdown (which calls it too).
+    const campaign = leader.leadership as unknown as { stop(...args: unknown[]): Promise<void> };
+    const stop = campaign.stop.bind(campaign);
+    campaign.stop = (...args) => {
+      leader.stopCalledAt ??= performance.now();
+      return stop(...args);
     };
     real.leaders.push(leader);
     await new Promise((resolve) => setTimeout(resolve, 20));
@@ -969,6 +984,68 @@ class StopLeaderStep extends Step {
     } else {
       await stopLeader(model, leader, what);
     }
+    await model.check();
+  }
+}
+
+/**
+ * Waits for a leadership's term with `elected({ timeout })`, while the steps go on: it resolves
+ * only with a term the work was given, never after `stop()`, and while that term runs the
+ * leadership leads; it rejects with `LeaderElectionTimeoutError` no earlier than its timeout and
+ * only if `stop()` did not come first, or with `LeadershipStoppedError`; within its timeout,
+ * whatever happens.
+ */
+class ElectedStep extends Step {
+  readonly kind = 'elected';
+  constructor(
+    readonly pick: number,
+    readonly timeout: number,
+  ) {
+    super();
+  }
+  get args() {
+    return [this.pick, this.timeout];
+  }
+  override check(model: Readonly<Model>): boolean {
+    return realOf(model).leaders.length > 0;
+  }
+  async run(model: Model, real: Real): Promise<void> {
+    const leader = real.leaders[this.pick % real.leaders.length];
+    const what = `${this.toString()}: ${leader.key}`;
+    const started = performance.now();
+    /** Whether stop() was called before `at` (by more than a timer's early firing). */
+    const stoppedBefore = (at: number): boolean =>
+      leader.stopCalledAt !== undefined && leader.stopCalledAt < at - 2;
+    model.pending.push(
+      model.bounded(what, this.timeout, () =>
+        leader.leadership.elected({ timeout: this.timeout }).then(
+          (term) => {
+            if (term.key !== leader.key || !leader.fences.includes(term.fence)) {
+              model.violations.push(
+                `${what} resolved with a term its work was not given (fence ${term.fence}; terms ${leader.fences.join(', ')})`,
+              );
+            }
+            if (!term.signal.aborted && !leader.leadership.isLeader) {
+              model.violations.push(`${what} resolved with a running term while not leading`);
+            }
+            if (stoppedBefore(started)) model.violations.push(`${what} resolved after stop()`);
+          },
+          (error: unknown) => {
+            const took = performance.now() - started;
+            if (error instanceof LeaderElectionTimeoutError) {
+              if (took < this.timeout - 1 || stoppedBefore(started + this.timeout)) {
+                model.violations.push(
+                  `${what} timed out after ${took.toFixed(0)} ms (stop() called ${leader.stopCalledAt === undefined ? 'never' : `at ${(leader.stopCalledAt - started).toFixed(0)} ms`}): ${error.message}`,
+                );
+              }
+            } else if (!(error instanceof LeadershipStoppedError)) {
+              model.violations.push(`${what} failed: ${String(error)}`);
+            }
+          },
+        ),
+      ),
+    );
+    await new Promise((resolve) => setTimeout(resolve, 5));
     await model.check();
   }
 }
@@ -1176,6 +1253,7 @@ const STEPS: [fc.Arbitrary<Step>, number][] = [
     1,
   ],
   [fc.tuple(fc.nat(), fc.boolean()).map((args) => new StopLeaderStep(...args)), 1],
+  [fc.tuple(fc.nat(), fc.constantFrom(0, 200, 2_000)).map((args) => new ElectedStep(...args)), 1],
   [
     fc
       .tuple(
@@ -1232,6 +1310,7 @@ export function replay(json: readonly unknown[]): Step {
     job: JobStep,
     lead: LeadStep,
     stop: StopLeaderStep,
+    elected: ElectedStep,
     closeApp: CloseAppStep,
     crowd: CrowdStep,
     own: AcquireOwnStep,
