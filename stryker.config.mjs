@@ -12,7 +12,13 @@ export const GROUPS = {
   },
   lease: {
     mutate: ['lib/engine/lock.lease.ts'],
-    tests: ['build/test/integration/lease.spec.js', 'build/test/integration/lock-service.spec.js'],
+    tests: [
+      'build/test/integration/lease.spec.js',
+      'build/test/integration/lock-service.spec.js',
+      // The lease's events, and the token write of a lock passed on in the process.
+      'build/test/integration/events.spec.js',
+      'build/test/integration/holders.spec.js',
+    ],
   },
   'multi-key': {
     mutate: ['lib/engine/multi-key.acquisition.ts'],

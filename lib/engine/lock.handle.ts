@@ -143,7 +143,8 @@ export class LockHandle extends Lease implements Lock, Linked<LockHandle>, Reent
     if (this.state === 'released') throw this.lossError('not-held');
     this.checkExpiry();
     if (this.state === 'lost') throw this.endReason!;
-    if (!(await this.renew(ttl))) throw this.endReason!;
+    // Not extended: lost, or released meanwhile with the key found gone (no loss reason then).
+    if (!(await this.renew(ttl))) throw this.endReason ?? this.lossError('not-held');
   }
 
   /**

@@ -158,6 +158,8 @@ describe('the lease of a held lock', () => {
       });
       try {
         const lock = await cut.locks.acquire(uniqueKey(), { ttl: 30_000, autoExtend: false });
+        // Watched from the start: its expiry timer, set for 30 s, must follow the shorter lease.
+        const signal = lock.signal;
         // The link cut: the extension to 200 ms waits in the proxy, and lands when it heals.
         proxy.stall();
         const sentAt = performance.now();
@@ -167,8 +169,8 @@ describe('the lease of a held lock', () => {
           lock.expiresAt <= sentAt + 200,
           `the lease still ends in ${(lock.expiresAt - performance.now()).toFixed(0)} ms`,
         );
-        assert.ok(await eventually(() => lock.signal.aborted, 1_000), 'the signal did not abort');
-        assert.ok(lock.signal.reason instanceof LockLostError);
+        assert.ok(await eventually(() => signal.aborted, 1_000), 'the signal did not abort');
+        assert.ok(signal.reason instanceof LockLostError);
         assert.ok(await eventually(async () => (await redis.exists(`lock:{${lock.key}}`)) === 0));
       } finally {
         await cut.close();
@@ -229,6 +231,61 @@ describe('the lease of a held lock', () => {
         },
         { ttl: 300 },
       );
+    });
+
+    it('a signal is one object: read before the loss, it is the one that aborts', async () => {
+      const lock = await locks.acquire(uniqueKey(), { ttl: 30_000 });
+      const first = lock.signal;
+      assert.equal(lock.signal, first);
+      await redis.del(`lock:{${lock.key}}`);
+      await assert.rejects(lock.extend(), LockLostError);
+      assert.equal(first.aborted, true);
+      assert.equal(lock.signal, first);
+      assert.equal((first.reason as LockLostError).reason, 'not-held');
+    });
+
+    it('an extension whose answer comes after the lease ran out is a loss (expired), not an extension', async () => {
+      const proxy = await FaultProxy.start(() => server.port);
+      const slow = await startLockModule({ connection: `redis://127.0.0.1:${proxy.port}` });
+      try {
+        const lock = await slow.locks.acquire(uniqueKey(), { ttl: 300 });
+        proxy.setLatency(200); // each way: the answer comes after the 295 ms lease has run out
+        const error = await lock.extend(5_000).catch((e: unknown) => e);
+        assert.ok(error instanceof LockLostError, String(error));
+        assert.equal(error.reason, 'expired');
+        assert.equal(lock.signal.aborted, true);
+        proxy.setLatency(0);
+      } finally {
+        await slow.close();
+        await proxy.close();
+      }
+    });
+
+    it('an extension in flight when release() is called resolves (Redis extended it first), or fails with LockLostError if the key was gone; no event after the release', async () => {
+      const key = uniqueKey();
+      const events: string[] = [];
+      const subscription = locks.events.subscribe((event) => {
+        if (event.key === key) events.push(event.type);
+      });
+      try {
+        const lock = await locks.acquire(key, { ttl: 30_000 });
+        void lock.signal; // watched: an extension would arm its expiry timer
+        const extended = lock.extend(10_000);
+        assert.equal(await lock.release(), true);
+        await extended;
+        assert.deepEqual(events, ['acquired', 'released']);
+        assert.equal(lock.signal.aborted, false, 'release is not a loss');
+
+        const gone = await locks.acquire(key, { ttl: 30_000 });
+        await redis.del(`lock:{${key}}`);
+        const refused = gone.extend(10_000).catch((e: unknown) => e);
+        assert.equal(await gone.release(), false);
+        const error = await refused;
+        assert.ok(error instanceof LockLostError, String(error));
+        assert.equal(error.reason, 'not-held');
+      } finally {
+        subscription.unsubscribe();
+      }
     });
 
     it('aborts with reason "unconfirmed" when Redis stops answering before the TTL runs out', async () => {
@@ -346,8 +403,13 @@ describe('the lease of a held lock', () => {
           },
           { ttl: 300 },
         );
-        assert.ok(
-          capture.lines.some((line) => line.level === 'warn' && line.message.includes(key)),
+        const warned = capture.lines.filter(
+          (line) => line.level === 'warn' && line.message.includes(key),
+        );
+        assert.equal(warned.length, 1, JSON.stringify(warned));
+        assert.match(
+          warned[0].message,
+          /^Lock ".*" \(fence \d+\): lost before the work finished: LockLostError/,
         );
       } finally {
         restore();
@@ -431,6 +493,9 @@ describe('the lease of a held lock', () => {
           assert.equal(getCurrentLock(a), lockA);
         });
         assert.equal(getCurrentLock(), lockA);
+        await lockA.release(); // released inside its chain: no longer the chain's lock
+        assert.equal(getCurrentLock(), undefined);
+        assert.equal(getCurrentLock(a), undefined);
       });
       assert.equal(getCurrentLock(), undefined);
     });
