@@ -9,6 +9,7 @@ import {
   LockAcquireAbortedError,
   LockAcquireTimeoutError,
   LockArgumentError,
+  LockLostError,
   RedisLockShutdownError,
   type KeyView,
 } from './errors/redis-lock.errors.js';
@@ -134,6 +135,8 @@ export class Campaign implements Leadership {
   /** Why the campaign ended, once `stop()` or the shutdown ended it: its stopper's reason. */
   private stopped: LeadershipStoppedError | undefined;
   private readonly subject = new Subject<boolean>();
+  /** The values `changes` is telling its subscribers, in order (see `change`). */
+  private readonly changing: boolean[] = [];
   private over = false;
   /** The current term's lock, while it runs. */
   private termLock: Lock | undefined;
@@ -210,13 +213,17 @@ export class Campaign implements Leadership {
   elected(options?: ElectedOptions): Promise<LeaderTerm> {
     const problem = electedOptionsProblem(options);
     if (problem) return Promise.reject(new LockArgumentError(...problem));
-    if (this.stopped) return Promise.reject(this.stopped);
-    if (this.current) return Promise.resolve(this.current.term);
     const { timeout, signal } = options ?? {};
     const aborted = (): LockAcquireAbortedError =>
       new LockAcquireAbortedError(this.key, signal?.reason, this.view, 'Waiting to lead');
+    const late = (): LeaderElectionTimeoutError =>
+      new LeaderElectionTimeoutError(this.key, timeout ?? 0, this.view);
     if (signal?.aborted) return Promise.reject(aborted());
+    if (this.stopped) return Promise.reject(this.stopped);
+    if (this.current) return Promise.resolve(this.current.term);
+    if (timeout === 0) return Promise.reject(late());
     return new Promise<LeaderTerm>((resolve, reject) => {
+      let timer: NodeJS.Timeout | undefined;
       const settle = (): void => {
         clearTimeout(timer);
         signal?.removeEventListener('abort', onAbort);
@@ -227,13 +234,18 @@ export class Campaign implements Leadership {
         reject: (error: Error) => (settle(), reject(error)),
       };
       const onAbort = (): void => elector.reject(aborted());
-      const timer =
-        timeout === undefined
-          ? undefined
-          : setTimeout(
-              () => elector.reject(new LeaderElectionTimeoutError(this.key, timeout, this.view)),
-              timeout,
-            );
+      if (timeout !== undefined) {
+        // A timer may fire a little early on this clock: never before `timeout` has passed.
+        const deadline = performance.now() + timeout;
+        const arm = (ms: number): void => {
+          timer = setTimeout(() => {
+            const left = deadline - performance.now();
+            if (left > 0) arm(Math.ceil(left));
+            else elector.reject(late());
+          }, ms);
+        };
+        arm(timeout);
+      }
       signal?.addEventListener('abort', onAbort, { once: true });
       this.electors.add(elector);
     });
@@ -289,27 +301,35 @@ export class Campaign implements Leadership {
    */
   private async term(lock: Lock): Promise<void> {
     this.outage.recovered();
-    if (this.stopper.signal.aborted) return;
-    const signal = AbortSignal.any([lock.signal, this.stopper.signal]);
+    // Aborted when the work settles: whoever kept the term's signal (a fork of the work, an
+    // `elected()` caller) learns that the term is over.
+    const settled = new AbortController();
+    const signal = AbortSignal.any([lock.signal, this.stopper.signal, settled.signal]);
+    // Stopped, or the lease already over (the process stalled past it since the grant): no term.
+    if (signal.aborted) return;
     const term: LeaderTerm = { key: this.key, id: this.id, fence: lock.fence, signal };
     const cease = (): void => this.endTerm(lock);
     signal.addEventListener('abort', cease, { once: true });
     this.termLock = lock;
     const left = new Promise<void>((resolve) => (this.leaveTerm = resolve));
-    this.beginTerm(term);
-    // Called at once (a throw becomes a rejection), in this call chain: it holds the term's lock.
-    const work = new Promise((resolve) => resolve(this.work(term))).catch((error: unknown) => {
-      if (signal.aborted) return;
-      this.logger.error(
-        `Leader work for ${this.view(this.key)} (term ${lock.fence}) failed; campaigning again: ${String(error)}`,
-        error instanceof Error ? error.stack : undefined,
-      );
-    });
-    this.working = work.then(() => undefined);
     try {
+      this.beginTerm(term);
+      // Ended already by whoever heard it begin (a `changes` subscriber that stopped it): the
+      // work never runs with its signal aborted.
+      if (signal.aborted) return;
+      // Called at once (a throw becomes a rejection), in this call chain: it holds the term's lock.
+      const work = new Promise((resolve) => resolve(this.work(term))).catch((error: unknown) => {
+        if (signal.aborted) return;
+        this.logger.error(
+          `Leader work for ${this.view(this.key)} (term ${lock.fence}) failed; campaigning again: ${String(error)}`,
+          error instanceof Error ? error.stack : undefined,
+        );
+      });
+      this.working = work.then(() => undefined);
       await Promise.race([work, left]);
     } finally {
       this.termLock = this.leaveTerm = undefined;
+      settled.abort(new LockLostError(this.key, lock.token, 'released', { view: this.view }));
       signal.removeEventListener('abort', cease);
       this.endTerm(lock);
       if (lock.signal.aborted && !this.stopper.signal.aborted) {
@@ -323,10 +343,26 @@ export class Campaign implements Leadership {
   /** A term starts: `isLeader`, `changes`, the `elected()` calls waiting and the events hear it. */
   private beginTerm(term: LeaderTerm): void {
     this.current = { term, started: performance.now() };
-    this.subject.next(true);
-    for (const elector of this.electors) elector.resolve(term);
     if (this.events.observed) {
       this.events.emit({ type: 'elected', key: this.key, id: this.id, fence: term.fence });
+    }
+    this.change(true);
+    for (const elector of this.electors) {
+      if (term.signal.aborted) break; // ended by a listener: they wait for the next term
+      elector.resolve(term);
+    }
+  }
+
+  /**
+   * Tells `changes`, in order: a subscriber that stops the leadership as it hears `true` makes
+   * the `false` come after every subscriber heard the `true`.
+   */
+  private change(leading: boolean): void {
+    this.changing.push(leading);
+    if (this.changing.length > 1) return; // told by the call that is telling now
+    while (this.changing.length > 0) {
+      this.subject.next(this.changing[0]);
+      this.changing.shift();
     }
   }
 
@@ -335,7 +371,7 @@ export class Campaign implements Leadership {
     const ended = this.current;
     if (!ended) return;
     this.current = undefined;
-    this.subject.next(false);
+    this.change(false);
     if (!this.events.observed) return;
     const stopped = this.stopped;
     this.events.emit({

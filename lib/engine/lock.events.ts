@@ -14,6 +14,9 @@ const HOLD_KEYS = 1_000;
 export class LockEvents {
   private readonly subject = new Subject<LockEvent>();
   private subscribers = 0;
+  /** Whether an event is being delivered, and those to deliver after it (see `emit`). */
+  private delivering = false;
+  private readonly backlog: LockEvent[] = [];
   /** How long each key's holds in this process lasted lately: a moving average, in ms. */
   private readonly holds = new Map<string, number>();
   readonly observable: Observable<LockEvent>;
@@ -45,6 +48,20 @@ export class LockEvents {
 
   emit(event: LockEvent): void {
     event.key = this.shown(event.key);
+    // An event a subscriber causes while it hears another (a release on `acquired`) waits until
+    // every subscriber has heard that one: each sees the events in the order they happened.
+    if (this.delivering) return void this.backlog.push(event);
+    this.delivering = true;
+    try {
+      this.deliver(event);
+      for (let next = this.backlog.shift(); next; next = this.backlog.shift()) this.deliver(next);
+    } finally {
+      this.delivering = false;
+      this.backlog.length = 0;
+    }
+  }
+
+  private deliver(event: LockEvent): void {
     try {
       this.subject.next(event);
     } catch (error) {

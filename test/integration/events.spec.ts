@@ -148,6 +148,31 @@ describe('LockService.events', () => {
     }
   });
 
+  it('an event a subscriber causes while it hears another reaches every subscriber after that one (found by a review)', async () => {
+    const [a, b] = [uniqueKey('a'), uniqueKey('b')];
+    const other = await app.locks.acquire(b);
+    const first: string[] = [];
+    const second: string[] = [];
+    const releasing = app.locks.events.subscribe((event) => {
+      first.push(`${event.type} ${event.key}`);
+      // release() emits its event at once, while this one is still being delivered.
+      if (event.type === 'acquired' && event.key === a) void other.release();
+    });
+    const listening = app.locks.events.subscribe((event) => {
+      second.push(`${event.type} ${event.key}`);
+    });
+    try {
+      const lock = await app.locks.acquire(a);
+      await lock.release();
+    } finally {
+      releasing.unsubscribe();
+      listening.unsubscribe();
+    }
+    const order = [`acquired ${a}`, `released ${b}`, `released ${a}`];
+    assert.deepEqual(first, order);
+    assert.deepEqual(second, order);
+  });
+
   it('costs nothing while nobody subscribes: no event is even built', async () => {
     const built: string[] = [];
     const emit = LockEvents.prototype.emit;

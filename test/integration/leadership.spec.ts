@@ -623,6 +623,117 @@ describe('leadership (lead, @WhileLeader)', { timeout: 90_000 }, () => {
     assert.throws(() => apps[0].locks.leadership(''), LockArgumentError);
   });
 
+  it('elected(): timeout 0 answers at once, a timeout never ends early, an aborted signal is refused even while leading; the term it gives aborts when its work settles (found by a review)', async () => {
+    const key = uniqueKey('leader');
+    let settle: (() => void) | undefined;
+    const leadership = apps[0].locks.lead(key, () => new Promise<void>((r) => (settle = r)));
+    // Not leading yet (the grant is on its way): timeout 0 says so now, not after a timer.
+    await assert.rejects(leadership.elected({ timeout: 0 }), LeaderElectionTimeoutError);
+    const term = await leadership.elected();
+    const aborted = new AbortController();
+    aborted.abort();
+    await assert.rejects(leadership.elected({ signal: aborted.signal }), LockAcquireAbortedError);
+    settle!(); // the work returns: its term is over, and whoever kept its signal is told
+    assert.ok(await eventually(() => term.signal.aborted, 2_000), 'the term signal aborted');
+    const reason = term.signal.reason as LockLostError;
+    assert.ok(reason instanceof LockLostError && reason.reason === 'released', String(reason));
+    await leadership.stop();
+
+    const follower = apps[1].locks.lead(uniqueKey('leader'), async () => {});
+    const other = apps[2].locks.lead(
+      (follower as unknown as { key: string }).key,
+      new Terms().leadUntilAborted(),
+    );
+    await other.elected();
+    const early: string[] = [];
+    for (let i = 0; i < 100; i++) {
+      const timeout = 1 + (i % 20);
+      const started = performance.now();
+      await assert.rejects(follower.elected({ timeout }), LeaderElectionTimeoutError);
+      const took = performance.now() - started;
+      if (took < timeout) early.push(`${took.toFixed(2)} < ${timeout}`);
+    }
+    assert.deepEqual(early, [], 'waits that ended before their timeout');
+    await follower.stop();
+    await other.stop();
+  });
+
+  it('a grant whose lease ran out before its term began (a stalled process) starts no term; a listener that stops the leadership as it begins runs no work, and everyone hears true before false (found by a review)', async () => {
+    const key = uniqueKey('leader');
+    const events: LockEvent[] = [];
+    let stalled = false;
+    const subscription = apps[0].locks.events.subscribe((event) => {
+      if (event.key !== key) return;
+      events.push(event);
+      if (event.type === 'acquired' && !stalled) {
+        stalled = true;
+        const until = performance.now() + 70; // past the 50 ms lease, before the term begins
+        while (performance.now() < until);
+      }
+    });
+    const starts: boolean[] = [];
+    const seen: { isLeader: boolean; aborted: boolean }[] = [];
+    const leadership = apps[0].locks.lead(
+      key,
+      async ({ signal }) => {
+        starts.push(signal.aborted);
+        await new Promise((resolve) => signal.addEventListener('abort', resolve, { once: true }));
+      },
+      { ttl: 50 },
+    );
+    try {
+      const term = await leadership.elected({ timeout: 5_000 });
+      seen.push({ isLeader: leadership.isLeader, aborted: term.signal.aborted });
+      assert.ok(stalled, 'the first grant was stalled');
+      assert.deepEqual(starts.slice(0, 1), [false], 'a work began with its signal aborted');
+      const settledAt = performance.now();
+      await leadership.stop();
+      assert.ok(performance.now() - settledAt < 5_000);
+    } finally {
+      subscription.unsubscribe();
+    }
+    assert.deepEqual(seen, [{ isLeader: true, aborted: false }]);
+    // Each term that began ended, in order; none began for the stalled grant.
+    const terms = events.filter(({ type }) => type === 'elected' || type === 'deposed');
+    assert.ok(terms.length >= 2 && terms.length % 2 === 0, JSON.stringify(terms));
+    terms.forEach((event, i) => assert.equal(event.type, i % 2 === 0 ? 'elected' : 'deposed'));
+    const lostFirst = events.findIndex(({ type }) => type === 'lost');
+    const firstElected = events.findIndex(({ type }) => type === 'elected');
+    assert.ok(
+      lostFirst >= 0 && lostFirst < firstElected,
+      JSON.stringify(events.map((e) => e.type)),
+    );
+
+    // A changes subscriber that stops it as it hears true: no work, true then false for all.
+    const other = uniqueKey('leader');
+    const heard: boolean[][] = [[], []];
+    const order: string[] = [];
+    const watcher = apps[0].locks.events.subscribe((event) => {
+      if (event.key === other && (event.type === 'elected' || event.type === 'deposed')) {
+        order.push(event.type);
+      }
+    });
+    let ran = false;
+    const stopping = apps[0].locks.lead(other, () => void (ran = true));
+    stopping.changes.subscribe((leading) => {
+      heard[0].push(leading);
+      if (leading) void stopping.stop();
+    });
+    stopping.changes.subscribe((leading) => heard[1].push(leading));
+    try {
+      assert.ok(await eventually(() => heard[1].length === 2, 5_000), JSON.stringify(heard));
+      await stopping.stop();
+    } finally {
+      watcher.unsubscribe();
+    }
+    assert.deepEqual(heard, [
+      [true, false],
+      [true, false],
+    ]);
+    assert.deepEqual(order, ['elected', 'deposed']);
+    assert.equal(ran, false, 'the work ran with its term already over');
+  });
+
   it('lead() once the module is shutting down throws RedisLockShutdownError', async () => {
     const app = await startLockModule({ connection: server.url });
     await app.close();

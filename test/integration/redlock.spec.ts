@@ -349,6 +349,7 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
       // Decided as soon as three nodes failed, whether or not the live two had answered yet.
       assert.equal(error.cause.failures.length, 3);
       assert.ok(error.cause.answered <= 2);
+      assert.equal(error.cause.timedOut, false, 'every node that failed refused the connection');
       // Within commandTimeout (1 s), not at acquireTimeout (3 s).
       assertWithin(took, 1_000, watch, 'acquire() with 3 of 5 nodes down');
       watch.stop();
@@ -360,6 +361,21 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
         );
       }
       await assert.rejects(locks.isLocked(key), LockBackendError);
+    } finally {
+      await down.revive();
+    }
+  });
+
+  it('a round that failed on refused connections and on a silent node is a timeout (timedOut: true): the silent one may have granted', async () => {
+    const down = await crash([0, 1]);
+    try {
+      const error = await pausing([2], () =>
+        locks.acquire(uniqueKey(), { acquireTimeout: 0 }).catch((e: unknown) => e),
+      );
+      assert.ok(error instanceof LockBackendError, String(error));
+      assert.ok(error.cause instanceof LockQuorumError, String(error.cause));
+      assert.equal(error.cause.failures.length, 3);
+      assert.equal(error.cause.timedOut, true);
     } finally {
       await down.revive();
     }
