@@ -132,12 +132,8 @@ export function resolveCallOptions(
  */
 export function leadOptionsProblem(options: unknown): [string, unknown, string] | undefined {
   if (options === undefined) return undefined;
-  if (!isOptionsObject(options)) return ['options', options, 'must be an object'];
-  for (const [name, value] of Object.entries(options)) {
-    if (name !== 'ttl' && name !== 'id') {
-      return [name, value, 'is not an option of a leadership (only ttl and id are)'];
-    }
-  }
+  const unknown = unknownOption(options, ['ttl', 'id'], 'a leadership');
+  if (unknown) return unknown;
   const { ttl, id } = options as { ttl?: unknown; id?: unknown };
   const problem = ttl === undefined ? undefined : ttlProblem(ttl);
   if (problem) return ['ttl', ttl, problem];
@@ -155,17 +151,28 @@ const MAX_PARTICIPANT_ID = 200;
 /** What is wrong with the options of `Leadership.elected()`, or `undefined`. */
 export function electedOptionsProblem(options: unknown): [string, unknown, string] | undefined {
   if (options === undefined) return undefined;
-  if (!isOptionsObject(options)) return ['options', options, 'must be an object'];
-  for (const [name, value] of Object.entries(options)) {
-    if (name !== 'timeout' && name !== 'signal') {
-      return [name, value, 'is not an option of elected() (only timeout and signal are)'];
-    }
-  }
+  const unknown = unknownOption(options, ['timeout', 'signal'], 'elected()');
+  if (unknown) return unknown;
   const { timeout, signal } = options as { timeout?: unknown; signal?: unknown };
   const problem = timeout === undefined ? undefined : durationProblem(timeout, true);
   if (problem) return ['timeout', timeout, problem];
   if (signal !== undefined && !(signal instanceof AbortSignal)) {
     return ['signal', signal, 'must be an AbortSignal'];
+  }
+  return undefined;
+}
+
+/** `options` not an object, or its first option not among `known` (of `what`), as a problem. */
+function unknownOption(
+  options: unknown,
+  known: readonly string[],
+  what: string,
+): [string, unknown, string] | undefined {
+  if (!isOptionsObject(options)) return ['options', options, 'must be an object'];
+  for (const [name, value] of Object.entries(options)) {
+    if (!known.includes(name)) {
+      return [name, value, `is not an option of ${what} (only ${known.join(' and ')} are)`];
+    }
   }
   return undefined;
 }
