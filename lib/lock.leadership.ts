@@ -20,6 +20,7 @@ import { ignoreDeadline, within } from './utils/within.js';
 import {
   electedOptionsProblem,
   leadOptionsProblem,
+  LOSS_REPORTED,
   NOT_COUNTED,
 } from './options/acquire-options.js';
 import { OutageLog } from './utils/outage-log.js';
@@ -264,6 +265,7 @@ export class Campaign implements Leadership {
       acquireTimeout: CAMPAIGN_WAIT,
       signal: stopped,
       [NOT_COUNTED]: true,
+      [LOSS_REPORTED]: true,
     } as AcquireOptions;
     while (!stopped.aborted) {
       try {

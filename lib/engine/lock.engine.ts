@@ -3,7 +3,7 @@ import { LockArgumentError, RedisLockShutdownError } from '../errors/redis-lock.
 import type { BackendHealth, LockBackend } from '../interfaces/lock-backend.interface.js';
 import type { AcquireOptions, Lock } from '../interfaces/lock.interface.js';
 import { lockOrder } from '../options/checks.js';
-import { resolveCallOptions, type AcquireMode } from '../options/acquire-options.js';
+import { LOSS_REPORTED, resolveCallOptions, type AcquireMode } from '../options/acquire-options.js';
 import { type ResolvedModuleOptions } from '../options/module-options.js';
 import { createLockBackend } from '../redis/lock-backend.factory.js';
 import { LinkedList } from '../utils/linked-list.js';
@@ -97,7 +97,12 @@ export class LockEngine {
     try {
       return await runHoldingLock(this.parts.hooks, lock, () => fn(lock));
     } finally {
-      await this.releaseQuietly(lock);
+      // A leader's campaign says itself that its term was lost ("Lost leadership of …").
+      await this.releaseQuietly(
+        lock,
+        false,
+        !(options as Record<symbol, unknown>)?.[LOSS_REPORTED],
+      );
     }
   }
 
@@ -195,7 +200,7 @@ export class LockEngine {
   }
 
   /** Releases `lock` after its work (`undo`: after none), logging instead of throwing. */
-  private async releaseQuietly(lock: ChainLock, undo = false): Promise<void> {
+  private async releaseQuietly(lock: ChainLock, undo = false, reportLoss = true): Promise<void> {
     const { logger } = this.parts;
     const view = this.parts.defaults.keyView;
     // Named only when there is something to say (a release that went well builds no string).
@@ -209,7 +214,7 @@ export class LockEngine {
       // Read without creating the signal, which nobody may have asked for.
       const lost = lock.lossReason;
       if (lost) {
-        logger.warn(`${name()}: lost before the work finished: ${String(lost)}`);
+        if (reportLoss) logger.warn(`${name()}: lost before the work finished: ${String(lost)}`);
       } else if (!released) {
         logger.warn(`${name()}: no longer held when the work finished.`);
       }

@@ -47,6 +47,12 @@ export const SKIP_WHEN_BUSY = Symbol('nestjs-redis-lock:skip-when-busy');
  */
 export const NOT_COUNTED = Symbol('nestjs-redis-lock:not-counted-in-max-waiters');
 
+/**
+ * @internal The option a leader's campaign passes with its terms: `using()` does not warn that the
+ * lock was lost before the work finished, which the campaign reports itself as lost leadership.
+ */
+export const LOSS_REPORTED = Symbol('nestjs-redis-lock:loss-reported');
+
 /** Which public method is asking: decides the `autoExtend` default and whether waiting is allowed. */
 export type AcquireMode = 'acquire' | 'tryAcquire' | 'using';
 

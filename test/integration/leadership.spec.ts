@@ -287,6 +287,10 @@ describe('leadership (lead, @WhileLeader)', { timeout: 90_000 }, () => {
     assert.ok(reasons[1] instanceof LeadershipStoppedError, String(reasons[1]));
     assert.equal(reasons[1].by, 'stop');
     assert.equal(lost().length, 1, `a stopped term was logged as lost: ${lost().join(' / ')}`);
+    const generic = logs.capture.lines.filter(
+      ({ message }) => message.includes(key) && message.includes('lost before the work finished'),
+    );
+    assert.deepEqual(generic, [], 'the lost term was warned about twice');
   });
 
   it("isLeader and changes turn false the moment the term's signal aborts, while the work still runs", async () => {
