@@ -29,6 +29,7 @@ import {
 import {
   eventually,
   LogCapture,
+  setUpStep,
   sleep,
   startLockModule,
   uniqueKey,
@@ -155,53 +156,69 @@ for (const [faultName, applyFault] of Object.entries(faults)) {
        */
       const waits = faultName !== 'killed' || !sourceName.startsWith('a connection');
 
-      before(async () => {
-        server = await startRedis();
-        const options = optionsFor(server);
-        ownClient = options.client as Redis | undefined;
-        const lockModule: DynamicModule = RedisLockModule.forRoot({
-          ...options,
-          commandTimeout: COMMAND_TIMEOUT,
-          isGlobal: true,
-        });
-        const module = await Test.createTestingModule({
-          imports: [lockModule, JobsModule],
-        }).compile();
-        app = module.createNestApplication({ logger: false });
-        await app.listen(0, '127.0.0.1');
-        url = (await app.getUrl()).replace('[::1]', '127.0.0.1');
-        locks = app.get(LockService);
-        logs = LogCapture.install();
+      // Each step of the set-up is bounded and named: one that hangs (a loaded machine, a server
+      // slow to start) fails this hook saying which, instead of the file's timeout cancelling the
+      // tests below it.
+      before(
+        async () => {
+          server = await setUpStep('starting redis-server', startRedis());
+          const options = optionsFor(server);
+          ownClient = options.client as Redis | undefined;
+          const lockModule: DynamicModule = RedisLockModule.forRoot({
+            ...options,
+            commandTimeout: COMMAND_TIMEOUT,
+            isGlobal: true,
+          });
+          const module = await setUpStep(
+            'compiling the testing module',
+            Test.createTestingModule({ imports: [lockModule, JobsModule] }).compile(),
+          );
+          app = module.createNestApplication({ logger: false });
+          await setUpStep('starting the HTTP app', app.listen(0, '127.0.0.1'));
+          url = (await app.getUrl()).replace('[::1]', '127.0.0.1');
+          locks = app.get(LockService);
+          logs = LogCapture.install();
 
-        // Locks held and work in flight when Redis fails.
-        toRelease = await locks.acquire(uniqueKey('release'));
-        toExtend = await locks.acquire(uniqueKey('extend'));
-        usingResult = settle(
-          locks.using(uniqueKey('using'), async () => {
-            await gate('using-result');
-            return 'the work result';
-          }),
-        );
-        usingError = settle(
-          locks.using(uniqueKey('using'), async () => {
-            await gate('using-error');
-            throw new Error('the work failed');
-          }),
-        );
-        const routeId = uniqueKey('route');
-        route = settle(fetch(`${url}/jobs/${routeId}`, { method: 'POST' }));
-        assert.ok(
-          await eventually(() => gates.has(`route:${routeId}`)),
-          'the route holds its lock',
-        );
-        assert.ok(gates.has('using-result') && gates.has('using-error'));
+          // Locks held and work in flight when Redis fails.
+          toRelease = await setUpStep(
+            'acquiring the lock to release',
+            locks.acquire(uniqueKey('release')),
+          );
+          toExtend = await setUpStep(
+            'acquiring the lock to extend',
+            locks.acquire(uniqueKey('extend')),
+          );
+          usingResult = settle(
+            locks.using(uniqueKey('using'), async () => {
+              await gate('using-result');
+              return 'the work result';
+            }),
+          );
+          usingError = settle(
+            locks.using(uniqueKey('using'), async () => {
+              await gate('using-error');
+              throw new Error('the work failed');
+            }),
+          );
+          const routeId = uniqueKey('route');
+          route = settle(fetch(`${url}/jobs/${routeId}`, { method: 'POST' }));
+          assert.ok(
+            await eventually(() => gates.has(`route:${routeId}`), 30_000),
+            'the route holds its lock (within 30 s)',
+          );
+          assert.ok(
+            await eventually(() => gates.has('using-result') && gates.has('using-error'), 30_000),
+            'both using() calls run their work (within 30 s)',
+          );
 
-        await applyFault(server);
-        await sleep(50);
-        gatesOpenedAt = performance.now();
-        for (const name of gates.keys()) open(name);
-        gates.clear();
-      });
+          await setUpStep(`the fault (${faultName})`, applyFault(server));
+          await sleep(50);
+          gatesOpenedAt = performance.now();
+          for (const name of gates.keys()) open(name);
+          gates.clear();
+        },
+        { timeout: 300_000 },
+      );
 
       after(async () => {
         logs?.restore();
@@ -324,8 +341,11 @@ describe('bounded operations: Redis restarted empty', () => {
   let redis: Redis;
 
   before(async () => {
-    server = await startRedis();
-    fixture = await startLockModule({ connection: server.url, commandTimeout: COMMAND_TIMEOUT });
+    server = await setUpStep('starting redis-server', startRedis());
+    fixture = await setUpStep(
+      'starting the lock module',
+      startLockModule({ connection: server.url, commandTimeout: COMMAND_TIMEOUT }),
+    );
     locks = fixture.locks;
   });
   after(async () => {

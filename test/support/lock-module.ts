@@ -94,6 +94,26 @@ export function uniqueKey(name = 'key'): string {
 export const sleep = (ms: number): Promise<void> =>
   new Promise((resolve) => setTimeout(resolve, ms));
 
+/**
+ * Awaits one step of a test's set-up, failing with a message that names it if it has not settled
+ * within `ms`: a set-up that hangs says which step it hung in, instead of leaving the file's timeout
+ * to cancel every test after it.
+ */
+export async function setUpStep<T>(what: string, promise: Promise<T>, ms = 60_000): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const deadline = new Promise<never>((_, reject) => {
+    timer = setTimeout(
+      () => reject(new Error(`set-up: ${what} did not finish within ${ms / 1_000} s`)),
+      ms,
+    );
+  });
+  try {
+    return await Promise.race([promise, deadline]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
 /** Polls `condition` until it holds or `ms` pass; returns whether it held. */
 export async function eventually(
   condition: () => boolean | Promise<boolean>,
