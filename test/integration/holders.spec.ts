@@ -10,7 +10,12 @@ import {
   uniqueKey,
   type LockModuleFixture,
 } from '../support/lock-module.js';
-import { LockAcquireTimeoutError, LockBackendError, type Lock } from '../../lib/index.js';
+import {
+  LockAcquireTimeoutError,
+  LockBackendError,
+  LockLostError,
+  type Lock,
+} from '../../lib/index.js';
 import { FaultProxy } from '../support/fault-proxy.js';
 import { assertWithin, watchStalls } from '../support/timing.js';
 
@@ -120,6 +125,140 @@ describe('never two live holders', () => {
       );
       proxy.heal();
       await heir.release().catch(() => false);
+    });
+  });
+
+  /**
+   * A lock passed on in the process: `releaser` held `key` through `slow` (its own TTL
+   * `releaserTtl`), a waiter of the same app with `heirOptions` was handed it by the release, and
+   * `before` ran between the release and the handover (the proxy's faults). The heir's own token
+   * write goes out behind it.
+   */
+  async function passOn(
+    slow: LockModuleFixture,
+    releaserTtl: number,
+    heirOptions: { ttl: number; autoExtend: boolean },
+    before: () => void,
+  ): Promise<{ key: string; releaser: Lock; heir: Lock; released: Promise<unknown> }> {
+    const key = uniqueKey();
+    const releaser = await slow.locks.acquire(key, { ttl: releaserTtl });
+    const heirPending = slow.locks.acquire(key, { ...heirOptions, acquireTimeout: 10_000 });
+    await subscribed(key);
+    before();
+    const released = releaser.release().catch((failure: unknown) => failure);
+    const heir = await heirPending;
+    assert.equal(heir.fence, releaser.fence + 1, 'passed on in the process');
+    return { key, releaser, heir, released };
+  }
+
+  it("a lock passed on in its process runs by its own TTL once Redis confirms its token write, not by its predecessor's lease", async () => {
+    await throughProxy(5_000, async (slow, proxy) => {
+      // Passed on in the process only with at least half the heir's TTL left of the releaser's
+      // lease: 30 s left of it for a 50 s TTL.
+      const { key, heir, released } = await passOn(
+        slow,
+        30_000,
+        { ttl: 50_000, autoExtend: false },
+        () => proxy.setLatency(100),
+      );
+      // On its predecessor's lease until the write is answered: under 30 s left.
+      assert.ok(heir.expiresAt - performance.now() <= 30_000, 'started on its own TTL');
+      assert.ok(
+        await eventually(() => heir.expiresAt - performance.now() > 40_000, 5_000),
+        `the confirmed write did not give the heir its own 50 s TTL (${(heir.expiresAt - performance.now()).toFixed(0)} ms left)`,
+      );
+      assert.equal(await env.redis.get(`lock:{${key}}`), heir.token);
+      assert.ok((await env.redis.pttl(`lock:{${key}}`)) > 40_000);
+      proxy.setLatency(0);
+      await released;
+      assert.equal(heir.signal.aborted, false);
+      assert.equal(await heir.release(), true);
+    });
+  });
+
+  it('a lock passed on in its process keeps its watchdog after its token write is confirmed', async () => {
+    await throughProxy(5_000, async (slow, proxy) => {
+      const { key, heir, released } = await passOn(
+        slow,
+        30_000,
+        { ttl: 600, autoExtend: true },
+        () => proxy.setLatency(100),
+      );
+      assert.ok(
+        await eventually(async () => (await env.redis.get(`lock:{${key}}`)) === heir.token, 5_000),
+        "the heir's token write never landed",
+      );
+      proxy.setLatency(0);
+      await released;
+      // Several of its 600 ms TTLs: only its watchdog keeps it.
+      await sleep(2_000);
+      assert.equal(heir.signal.aborted, false, 'never told lost, yet not extended');
+      assert.equal(await env.redis.get(`lock:{${key}}`), heir.token, 'its watchdog stopped');
+      assert.equal(await heir.release(), true);
+    });
+  });
+
+  it('a lock passed on in its process whose token write finds the lock taken from its predecessor is lost at once (not-held), not at the end of the lease', async () => {
+    await throughProxy(5_000, async (slow, proxy) => {
+      const { key, heir, released } = await passOn(
+        slow,
+        30_000,
+        { ttl: 30_000, autoExtend: false },
+        () => proxy.setLatency(300),
+      );
+      const { signal } = heir;
+      // Before the heir's write lands, the key is freed and taken by another holder.
+      await env.redis.set(`lock:{${key}}`, 'someone-else', 'PX', 30_000);
+      const watch = watchStalls();
+      const started = performance.now();
+      await new Promise((resolve) => signal.addEventListener('abort', resolve, { once: true }));
+      // The write's round trip through the 300 ms/way link, and no more.
+      assertWithin(performance.now() - started, 600, watch, 'the loss of the refused heir');
+      watch.stop();
+      assert.ok(signal.reason instanceof LockLostError, String(signal.reason));
+      assert.equal(signal.reason.reason, 'not-held');
+      assert.equal(await env.redis.get(`lock:{${key}}`), 'someone-else', 'the heir wrote over it');
+      await released;
+      await env.redis.del(`lock:{${key}}`);
+    });
+  });
+
+  it('a lock passed on in its process whose token write gets no answer runs out on its lease, lost with the timeout as its cause', async () => {
+    await throughProxy(300, async (slow, proxy) => {
+      const { heir, released } = await passOn(slow, 30_000, { ttl: 1_000, autoExtend: false }, () =>
+        proxy.stall(),
+      );
+      const { signal } = heir;
+      await new Promise((resolve) => signal.addEventListener('abort', resolve, { once: true }));
+      assert.ok(signal.reason instanceof LockLostError, String(signal.reason));
+      assert.equal(signal.reason.reason, 'expired');
+      const cause = signal.reason.cause;
+      assert.ok(cause instanceof LockBackendError, `cause: ${String(cause)}`);
+      assert.deepEqual([cause.operation, cause.timedOut], ['extend', true]);
+      proxy.heal();
+      await released;
+    });
+  });
+
+  it('a watched lock passed on in its process whose token write gets no answer goes on trying, and keeps the lock once the link heals', async () => {
+    await throughProxy(300, async (slow, proxy) => {
+      const { key, heir, released } = await passOn(
+        slow,
+        30_000,
+        { ttl: 1_500, autoExtend: true },
+        () => proxy.stall(),
+      );
+      const { signal } = heir;
+      // Past commandTimeout: the write counts as unanswered; then the link heals (the write lands).
+      await sleep(600);
+      assert.equal(signal.aborted, false);
+      proxy.heal();
+      await released;
+      // Past its 1.5 s lease: kept only if the watchdog went on after the unanswered write.
+      await sleep(2_000);
+      assert.equal(signal.aborted, false, String(signal.reason));
+      assert.equal(await env.redis.get(`lock:{${key}}`), heir.token);
+      assert.equal(await heir.release(), true);
     });
   });
 
