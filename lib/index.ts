@@ -33,7 +33,13 @@ export type {
   WithLockOptions,
 } from './interfaces/with-lock-options.interface.js';
 export { getCurrentLock } from './engine/lock.context.js';
-export type { ElectedOptions, LeaderTerm, Leadership, LeadOptions } from './lock.leadership.js';
+export type {
+  ElectedOptions,
+  LeaderInfo,
+  LeaderTerm,
+  Leadership,
+  LeadOptions,
+} from './lock.leadership.js';
 export { LockService } from './lock.service.js';
 export { RedisLockModule } from './redis-lock.module.js';
 export { MODULE_OPTIONS_TOKEN as REDIS_LOCK_MODULE_OPTIONS } from './redis-lock.module-definition.js';

@@ -43,6 +43,26 @@ export interface LeaderTerm {
   readonly signal: AbortSignal;
 }
 
+/**
+ * Who leads a leadership's key, as Redis records it for anyone to read (`LockService.leader()`,
+ * `Leadership.leader()`). Times are Redis's clock.
+ */
+export interface LeaderInfo {
+  /** The leading participant's id (see `LeadOptions.id`). */
+  readonly id: string;
+  /** Its term's fence (`LeaderTerm.fence`). */
+  readonly fence: number;
+  /** When its term began. */
+  readonly since: Date;
+  /** When its lease was last extended: its watchdog extends it every third of its TTL. */
+  readonly renewedAt: Date;
+  /**
+   * How many terms began since the election's record was created, this one included. The record
+   * is kept for an hour after the last term began or the last participant campaigned.
+   */
+  readonly transitions: number;
+}
+
 /** A campaign for leadership started by `LockService.lead()` or a `@WhileLeader` method. */
 export interface Leadership {
   /** The key campaigned for, without the module's `keyPrefix`. */
@@ -73,6 +93,11 @@ export interface Leadership {
    * @throws LockArgumentError for a bad option
    */
   elected(options?: ElectedOptions): Promise<LeaderTerm>;
+  /**
+   * Who leads this key now, whichever instance it is (`LockService.leader()`).
+   * @throws LockBackendError when Redis does not answer within `commandTimeout`
+   */
+  leader(): Promise<LeaderInfo | null>;
 }
 
 /** Options of `Leadership.elected()`. */
@@ -110,6 +135,12 @@ export interface TermRunner {
   undone(key: string): Promise<void>;
   /** Whether Redis answers for `key` (a read that changes nothing): `LockService.isLocked()`. */
   probe(key: string): Promise<unknown>;
+  /** Records that a term of `lock`'s key began, led by `id` (see `LockEngine.recordTerm`). */
+  recordTerm(lock: Lock, id: string, ttl: number): Promise<void>;
+  /** Participant `id` campaigns for `key` for `stay` more ms (0: it stopped). */
+  participate(key: string, id: string, stay: number): Promise<void>;
+  /** Who leads `key`: `LockService.leader()`. */
+  leader(key: string): Promise<LeaderInfo | null>;
 }
 
 /**
@@ -158,6 +189,8 @@ export class Campaign implements Leadership {
 
   /** Failed campaign attempts while Redis cannot be reached: logged once per outage. */
   private readonly outage: OutageLog;
+  /** Renews its stay among the participants (see `stay`). */
+  private staying: NodeJS.Timeout | undefined;
 
   constructor(
     readonly key: string,
@@ -203,9 +236,23 @@ export class Campaign implements Leadership {
     return this.done;
   }
 
-  /** Ends the campaign (once): its term's signal and every `elected()` waiting are told why. */
+  /**
+   * Listed among the participants while it campaigns (see `participants()`), for `ttl` more ms
+   * (0: no longer): renewed every third of its TTL, so that a campaign that died drops out within
+   * its TTL. Not waited for: a write that fails leaves the stay to run out.
+   */
+  private stay(ms = this.ttl): void {
+    this.runTerm.participate(this.key, this.id, ms).catch(() => undefined);
+  }
+
+  /**
+   * Ends the campaign (once): its term's signal and every `elected()` waiting are told why; it
+   * leaves the participants at once (the write goes out before shutdown closes the connection).
+   */
   private giveUp(by: 'stop' | 'shutdown'): void {
     if (this.stopped) return;
+    clearInterval(this.staying);
+    this.stay(0);
     this.stopped = new LeadershipStoppedError(this.key, by, this.view);
     this.stopper.abort(this.stopped);
     for (const elector of this.electors) elector.reject(this.stopped);
@@ -252,6 +299,10 @@ export class Campaign implements Leadership {
     });
   }
 
+  leader(): Promise<LeaderInfo | null> {
+    return this.runTerm.leader(this.key);
+  }
+
   /** The current (or last) term's work settled: what shutdown waits for, up to the TTL. */
   get workSettled(): Promise<void> {
     return this.working;
@@ -267,6 +318,9 @@ export class Campaign implements Leadership {
       [NOT_COUNTED]: true,
       [LOSS_REPORTED]: true,
     } as AcquireOptions;
+    this.stay();
+    this.staying = setInterval(() => this.stay(), this.ttl / 3);
+    this.staying.unref();
     while (!stopped.aborted) {
       try {
         // After a failed attempt, one read first: Redis answering ends the outage now, not when
@@ -319,6 +373,13 @@ export class Campaign implements Leadership {
       // Ended already by whoever heard it begin (a `changes` subscriber that stopped it): the
       // work never runs with its signal aborted.
       if (signal.aborted) return;
+      // For anyone to read (`leader()`); the term does not wait for it.
+      this.runTerm.recordTerm(lock, this.id, this.ttl).catch((error: unknown) => {
+        if (signal.aborted) return;
+        this.logger.warn(
+          `Could not record term ${lock.fence} of ${this.view(this.key)} for leader(): ${String(error)}`,
+        );
+      });
       // Called at once (a throw becomes a rejection), in this call chain: it holds the term's lock.
       const work = new Promise((resolve) => resolve(this.work(term))).catch((error: unknown) => {
         if (signal.aborted) return;

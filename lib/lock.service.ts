@@ -16,6 +16,7 @@ import type { LockTimeoutResponse } from './interfaces/with-lock-options.interfa
 import {
   assertLeadArguments,
   Leaderships,
+  type LeaderInfo,
   type LeaderTerm,
   type Leadership,
   type LeadOptions,
@@ -62,6 +63,9 @@ export class LockService implements OnApplicationBootstrap, OnModuleDestroy, OnA
         run: (key, term, acquire) => this.engine.using(key, term, acquire),
         undone: (key) => this.engine.undone(key),
         probe: (key) => this.engine.isLocked(key),
+        recordTerm: (lock, id, ttl) => this.engine.recordTerm(lock, id, ttl),
+        participate: (key, id, stay) => this.engine.participate(key, id, stay),
+        leader: (key) => this.leader(key),
       },
       this.logger,
       this.defaults.keyView,
@@ -130,6 +134,32 @@ export class LockService implements OnApplicationBootstrap, OnModuleDestroy, OnA
   async isLocked(key: string): Promise<boolean> {
     assertKey(key, this.defaults);
     return this.engine.isLocked(key);
+  }
+
+  /**
+   * Who leads the leadership of `key` (see `lead()`), from any instance, campaigning or not: the
+   * leader's id, its term's fence, since when it leads and when its lease was last extended
+   * (Redis's clock), and how many terms began; `null` while nobody leads. Only a hint: it may
+   * change at once (the leader's own term `signal` is what tells it).
+   * @throws LockBackendError when Redis does not answer within `commandTimeout`
+   */
+  async leader(key: string): Promise<LeaderInfo | null> {
+    assertKey(key, this.defaults);
+    const { leader, transitions } = await this.engine.election(key, false);
+    if (!leader) return null;
+    const { id, fence, since, renewedAt } = leader;
+    return { id, fence, since: new Date(since), renewedAt: new Date(renewedAt), transitions };
+  }
+
+  /**
+   * The ids of the participants campaigning for the leadership of `key` now, in every instance
+   * (sorted): each campaign renews its place every third of its TTL and leaves when it stops, so
+   * one that died drops out within its TTL.
+   * @throws LockBackendError when Redis does not answer within `commandTimeout`
+   */
+  async participants(key: string): Promise<string[]> {
+    assertKey(key, this.defaults);
+    return (await this.engine.election(key, true)).participants;
   }
 
   /**

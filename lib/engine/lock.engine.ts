@@ -1,6 +1,6 @@
 import type { Logger } from '@nestjs/common';
 import { LockArgumentError, RedisLockShutdownError } from '../errors/redis-lock.errors.js';
-import type { BackendHealth, LockBackend } from '../interfaces/lock-backend.interface.js';
+import type { BackendHealth, Election, LockBackend } from '../interfaces/lock-backend.interface.js';
 import type { AcquireOptions, Lock } from '../interfaces/lock.interface.js';
 import { lockOrder } from '../options/checks.js';
 import { LOSS_REPORTED, resolveCallOptions, type AcquireMode } from '../options/acquire-options.js';
@@ -116,6 +116,26 @@ export class LockEngine {
 
   isLocked(key: string): Promise<boolean> {
     return this.parts.replies.reply(key, 'isLocked', this.backend.isLocked(key));
+  }
+
+  /** Who leads `key` and, with `participants`, who campaigns for it (see `LockBackend.election`). */
+  election(key: string, participants: boolean): Promise<Election> {
+    return this.parts.replies.reply(key, 'inspect', this.backend.election(key, participants));
+  }
+
+  /** A term of `key` began, held by `lock`, led by participant `id`: recorded for all to read. */
+  recordTerm(lock: Lock, id: string, ttl: number): Promise<void> {
+    const { key, token, fence } = lock;
+    return this.parts.replies.reply(
+      key,
+      'campaign',
+      this.backend.recordTerm(key, token, id, fence, ttl),
+    );
+  }
+
+  /** Participant `id` campaigns for `key` for `stay` more ms (0: it stopped). */
+  participate(key: string, id: string, stay: number): Promise<void> {
+    return this.parts.replies.reply(key, 'campaign', this.backend.participate(key, id, stay));
   }
 
   /**

@@ -364,6 +364,10 @@ export type LockOperation =
   | 'extend'
   | 'release'
   | 'isLocked'
+  /** A read of an election: `LockService.leader()`, `participants()`. */
+  | 'inspect'
+  /** A campaign's record of its term and its stay (internal: its failures are logged). */
+  | 'campaign'
   /** The check of held locks after a reconnection (internal: its failures are never thrown). */
   | 'verify';
 

@@ -195,6 +195,15 @@ export interface LockBackend {
   /** Whether `token` still holds `key`, whatever the shape. Changes nothing. */
   isHeld(key: string, token: string): Promise<boolean>;
   /**
+   * A term of the leadership of `key` began, held by `token`: records who leads (see
+   * `election.scripts.ts`). Nothing is written if `token` no longer holds the lock.
+   */
+  recordTerm(key: string, token: string, id: string, fence: number, ttl: number): Promise<void>;
+  /** Participant `id` campaigns for `key` for `stay` more ms; `stay` 0: it has stopped. */
+  participate(key: string, id: string, stay: number): Promise<void>;
+  /** The election of `key`: who leads (null: nobody), and with `participants`, who campaigns. */
+  election(key: string, participants: boolean): Promise<Election>;
+  /**
    * Calls `listener` each time the connection comes back after it was lost (not on the first
    * connection). Returns a function that removes the listener.
    */
@@ -222,6 +231,15 @@ export interface LockBackend {
    * deadline has passed.
    */
   close(deadline?: number): Promise<void>;
+}
+
+/** What `LockBackend.election()` read (times on Redis's clock, ms since the epoch). */
+export interface Election {
+  leader: { id: string; fence: number; since: number; renewedAt: number } | null;
+  /** How many terms began since the record was created. */
+  transitions: number;
+  /** The ids campaigning, when asked for (else empty). */
+  participants: string[];
 }
 
 /** What `LockBackend.health()` found. */

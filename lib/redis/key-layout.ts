@@ -71,6 +71,14 @@ export class KeyLayout {
     return `${lockKey}:turns`;
   }
 
+  /**
+   * An election's record and its participants (see `election.scripts.ts`), in the leader lock's
+   * slot: `P{K}:leader`, `P{K}:participants`.
+   */
+  electionKeys(lockKey: string): [string, string] {
+    return [`${lockKey}:leader`, `${lockKey}:participants`];
+  }
+
   /** A fair lock's queue and its waiters' stay (see `ACQUIRE_FAIR_SCRIPT`), in the key's slot. */
   queueKeys(lockKey: string): [string, string] {
     return [`${lockKey}:queue`, `${lockKey}:queue:stay`];

@@ -32,6 +32,7 @@ import {
   RELEASE_SEMAPHORE_SCRIPT,
   RELEASE_SEMAPHORE_SHARDED_SCRIPT,
 } from './shape.scripts.js';
+import { ELECTION_SCRIPT, PARTICIPATE_SCRIPT, RECORD_TERM_SCRIPT } from './election.scripts.js';
 import { lockScripts, type ScriptDefinition } from './lock-scripts.runner.js';
 
 /** KEYS (3), then token, channel, message (and for the plain lock, see `NAME_NEXT`). */
@@ -133,6 +134,29 @@ export interface LockCommands {
   redisLockHandoff: HandoffCommand;
   redisLockHandoffUnreserved: HandoffCommand;
   redisLockPassOn: HandoffCommand;
+  /** See `election.scripts.ts`. */
+  redisLockRecordTerm(
+    lockKey: string,
+    recordKey: string,
+    token: string,
+    id: string,
+    fence: number,
+    ttl: number,
+    keep: number,
+  ): Promise<number>;
+  redisLockParticipate(
+    participantsKey: string,
+    recordKey: string,
+    id: string,
+    stay: number,
+    keep: number,
+  ): Promise<number>;
+  redisLockElection(
+    lockKey: string,
+    recordKey: string,
+    participantsKey: string,
+    listParticipants: 0 | 1,
+  ): Promise<(string | number)[]>;
 }
 
 type HandoffCommand = (
@@ -158,6 +182,9 @@ export function defineLockCommands(client: Redis | Cluster): LockCommands {
     redisLockPassOn: { numberOfKeys: 2, lua: PASS_ON_SCRIPT },
     redisLockRaiseFence: { numberOfKeys: 3, lua: RAISE_FENCE_SCRIPT },
     redisLockAcquireOwnTokenRedlock: { numberOfKeys: 3, lua: ACQUIRE_OWN_TOKEN_REDLOCK_SCRIPT },
+    redisLockRecordTerm: { numberOfKeys: 2, lua: RECORD_TERM_SCRIPT },
+    redisLockParticipate: { numberOfKeys: 2, lua: PARTICIPATE_SCRIPT },
+    redisLockElection: { numberOfKeys: 3, lua: ELECTION_SCRIPT },
   };
   // Each family's scripts take 3 keys (see `shapeKeys`, `plainKeys`, `releaseKeys`).
   const family = (names: readonly string[], luas: readonly string[]): void =>

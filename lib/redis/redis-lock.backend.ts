@@ -4,6 +4,7 @@ import type { ReplicaAck } from '../interfaces/redis-lock-options.interface.js';
 import type { ResolvedModuleOptions } from '../options/module-options.js';
 import type {
   AcquireAttempt,
+  Election,
   HeldLease,
   LockBackend,
   LockShape,
@@ -393,4 +394,51 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
   async isHeld(key: string, token: string): Promise<boolean> {
     return (await this.commands.redisLockIsHeld(this.layout.lockKey(key), token)) === 1;
   }
+
+  async recordTerm(
+    key: string,
+    token: string,
+    id: string,
+    fence: number,
+    ttl: number,
+  ): Promise<void> {
+    const lockKey = this.layout.lockKey(key);
+    const [record] = this.layout.electionKeys(lockKey);
+    await this.commands.redisLockRecordTerm(lockKey, record, token, id, fence, ttl, ELECTION_KEPT);
+  }
+
+  async participate(key: string, id: string, stay: number): Promise<void> {
+    const [record, participants] = this.layout.electionKeys(this.layout.lockKey(key));
+    await this.commands.redisLockParticipate(participants, record, id, stay, ELECTION_KEPT);
+  }
+
+  async election(key: string, participants: boolean): Promise<Election> {
+    const lockKey = this.layout.lockKey(key);
+    const reply = await this.commands.redisLockElection(
+      lockKey,
+      ...this.layout.electionKeys(lockKey),
+      participants ? 1 : 0,
+    );
+    const [leads, id, fence, since, ttl, ttlLeft, transitions, now] = reply.slice(0, 8).map(String);
+    return {
+      leader:
+        leads === '1'
+          ? {
+              id,
+              fence: Number(fence),
+              since: Number(since),
+              // The lease is extended to its full TTL: it was last extended `ttl - ttlLeft` ago.
+              renewedAt: Number(now) - (Number(ttl) - Number(ttlLeft)),
+            }
+          : null,
+      transitions: Number(transitions),
+      participants: reply.slice(8).map(String).sort(),
+    };
+  }
 }
+
+/**
+ * How long an election's record (who leads, how many terms began) is kept after the last term
+ * began or the last participant renewed its stay: an hour.
+ */
+const ELECTION_KEPT = 3_600_000;

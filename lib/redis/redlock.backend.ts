@@ -5,6 +5,7 @@ import { RedisLockConfigurationError } from '../errors/redis-lock.errors.js';
 import type {
   AcquireAttempt,
   BackendHealth,
+  Election,
   HeldLease,
   LockBackend,
   LockShape,
@@ -392,6 +393,53 @@ export class RedlockBackend implements LockBackend {
 
   isHeld(key: string, token: string): Promise<boolean> {
     return this.votes.majority((node) => node.isHeld(key, token));
+  }
+
+  /** Written on every node that holds the term's copy; fails unless a majority answered. */
+  recordTerm(key: string, token: string, id: string, fence: number, ttl: number): Promise<void> {
+    return this.written((node) => node.recordTerm(key, token, id, fence, ttl));
+  }
+
+  participate(key: string, id: string, stay: number): Promise<void> {
+    return this.written((node) => node.participate(key, id, stay));
+  }
+
+  private async written(write: (node: RedisLockBackend) => Promise<void>): Promise<void> {
+    const tally = await this.votes.everyAnswer(
+      this.votes.ask((node) => write(node).then(() => true), Boolean),
+      Boolean,
+    );
+    if (tally.yes.length < this.quorum) throw this.votes.failure(tally);
+  }
+
+  /**
+   * Every node's record: the leader a majority of nodes name (by id and fence; the first such
+   * node's times), the most terms any node counted, and the participants a majority list.
+   */
+  async election(key: string, participants: boolean): Promise<Election> {
+    const round = this.votes.ask(
+      (node) => node.election(key, participants),
+      () => true,
+    );
+    const tally = await this.votes.everyAnswer(round, () => true);
+    if (tally.yes.length < this.quorum) throw this.votes.failure(tally);
+    const elections = tally.yes.map(({ value }) => value);
+    const named = (leader: Election['leader']): string =>
+      leader ? `${leader.id}\0${leader.fence}` : '';
+    const leader =
+      elections.find(
+        ({ leader }) =>
+          leader !== null &&
+          elections.filter((other) => named(other.leader) === named(leader)).length >= this.quorum,
+      )?.leader ?? null;
+    const listed = elections.flatMap((election) => election.participants);
+    return {
+      leader,
+      transitions: Math.max(...elections.map(({ transitions }) => transitions)),
+      participants: [...new Set(listed)].filter(
+        (id) => listed.filter((other) => other === id).length >= this.quorum,
+      ),
+    };
   }
 
   /**

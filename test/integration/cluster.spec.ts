@@ -26,6 +26,7 @@ import {
   type RedisServer,
 } from '../support/redis-server.js';
 import { assertWithin, watchStalls } from '../support/timing.js';
+import { assertElectionReadable } from '../support/election.js';
 
 describe('on Redis Cluster', () => {
   let cluster: RedisClusterFixture;
@@ -294,6 +295,15 @@ describe('on Redis Cluster', () => {
     const intruder = await other.locks.acquire(key, { ttl: 30_000 });
     assert.equal(await held.release(), false, 'the holder is told the lock was no longer its own');
     await assertHeirAfter(intruder, true);
+  });
+
+  it("leader() and participants() read one election from any app, its keys in the leader lock's slot", async () => {
+    const third = await startNonPollingApp({ client: clients[0] });
+    try {
+      await assertElectionReadable([app.locks, other.locks], third.locks, uniqueKey('leader'));
+    } finally {
+      await third.close();
+    }
   });
 
   it('auto-extends and releases through the cluster', async () => {

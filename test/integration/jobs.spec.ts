@@ -11,7 +11,7 @@ import { once } from 'node:events';
 import { fileURLToPath } from 'node:url';
 import { after, before, describe, it } from 'node:test';
 import { Redis } from 'ioredis';
-import { eventually, uniqueKey } from '../support/lock-module.js';
+import { eventually, startLockModule, uniqueKey } from '../support/lock-module.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
 import { assertWithin, watchStalls } from '../support/timing.js';
 
@@ -127,64 +127,96 @@ describe('jobs and leaders across three processes', () => {
     );
     assert.deepEqual([...writers], [String(first.pid)], 'only the leader wrote');
 
-    // SIGKILL the leader: another leads within TTL + one retry interval.
-    const watch = watchStalls();
-    const killedAt = Date.now();
-    byPid(first.pid).child.kill('SIGKILL');
-    assert.ok(await eventually(async () => (await leads()).length === 2, 2 * TTL + 5_000));
-    const second = (await leads())[1];
-    assert.notEqual(second.pid, first.pid);
-    assert.ok(second.fence! > first.fence!, `term ${second.fence} after ${first.fence}`);
-    const takeover = second.at - killedAt;
-    assertWithin(takeover, TTL + RETRY_INTERVAL, watch, 'a new leader after the kill');
-    watch.stop();
+    // Any instance reads who leads and who campaigns: here one that campaigns for nothing.
+    const reader = await startLockModule({ connection: server.url, keyPrefix: `${prefix}lock:` });
+    const KEY = 'leader:ingest';
+    const leaderIs = async (term: LeaderEvent): Promise<boolean> => {
+      const info = await reader.locks.leader(KEY);
+      return info?.id === `worker-${term.pid}` && info.fence === term.fence;
+    };
+    const participants = (): Promise<string[]> => reader.locks.participants(KEY);
+    const ids = (list: Instance[]): string[] =>
+      list.map(({ child }) => `worker-${child.pid}`).sort();
+    try {
+      assert.ok(await eventually(() => leaderIs(first), 5_000), 'leader() names the first term');
+      assert.deepEqual(await participants(), ids(instances));
 
-    // SIGSTOP the new leader past its TTL: the third leads; the frozen one, thawed, finds its
-    // term's signal aborted and its stale fence rejected.
-    const frozen = byPid(second.pid).child;
-    frozen.kill('SIGSTOP');
-    assert.ok(await eventually(async () => (await leads()).length === 3, 2 * TTL + 5_000));
-    const third = (await leads())[2];
-    assert.ok(third.fence! > second.fence!);
-    // A fence turns stale writes away once the resource has seen a newer one: thaw the old
-    // leader after the new one's first write (on a loaded machine its 'lead' event can come well
-    // before that write, and the thawed leader's write would then rightly be accepted).
-    assert.ok(
-      await eventually(
-        async () => Number(await redis.get(`${prefix}highest`)) >= third.fence!,
-        5_000,
-      ),
-      'the new leader writes',
-    );
-    frozen.kill('SIGCONT');
-    assert.ok(await eventually(async () => (await ended(second.pid)) !== undefined, 5_000));
-    const thawed = (await ended(second.pid))!;
-    assert.equal(thawed.reason, 'LockLostError');
-    assert.equal(
-      thawed.lateWriteAccepted,
-      false,
-      "the old leader's write is rejected by its fence",
-    );
-    assert.ok(Number(await redis.get(`${prefix}rejected`)) >= 1);
+      // SIGKILL the leader: another leads within TTL + one retry interval.
+      const watch = watchStalls();
+      const killedAt = Date.now();
+      byPid(first.pid).child.kill('SIGKILL');
+      assert.ok(await eventually(async () => (await leads()).length === 2, 2 * TTL + 5_000));
+      const second = (await leads())[1];
+      assert.notEqual(second.pid, first.pid);
+      assert.ok(second.fence! > first.fence!, `term ${second.fence} after ${first.fence}`);
+      const takeover = second.at - killedAt;
+      assertWithin(takeover, TTL + RETRY_INTERVAL, watch, 'a new leader after the kill');
+      watch.stop();
+      assert.ok(await eventually(() => leaderIs(second), 5_000), 'leader() names the second term');
+      // The killed one drops out when its last stay (its TTL) runs out.
+      assert.ok(
+        await eventually(
+          async () =>
+            (await participants()).join() ===
+            ids(instances.filter(({ child }) => child.pid !== first.pid)).join(),
+          2 * TTL,
+        ),
+        `participants after a SIGKILL: ${(await participants()).join()}`,
+      );
 
-    // Shutdown hands over at once: the next leader starts before the stopped leader's key would
-    // have expired, which only its release makes possible (no clock slack needed).
-    const lockKey = `${prefix}lock:{leader:ingest}`;
-    const readAt = Date.now();
-    const expiresBy = readAt + (await redis.pttl(lockKey));
-    assert.ok(expiresBy > readAt, 'the leader holds its key with a TTL');
-    byPid(third.pid).child.kill('SIGTERM');
-    assert.ok(await eventually(async () => (await leads()).length === 4, 2 * TTL + 5_000));
-    const fourth = (await leads())[3];
-    assert.equal(fourth.pid, second.pid, 'the one instance left leads');
-    assert.ok(fourth.fence! > third.fence!);
-    assert.ok(
-      fourth.at < expiresBy,
-      `handed over ${fourth.at - readAt} ms after the stop, before the key's ${expiresBy - readAt} ms TTL`,
-    );
-    const stopped = (await ended(third.pid))!;
-    assert.equal(stopped.reason, 'LeadershipStoppedError');
-    await byPid(third.pid).exited;
+      // SIGSTOP the new leader past its TTL: the third leads; the frozen one, thawed, finds its
+      // term's signal aborted and its stale fence rejected.
+      const frozen = byPid(second.pid).child;
+      frozen.kill('SIGSTOP');
+      assert.ok(await eventually(async () => (await leads()).length === 3, 2 * TTL + 5_000));
+      const third = (await leads())[2];
+      assert.ok(third.fence! > second.fence!);
+      // A fence turns stale writes away once the resource has seen a newer one: thaw the old
+      // leader after the new one's first write (on a loaded machine its 'lead' event can come well
+      // before that write, and the thawed leader's write would then rightly be accepted).
+      assert.ok(
+        await eventually(
+          async () => Number(await redis.get(`${prefix}highest`)) >= third.fence!,
+          5_000,
+        ),
+        'the new leader writes',
+      );
+      frozen.kill('SIGCONT');
+      assert.ok(await eventually(async () => (await ended(second.pid)) !== undefined, 5_000));
+      const thawed = (await ended(second.pid))!;
+      assert.equal(thawed.reason, 'LockLostError');
+      assert.equal(
+        thawed.lateWriteAccepted,
+        false,
+        "the old leader's write is rejected by its fence",
+      );
+      assert.ok(Number(await redis.get(`${prefix}rejected`)) >= 1);
+
+      // Shutdown hands over at once: the next leader starts before the stopped leader's key would
+      // have expired, which only its release makes possible (no clock slack needed).
+      const lockKey = `${prefix}lock:{leader:ingest}`;
+      const readAt = Date.now();
+      const expiresBy = readAt + (await redis.pttl(lockKey));
+      assert.ok(expiresBy > readAt, 'the leader holds its key with a TTL');
+      byPid(third.pid).child.kill('SIGTERM');
+      assert.ok(await eventually(async () => (await leads()).length === 4, 2 * TTL + 5_000));
+      const fourth = (await leads())[3];
+      assert.equal(fourth.pid, second.pid, 'the one instance left leads');
+      assert.ok(fourth.fence! > third.fence!);
+      assert.ok(
+        fourth.at < expiresBy,
+        `handed over ${fourth.at - readAt} ms after the stop, before the key's ${expiresBy - readAt} ms TTL`,
+      );
+      const stopped = (await ended(third.pid))!;
+      assert.equal(stopped.reason, 'LeadershipStoppedError');
+      await byPid(third.pid).exited;
+      assert.ok(await eventually(() => leaderIs(fourth), 5_000), 'leader() names the fourth term');
+      // Stopped on shutdown, it left at once: long before its stay would have run out.
+      assert.deepEqual(await participants(), [`worker-${second.pid}`]);
+      assert.equal((await reader.locks.leader(KEY))?.transitions, (await leads()).length);
+    } finally {
+      await reader.close();
+    }
 
     const fences = (await leads()).map(({ fence }) => fence!);
     assert.deepEqual(

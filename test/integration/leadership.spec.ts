@@ -31,6 +31,7 @@ import {
 } from '../support/lock-module.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
 import { assertWithin, watchStalls } from '../support/timing.js';
+import { assertElectionReadable } from '../support/election.js';
 import { monitorRedis, scriptCalls } from '../support/redis-monitor.js';
 import { ACQUIRE_SCRIPT } from '../../lib/redis/lock.scripts.js';
 
@@ -268,7 +269,8 @@ describe('leadership (lead, @WhileLeader)', { timeout: 90_000 }, () => {
     );
     assert.ok(await eventually(() => leadership.isLeader, 5_000));
     // Someone deletes the key (a FLUSHALL, an operator): the next extension finds it gone.
-    const names = (await redis.keys(`*${key}*`)).filter((name) => !name.includes('fence'));
+    // (Beside it: the election's record and its participants, which leader() reads.)
+    const names = (await redis.keys(`*${key}*`)).filter((name) => name.endsWith('}'));
     assert.equal(names.length, 1, `the lock's key among ${names.join(', ')}`);
     await redis.del(names[0]);
     assert.ok(await eventually(() => reasons.length === 1, 5_000), 'the term signal aborted');
@@ -312,7 +314,7 @@ describe('leadership (lead, @WhileLeader)', { timeout: 90_000 }, () => {
     try {
       assert.ok(await eventually(() => leadership.isLeader, 5_000));
       // The lock is lost (deleted): the next extension finds it gone and the signal aborts.
-      const names = (await redis.keys(`*${key}*`)).filter((name) => !name.includes('fence'));
+      const names = (await redis.keys(`*${key}*`)).filter((name) => name.endsWith('}'));
       await redis.del(names[0]);
       assert.ok(await eventually(() => signal?.aborted === true, 5_000));
       assert.equal(returned, false, 'the work still runs');
@@ -567,7 +569,7 @@ describe('leadership (lead, @WhileLeader)', { timeout: 90_000 }, () => {
       const term = await named.elected();
       assert.equal(term.id, 'pod-a');
       // The key deleted behind its back: the term is lost at the next extension (every 200 ms).
-      const names = (await redis.keys(`*${key}*`)).filter((name) => !name.includes('fence'));
+      const names = (await redis.keys(`*${key}*`)).filter((name) => name.endsWith('}'));
       await redis.del(names);
       assert.ok(await eventually(() => terms === 3 && named.isLeader, 5_000));
       await named.stop();
@@ -749,6 +751,31 @@ describe('leadership (lead, @WhileLeader)', { timeout: 90_000 }, () => {
       () => app.locks.lead(uniqueKey('leader'), async () => {}),
       RedisLockShutdownError,
     );
+  });
+
+  it('anyone reads who leads (id, fence, since, renewedAt, transitions) and who campaigns; a stopped campaign drops out', async () => {
+    const key = uniqueKey('leader');
+    const started = Date.now();
+    await assertElectionReadable([apps[0].locks, apps[1].locks], apps[2].locks, key, {
+      onFirstTerm: async (info) => {
+        // Redis's clock, on this machine: the term began after the campaigns started.
+        assert.ok(info.since.getTime() >= started - 50, `since ${info.since.toISOString()}`);
+        assert.ok(info.renewedAt.getTime() >= info.since.getTime() - 5);
+        assert.ok(info.renewedAt.getTime() <= Date.now() + 50);
+        const handle = apps[0].locks.leadership(key);
+        assert.deepEqual(await handle?.leader(), info, "the campaign's handle reads the same");
+        // Its watchdog extends the lease every third of its TTL (1 s): renewedAt follows.
+        assert.ok(
+          await eventually(
+            async () =>
+              ((await apps[2].locks.leader(key))?.renewedAt.getTime() ?? 0) >
+              info.renewedAt.getTime(),
+            3_000,
+          ),
+          'renewedAt never moved',
+        );
+      },
+    });
   });
 });
 
@@ -957,7 +984,7 @@ describe('@WhileLeader', { timeout: 90_000 }, () => {
       const leadership = app.locks.lead(key, () => stuck, { ttl: 500 });
       assert.ok(await eventually(() => leadership.isLeader, 5_000));
       await app.close();
-      const held = (await redis.keys(`*${key}*`)).filter((name) => !name.includes('fence'));
+      const held = (await redis.keys(`*${key}*`)).filter((name) => name.endsWith('}'));
       assert.deepEqual(held, [], 'the lock was released at shutdown all the same');
       const warned = capture.lines.filter(
         ({ level, message }) => level === 'warn' && message.includes('did not return'),

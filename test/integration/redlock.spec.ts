@@ -35,6 +35,7 @@ import { createHash } from 'node:crypto';
 import { raceThenLock, transfersRaceThenLock } from '../support/processes.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
 import { assertWithin, watchStalls } from '../support/timing.js';
+import { assertElectionReadable } from '../support/election.js';
 
 const NODES = 5;
 
@@ -398,6 +399,17 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
       assert.equal(reason.reason, 'unconfirmed');
     } finally {
       await down?.revive();
+    }
+  });
+
+  it('leader() and participants() read the election a majority of nodes records, also with two of five nodes paused', async () => {
+    const third = await startLockModule({ nodes: servers.map((server) => server.url) });
+    try {
+      await assertElectionReadable([app.locks, other.locks], third.locks, uniqueKey('leader'), {
+        whileSecond: (read) => pausing([0, 4], read),
+      });
+    } finally {
+      await third.close();
     }
   });
 
