@@ -9,7 +9,7 @@ import {
 import type { Observable } from 'rxjs';
 import { LockEngine, type Keys } from './engine/lock.engine.js';
 import type { BackendHealth } from './interfaces/lock-backend.interface.js';
-import type { AcquireOptions, Lock } from './interfaces/lock.interface.js';
+import type { AcquireOptions, Lock, LockInspection } from './interfaces/lock.interface.js';
 import type { LockEvent } from './interfaces/lock-event.interface.js';
 import type { RedisLockModuleOptions } from './interfaces/redis-lock-options.interface.js';
 import type { LockTimeoutResponse } from './interfaces/with-lock-options.interface.js';
@@ -134,6 +134,18 @@ export class LockService implements OnApplicationBootstrap, OnModuleDestroy, OnA
   async isLocked(key: string): Promise<boolean> {
     assertKey(key, this.defaults);
     return this.engine.isLocked(key);
+  }
+
+  /**
+   * What holds the lock on `key` now, for an operator: whether it is held, by what shape and how
+   * many, for how long yet, the fence where Redis records it, and who waits where Redis knows it
+   * (see `LockInspection`). On every deployment; in Redlock mode, what a majority of nodes holds.
+   * @throws LockBackendError when Redis does not answer within `commandTimeout`
+   */
+  async inspect(key: string): Promise<LockInspection> {
+    assertKey(key, this.defaults);
+    const { mode, holders, ttlLeft, fence, waiting } = await this.engine.inspect(key);
+    return { held: mode !== null, mode, holders, ttlLeft, fence, waiting };
   }
 
   /**

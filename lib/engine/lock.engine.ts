@@ -1,6 +1,11 @@
 import type { Logger } from '@nestjs/common';
 import { LockArgumentError, RedisLockShutdownError } from '../errors/redis-lock.errors.js';
-import type { BackendHealth, Election, LockBackend } from '../interfaces/lock-backend.interface.js';
+import type {
+  BackendHealth,
+  Election,
+  Inspection,
+  LockBackend,
+} from '../interfaces/lock-backend.interface.js';
 import type { AcquireOptions, Lock } from '../interfaces/lock.interface.js';
 import { lockOrder } from '../options/checks.js';
 import { LOSS_REPORTED, resolveCallOptions, type AcquireMode } from '../options/acquire-options.js';
@@ -116,6 +121,11 @@ export class LockEngine {
 
   isLocked(key: string): Promise<boolean> {
     return this.parts.replies.reply(key, 'isLocked', this.backend.isLocked(key));
+  }
+
+  /** What holds `key` now (see `LockBackend.inspect`). */
+  inspect(key: string): Promise<Inspection> {
+    return this.parts.replies.reply(key, 'inspect', this.backend.inspect(key));
   }
 
   /** Who leads `key` and, with `participants`, who campaigns for it (see `LockBackend.election`). */

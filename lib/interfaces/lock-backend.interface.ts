@@ -203,6 +203,8 @@ export interface LockBackend {
   participate(key: string, id: string, stay: number): Promise<void>;
   /** The election of `key`: who leads (null: nobody), and with `participants`, who campaigns. */
   election(key: string, participants: boolean): Promise<Election>;
+  /** What holds `key` now (see `inspect.scripts.ts`). Changes nothing. */
+  inspect(key: string): Promise<Inspection>;
   /**
    * Calls `listener` each time the connection comes back after it was lost (not on the first
    * connection). Returns a function that removes the listener.
@@ -240,6 +242,16 @@ export interface Election {
   transitions: number;
   /** The ids campaigning, when asked for (else empty). */
   participants: string[];
+}
+
+/** What `LockBackend.inspect()` read; `token` is compared between nodes, never shown. */
+export interface Inspection {
+  mode: 'exclusive' | 'semaphore' | 'read' | null;
+  holders: number;
+  ttlLeft: number;
+  fence: number | null;
+  waiting: number;
+  token: string;
 }
 
 /** What `LockBackend.health()` found. */

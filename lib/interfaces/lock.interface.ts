@@ -119,3 +119,35 @@ export interface AcquireOptions {
    */
   holdAtLeast?: number;
 }
+
+/**
+ * What holds a lock now, for an operator (`LockService.inspect()`): read in one step, a hint that
+ * may change at once.
+ */
+export interface LockInspection {
+  /** Whether anyone holds the lock. */
+  held: boolean;
+  /**
+   * What holds it: `exclusive` (a plain lock, a fair lock or a writer), `semaphore` (places of a
+   * counting semaphore), `read` (read locks); `null` when free.
+   */
+  mode: 'exclusive' | 'semaphore' | 'read' | null;
+  /** How many hold it: 1 for an exclusive lock, the places taken, the readers. */
+  holders: number;
+  /** Ms until the lock runs out unless extended (the last holder's, for shared shapes); 0 when free. */
+  ttlLeft: number;
+  /**
+   * The holder's fence where Redis records it: an exclusive lock taken with your own `token`.
+   * `null` otherwise: a generated token's fence is not stored in Redis (its holder has it), nor is
+   * each reader's or place's.
+   */
+  fence: number | null;
+  /**
+   * Who waits, where Redis knows it: the processes queued for a plain lock (one per process,
+   * however many of its callers wait), each waiter of a fair lock, and a writer waiting for
+   * readers to leave. Callers waiting with their own token, for a semaphore's place, or as readers
+   * behind a writer listen for releases without queueing, and are not counted. A semaphore's
+   * `limit` is not stored in Redis either: each caller passes its own.
+   */
+  waiting: number;
+}

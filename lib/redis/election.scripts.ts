@@ -15,7 +15,7 @@
  */
 
 /** Redis's clock in ms, as the Lua variable `now`. */
-const NOW = `
+export const NOW = `
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)`;
 

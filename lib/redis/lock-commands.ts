@@ -33,6 +33,7 @@ import {
   RELEASE_SEMAPHORE_SHARDED_SCRIPT,
 } from './shape.scripts.js';
 import { ELECTION_SCRIPT, PARTICIPATE_SCRIPT, RECORD_TERM_SCRIPT } from './election.scripts.js';
+import { INSPECT_SCRIPT } from './inspect.scripts.js';
 import { lockScripts, type ScriptDefinition } from './lock-scripts.runner.js';
 
 /** KEYS (3), then token, channel, message (and for the plain lock, see `NAME_NEXT`). */
@@ -157,6 +158,13 @@ export interface LockCommands {
     participantsKey: string,
     listParticipants: 0 | 1,
   ): Promise<(string | number)[]>;
+  /** See `inspect.scripts.ts`. */
+  redisLockInspect(
+    lockKey: string,
+    ownFenceKey: string,
+    turnsKey: string,
+    stayKey: string,
+  ): Promise<(string | number)[]>;
 }
 
 type HandoffCommand = (
@@ -185,6 +193,7 @@ export function defineLockCommands(client: Redis | Cluster): LockCommands {
     redisLockRecordTerm: { numberOfKeys: 2, lua: RECORD_TERM_SCRIPT },
     redisLockParticipate: { numberOfKeys: 2, lua: PARTICIPATE_SCRIPT },
     redisLockElection: { numberOfKeys: 3, lua: ELECTION_SCRIPT },
+    redisLockInspect: { numberOfKeys: 4, lua: INSPECT_SCRIPT },
   };
   // Each family's scripts take 3 keys (see `shapeKeys`, `plainKeys`, `releaseKeys`).
   const family = (names: readonly string[], luas: readonly string[]): void =>

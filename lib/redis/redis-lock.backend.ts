@@ -6,6 +6,7 @@ import type {
   AcquireAttempt,
   Election,
   HeldLease,
+  Inspection,
   LockBackend,
   LockShape,
 } from '../interfaces/lock-backend.interface.js';
@@ -435,7 +436,34 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
       participants: reply.slice(8).map(String).sort(),
     };
   }
+
+  async inspect(key: string): Promise<Inspection> {
+    const lockKey = this.layout.lockKey(key);
+    const [kind, holders, ttlLeft, fence, waiting, token] = (
+      await this.commands.redisLockInspect(
+        lockKey,
+        this.layout.ownFenceKey(lockKey),
+        this.layout.turnsKey(lockKey),
+        this.layout.queueKeys(lockKey)[1],
+      )
+    ).map(String);
+    return {
+      mode: MODES[kind] ?? null,
+      holders: Number(holders),
+      ttlLeft: Math.max(0, Number(ttlLeft)),
+      fence: fence === '-1' ? null : Number(fence),
+      waiting: Number(waiting),
+      token,
+    };
+  }
 }
+
+/** The lock key's type in Redis → the shape that holds it. */
+const MODES: Record<string, Inspection['mode']> = {
+  string: 'exclusive',
+  zset: 'semaphore',
+  hash: 'read',
+};
 
 /**
  * How long an election's record (who leads, how many terms began) is kept after the last term

@@ -7,6 +7,7 @@ import type {
   BackendHealth,
   Election,
   HeldLease,
+  Inspection,
   LockBackend,
   LockShape,
   ReleaseSubscription,
@@ -410,6 +411,40 @@ export class RedlockBackend implements LockBackend {
       Boolean,
     );
     if (tally.yes.length < this.quorum) throw this.votes.failure(tally);
+  }
+
+  /**
+   * Held when one token holds the lock on a majority of nodes: `ttlLeft` until fewer than a
+   * majority of them hold it, the fence a majority of them record; the most waiting any node knows.
+   */
+  async inspect(key: string): Promise<Inspection> {
+    const round = this.votes.ask(
+      (node) => node.inspect(key),
+      () => true,
+    );
+    const tally = await this.votes.everyAnswer(round, () => true);
+    if (tally.yes.length < this.quorum) throw this.votes.failure(tally);
+    const views = tally.yes.map(({ value }) => value);
+    const waiting = Math.max(...views.map((view) => view.waiting));
+    const holding = views.filter(
+      ({ token }) =>
+        token !== '' && views.filter((other) => other.token === token).length >= this.quorum,
+    );
+    if (holding.length === 0) {
+      return { mode: null, holders: 0, ttlLeft: 0, fence: null, waiting, token: '' };
+    }
+    const ttls = holding.map(({ ttlLeft }) => ttlLeft).sort((a, b) => b - a);
+    const fence = holding
+      .map((view) => view.fence)
+      .find((each) => holding.filter((view) => view.fence === each).length >= this.quorum);
+    return {
+      mode: 'exclusive',
+      holders: 1,
+      ttlLeft: ttls[this.quorum - 1],
+      fence: fence ?? null,
+      waiting,
+      token: holding[0].token,
+    };
   }
 
   /**

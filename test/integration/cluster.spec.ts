@@ -306,6 +306,35 @@ describe('on Redis Cluster', () => {
     }
   });
 
+  it("inspect() reads every shape in its slot: a plain lock with your own token's fence, a process waiting, a semaphore's places", async () => {
+    const key = uniqueKey();
+    const own = await app.locks.acquire(key, { ttl: 5_000, token: `job-${key}` });
+    const waiter = other.locks.acquire(key, { acquireTimeout: 10_000 });
+    waiter.catch(() => {}); // released below
+    assert.ok(
+      await eventually(async () => (await app.locks.inspect(key)).waiting === 1),
+      'the other process queued',
+    );
+    const held = await other.locks.inspect(key);
+    assert.deepEqual(
+      [held.held, held.mode, held.holders, held.fence, held.waiting],
+      [true, 'exclusive', 1, own.fence, 1],
+    );
+    assert.ok(held.ttlLeft > 0 && held.ttlLeft <= 5_000);
+    await own.release();
+    await (await waiter).release();
+
+    const semaphore = uniqueKey();
+    const places = [
+      await app.locks.acquire(semaphore, { limit: 2 }),
+      await other.locks.acquire(semaphore, { limit: 2 }),
+    ];
+    const seen = await app.locks.inspect(semaphore);
+    assert.deepEqual([seen.mode, seen.holders], ['semaphore', 2]);
+    for (const place of places) await place.release();
+    assert.equal((await app.locks.inspect(semaphore)).held, false);
+  });
+
   it('auto-extends and releases through the cluster', async () => {
     const key = uniqueKey();
     await app.locks.using(

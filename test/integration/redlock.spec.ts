@@ -413,6 +413,33 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     }
   });
 
+  it("inspect() reads what a majority of nodes holds: the lock, its TTL left, your own token's fence; also with two of five nodes paused", async () => {
+    const key = uniqueKey();
+    const own = await locks.acquire(key, { ttl: 5_000, token: `job-${key}` });
+    const read = async (): Promise<void> => {
+      const seen = await other.locks.inspect(key);
+      assert.deepEqual(
+        [seen.held, seen.mode, seen.holders, seen.fence],
+        [true, 'exclusive', 1, own.fence],
+      );
+      assert.ok(seen.ttlLeft > 0 && seen.ttlLeft <= 5_000, `ttlLeft ${seen.ttlLeft}`);
+    };
+    await read();
+    await pausing([1, 3], read);
+    // A copy on a minority of nodes is no lock.
+    await own.release();
+    await direct[2].set(`lock:{${key}}`, 'a-stray-copy', 'PX', 5_000);
+    assert.deepEqual(await other.locks.inspect(key), {
+      held: false,
+      mode: null,
+      holders: 0,
+      ttlLeft: 0,
+      fence: null,
+      waiting: 0,
+    });
+    await direct[2].del(`lock:{${key}}`);
+  });
+
   it('a paused node (SIGSTOP) costs an acquisition and a release no time', async () => {
     const key = uniqueKey();
     await pausing([2], async () => {
