@@ -137,8 +137,8 @@ export interface TermRunner {
   probe(key: string): Promise<unknown>;
   /** Records that a term of `lock`'s key began, led by `id` (see `LockEngine.recordTerm`). */
   recordTerm(lock: Lock, id: string, ttl: number): Promise<void>;
-  /** Participant `id` campaigns for `key` for `stay` more ms (0: it stopped). */
-  participate(key: string, id: string, stay: number): Promise<void>;
+  /** A campaign's `entry` stays among `key`'s participants `stay` more ms (0: it stopped). */
+  participate(key: string, entry: string, stay: number): Promise<void>;
   /** Who leads `key`: `LockService.leader()`. */
   leader(key: string): Promise<LeaderInfo | null>;
 }
@@ -191,6 +191,8 @@ export class Campaign implements Leadership {
   private readonly outage: OutageLog;
   /** Renews its stay among the participants (see `stay`). */
   private staying: NodeJS.Timeout | undefined;
+  /** Its own entry among the participants: another campaign may have the same id. */
+  private readonly entry: string;
 
   constructor(
     readonly key: string,
@@ -204,6 +206,7 @@ export class Campaign implements Leadership {
     readonly view: KeyView,
     private readonly events: LockEvents,
   ) {
+    this.entry = `${randomBytes(4).toString('hex')}:${id}`;
     this.outage = new OutageLog(logger, `Campaign for leadership of ${view(key)}`);
     this.done = outsideLocks(() => this.campaign());
   }
@@ -242,7 +245,21 @@ export class Campaign implements Leadership {
    * its TTL. Not waited for: a write that fails leaves the stay to run out.
    */
   private stay(ms = this.ttl): void {
-    this.runTerm.participate(this.key, this.id, ms).catch(() => undefined);
+    this.runTerm.participate(this.key, this.entry, ms).catch(() => undefined);
+    // Leading: the term's record again (see `recordTerm`): a Redlock node that got the lock's copy
+    // since has it from now on.
+    const lock = this.termLock;
+    if (ms > 0 && lock && this.current) this.record(lock);
+  }
+
+  /** Records the term of `lock` for `leader()` (see `TermRunner.recordTerm`); a failure is logged. */
+  private record(lock: Lock): void {
+    this.runTerm.recordTerm(lock, this.id, this.ttl).catch((error: unknown) => {
+      if (!this.current || this.termLock !== lock) return; // the term is over: nothing to tell
+      this.logger.warn(
+        `Could not record term ${lock.fence} of ${this.view(this.key)} for leader(): ${String(error)}`,
+      );
+    });
   }
 
   /**
@@ -369,17 +386,13 @@ export class Campaign implements Leadership {
     this.termLock = lock;
     const left = new Promise<void>((resolve) => (this.leaveTerm = resolve));
     try {
+      // For anyone to read (`leader()`), also a term a listener ends as it begins; the term does
+      // not wait for it.
+      this.record(lock);
       this.beginTerm(term);
       // Ended already by whoever heard it begin (a `changes` subscriber that stopped it): the
       // work never runs with its signal aborted.
       if (signal.aborted) return;
-      // For anyone to read (`leader()`); the term does not wait for it.
-      this.runTerm.recordTerm(lock, this.id, this.ttl).catch((error: unknown) => {
-        if (signal.aborted) return;
-        this.logger.warn(
-          `Could not record term ${lock.fence} of ${this.view(this.key)} for leader(): ${String(error)}`,
-        );
-      });
       // Called at once (a throw becomes a rejection), in this call chain: it holds the term's lock.
       const work = new Promise((resolve) => resolve(this.work(term))).catch((error: unknown) => {
         if (signal.aborted) return;

@@ -64,7 +64,7 @@ export class LockService implements OnApplicationBootstrap, OnModuleDestroy, OnA
         undone: (key) => this.engine.undone(key),
         probe: (key) => this.engine.isLocked(key),
         recordTerm: (lock, id, ttl) => this.engine.recordTerm(lock, id, ttl),
-        participate: (key, id, stay) => this.engine.participate(key, id, stay),
+        participate: (key, entry, stay) => this.engine.participate(key, entry, stay),
         leader: (key) => this.leader(key),
       },
       this.logger,

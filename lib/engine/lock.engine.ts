@@ -143,9 +143,9 @@ export class LockEngine {
     );
   }
 
-  /** Participant `id` campaigns for `key` for `stay` more ms (0: it stopped). */
-  participate(key: string, id: string, stay: number): Promise<void> {
-    return this.parts.replies.reply(key, 'campaign', this.backend.participate(key, id, stay));
+  /** A campaign's `entry` stays among `key`'s participants `stay` more ms (0: it stopped). */
+  participate(key: string, entry: string, stay: number): Promise<void> {
+    return this.parts.replies.reply(key, 'campaign', this.backend.participate(key, entry, stay));
   }
 
   /**

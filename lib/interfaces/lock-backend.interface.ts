@@ -199,8 +199,11 @@ export interface LockBackend {
    * `election.scripts.ts`). Nothing is written if `token` no longer holds the lock.
    */
   recordTerm(key: string, token: string, id: string, fence: number, ttl: number): Promise<void>;
-  /** Participant `id` campaigns for `key` for `stay` more ms; `stay` 0: it has stopped. */
-  participate(key: string, id: string, stay: number): Promise<void>;
+  /**
+   * A campaign for `key` stays listed among its participants for `stay` more ms (0: it stopped);
+   * `entry` is its own (`<random>:<id>`: two campaigns may share an id).
+   */
+  participate(key: string, entry: string, stay: number): Promise<void>;
   /** The election of `key`: who leads (null: nobody), and with `participants`, who campaigns. */
   election(key: string, participants: boolean): Promise<Election>;
   /** What holds `key` now (see `inspect.scripts.ts`). Changes nothing. */

@@ -7,9 +7,10 @@
  *   how many terms began. Written when a term begins, by its leader, only while its token holds
  *   the lock; a record whose token no longer holds it names nobody. Kept for `keep` ms after the
  *   last term began or the last participant said it campaigns.
- * - `P{K}:participants`, a sorted set: each campaigning participant's id, scored by when its
- *   stay runs out (Redis's clock, ms); renewed by each campaign every third of its TTL, removed
- *   when it stops, and gone with its last member.
+ * - `P{K}:participants`, a sorted set: an entry per campaign, `<its own random part>:<id>` (two
+ *   campaigns may share an id: one that stops leaves the other listed), scored by when its stay
+ *   runs out (Redis's clock, ms); renewed by each campaign every third of its TTL, removed when it
+ *   stops, and gone with its last member.
  *
  * Both are read and written with Redis's clock (`TIME`), so that no two processes' clocks meet.
  */
@@ -29,20 +30,29 @@ local left = redis.call('PTTL', KEYS[2])
 if left ~= -2 and left < tonumber(ARGV[${n}]) then redis.call('PEXPIRE', KEYS[2], ARGV[${n}]) end`;
 
 /**
- * A term began. KEYS: lock, record. ARGV: token, id, fence, ttl, keep. 1 if recorded; 0 if the
- * token no longer holds the lock (the term is already over: nothing is written).
+ * A term is on. KEYS: lock, record. ARGV: token, id, fence, ttl, keep, and the least count of
+ * transitions a new term gives (Redlock mode: one more than a majority's record showed, so that
+ * a node that was away for some terms catches up; else 0). Sent when the term begins
+ * and again with each renewal of the leader's stay, so that a Redlock node that got the lock's
+ * copy only later (written back by an extension) gets the record too: a term already recorded
+ * (its token in the record) is only kept; a new one is written, with its start and one more
+ * transition. 1 if recorded; 0 if the token does not hold the lock (the term is over, or this
+ * node has no copy of it yet: nothing is written).
  */
 export const RECORD_TERM_SCRIPT = `${HOLDS('ARGV[1]')}
-if not holds then return 0 end${NOW}
-redis.call('HSET', KEYS[2], 'token', ARGV[1], 'id', ARGV[2], 'fence', ARGV[3], 'since', now, 'ttl', ARGV[4])
-redis.call('HINCRBY', KEYS[2], 'transitions', 1)
-if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[5]) then redis.call('PEXPIRE', KEYS[2], ARGV[5]) end
+if not holds then return 0 end
+if redis.call('HGET', KEYS[2], 'token') ~= ARGV[1] then${NOW}
+  redis.call('HSET', KEYS[2], 'token', ARGV[1], 'id', ARGV[2], 'fence', ARGV[3], 'since', now, 'ttl', ARGV[4])
+  if redis.call('HINCRBY', KEYS[2], 'transitions', 1) < tonumber(ARGV[6]) then
+    redis.call('HSET', KEYS[2], 'transitions', ARGV[6])
+  end
+end${KEEP_RECORD(5)}
 return 1
 `;
 
 /**
- * A participant campaigns for `stay` more ms, or (stay 0) has stopped. KEYS: participants, record.
- * ARGV: id, stay, keep. The set expires with its last member's stay.
+ * A campaign's entry stays `stay` more ms, or (stay 0) goes: it stopped. KEYS: participants,
+ * record. ARGV: entry, stay, keep. The set expires with its last member's stay.
  */
 export const PARTICIPATE_SCRIPT = `${NOW}
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)

@@ -144,11 +144,12 @@ export interface LockCommands {
     fence: number,
     ttl: number,
     keep: number,
+    leastTransitions: number,
   ): Promise<number>;
   redisLockParticipate(
     participantsKey: string,
     recordKey: string,
-    id: string,
+    entry: string,
     stay: number,
     keep: number,
   ): Promise<number>;

@@ -396,21 +396,32 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
     return (await this.commands.redisLockIsHeld(this.layout.lockKey(key), token)) === 1;
   }
 
+  /** See `LockBackend.recordTerm`; `leastTransitions`: see `RECORD_TERM_SCRIPT`. */
   async recordTerm(
     key: string,
     token: string,
     id: string,
     fence: number,
     ttl: number,
+    leastTransitions = 0,
   ): Promise<void> {
     const lockKey = this.layout.lockKey(key);
     const [record] = this.layout.electionKeys(lockKey);
-    await this.commands.redisLockRecordTerm(lockKey, record, token, id, fence, ttl, ELECTION_KEPT);
+    await this.commands.redisLockRecordTerm(
+      lockKey,
+      record,
+      token,
+      id,
+      fence,
+      ttl,
+      ELECTION_KEPT,
+      leastTransitions,
+    );
   }
 
-  async participate(key: string, id: string, stay: number): Promise<void> {
+  async participate(key: string, entry: string, stay: number): Promise<void> {
     const [record, participants] = this.layout.electionKeys(this.layout.lockKey(key));
-    await this.commands.redisLockParticipate(participants, record, id, stay, ELECTION_KEPT);
+    await this.commands.redisLockParticipate(participants, record, entry, stay, ELECTION_KEPT);
   }
 
   async election(key: string, participants: boolean): Promise<Election> {
@@ -433,7 +444,10 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
             }
           : null,
       transitions: Number(transitions),
-      participants: reply.slice(8).map(String).sort(),
+      // Each campaign's entry is `<random>:<id>`; two may share an id.
+      participants: [
+        ...new Set(reply.slice(8).map((entry) => String(entry).replace(/^[^:]*:/, ''))),
+      ].sort(),
     };
   }
 

@@ -396,13 +396,25 @@ export class RedlockBackend implements LockBackend {
     return this.votes.majority((node) => node.isHeld(key, token));
   }
 
-  /** Written on every node that holds the term's copy; fails unless a majority answered. */
-  recordTerm(key: string, token: string, id: string, fence: number, ttl: number): Promise<void> {
-    return this.written((node) => node.recordTerm(key, token, id, fence, ttl));
+  /**
+   * Written on every node that holds the term's copy; fails unless a majority answered. A node
+   * counts only the terms it held a copy of: a new term counts one more than the majority's
+   * record read first, so that a node away for some terms catches up.
+   */
+  async recordTerm(
+    key: string,
+    token: string,
+    id: string,
+    fence: number,
+    ttl: number,
+  ): Promise<void> {
+    const { leader, transitions } = await this.election(key, false);
+    const least = leader?.fence === fence ? transitions : transitions + 1;
+    return this.written((node) => node.recordTerm(key, token, id, fence, ttl, least));
   }
 
-  participate(key: string, id: string, stay: number): Promise<void> {
-    return this.written((node) => node.participate(key, id, stay));
+  participate(key: string, entry: string, stay: number): Promise<void> {
+    return this.written((node) => node.participate(key, entry, stay));
   }
 
   private async written(write: (node: RedisLockBackend) => Promise<void>): Promise<void> {

@@ -753,6 +753,36 @@ describe('leadership (lead, @WhileLeader)', { timeout: 90_000 }, () => {
     );
   });
 
+  it('two campaigns with one id: one that stops leaves the other listed; a term a listener ends as it begins still counts (found by a review)', async () => {
+    const key = uniqueKey('leader');
+    const work = ({ signal }: LeaderTerm): Promise<unknown> =>
+      new Promise((resolve) => signal.addEventListener('abort', resolve));
+    // Stopped by a `changes` subscriber the moment its term begins: a term all the same.
+    const stopping = apps[0].locks.lead(key, work, { id: 'pod-x' });
+    stopping.changes.subscribe((leading) => {
+      if (leading) void stopping.stop();
+    });
+    await assert.rejects(stopping.elected(), { name: 'LeadershipStoppedError' });
+    await stopping.stop();
+    // Two campaigns of one app, one id (the service's default).
+    const leading = apps[1].locks.lead(key, work);
+    const term = await leading.elected();
+    const following = apps[1].locks.lead(key, work);
+    assert.ok(
+      await eventually(async () => (await apps[2].locks.leader(key))?.fence === term.fence),
+    );
+    assert.equal((await apps[2].locks.leader(key))?.transitions, 2, 'the first term not counted');
+    assert.ok(await eventually(async () => (await apps[2].locks.participants(key)).length === 1));
+    await following.stop();
+    assert.deepEqual(
+      await apps[2].locks.participants(key),
+      [leading.id],
+      'a campaign running was dropped',
+    );
+    await leading.stop();
+    assert.deepEqual(await apps[2].locks.participants(key), []);
+  });
+
   it('anyone reads who leads (id, fence, since, renewedAt, transitions) and who campaigns; a stopped campaign drops out', async () => {
     const key = uniqueKey('leader');
     const started = Date.now();

@@ -413,6 +413,76 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     }
   });
 
+  it('leader() keeps naming a leader whose nodes lost its lock and record one pair at a time: the record follows the copies its extensions write back (found by a review)', async () => {
+    const key = uniqueKey('leader');
+    const leadership = locks.lead(
+      key,
+      ({ signal }) => new Promise((resolve) => signal.addEventListener('abort', resolve)),
+      { id: 'pod-r', ttl: 1_500 },
+    );
+    try {
+      const term = await leadership.elected();
+      const recorded = async (): Promise<number> => {
+        let count = 0;
+        for (const client of direct)
+          if ((await client.hget(`lock:{${key}}:leader`, 'fence')) === String(term.fence)) count++;
+        return count;
+      };
+      assert.ok(
+        await eventually(async () => (await recorded()) === NODES),
+        'the term recorded on every node',
+      );
+      // As if they restarted empty, two nodes at a time: the lock's copy and the record gone.
+      for (const pair of [
+        [0, 1],
+        [2, 3],
+      ]) {
+        await Promise.all(pair.map((i) => direct[i].del(`lock:{${key}}`, `lock:{${key}}:leader`)));
+        assert.ok(
+          await eventually(async () => (await recorded()) === NODES, 5_000),
+          `the record not written back on nodes ${pair.join(', ')} (${await recorded()} of ${NODES})`,
+        );
+      }
+      assert.equal(term.signal.aborted, false);
+      const info = await other.locks.leader(key);
+      assert.deepEqual([info?.id, info?.fence, info?.transitions], ['pod-r', term.fence, 1]);
+    } finally {
+      await leadership.stop();
+    }
+  });
+
+  it('transitions counts every term, also when each began with a node down (each node counts only the terms it held)', async () => {
+    const key = uniqueKey('leader');
+    const lead = (i: number) =>
+      locks.lead(
+        key,
+        ({ signal }) => new Promise((resolve) => signal.addEventListener('abort', resolve)),
+        { id: `pod-${i}` },
+      );
+    for (let i = 0; i < NODES; i++) {
+      const down = await crash([i]);
+      const leadership = lead(i);
+      try {
+        const term = await leadership.elected();
+        assert.ok(
+          await eventually(
+            async () => (await other.locks.leader(key))?.fence === term.fence,
+            5_000,
+          ),
+          `term ${i + 1} never showed`,
+        );
+        assert.equal(
+          (await other.locks.leader(key))?.transitions,
+          i + 1,
+          `transitions in term ${i + 1}`,
+        );
+      } finally {
+        await leadership.stop();
+        await down.revive();
+      }
+    }
+  });
+
   it("inspect() reads what a majority of nodes holds: the lock, its TTL left, your own token's fence; also with two of five nodes paused", async () => {
     const key = uniqueKey();
     const own = await locks.acquire(key, { ttl: 5_000, token: `job-${key}` });
