@@ -113,8 +113,9 @@ function natMap(ports: readonly number[], group: readonly FaultProxy[]): Record<
 }
 
 /**
- * Lock keys (not fence counters, nor queues of waiting processes, which lapse after their stay)
- * and keys without a TTL on each of `servers`.
+ * Lock keys (not fence counters, nor queues of waiting processes or a leadership's participants,
+ * which lapse after their stay, nor a leadership's record, kept an hour on purpose) and keys
+ * without a TTL on each of `servers`.
  */
 async function scan(
   servers: readonly RedisServer[],
@@ -126,7 +127,7 @@ async function scan(
         const keys = await inspect.keys('*');
         const ttls = await Promise.all(keys.map((key) => inspect.pttl(key)));
         return {
-          locks: keys.filter((key) => !key.endsWith(':counter') && !key.endsWith(':turns')),
+          locks: keys.filter((key) => !/:(counter|turns|participants|leader)$/.test(key)),
           noTtl: ttls.filter((ttl) => ttl === -1).length,
         };
       } finally {

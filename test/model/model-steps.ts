@@ -695,10 +695,16 @@ class NestStep extends Step {
           model.failed(what, error, app, waited);
         }
       });
-      await model.bounded(what, this.wait + model.tryBound(app, 1, 2), () => child.started);
+      // As for any call on those keys: a reply per key (an attempt on all at once first, then one
+      // per key taken one after another), each within commandTimeout, twice after NOSCRIPT.
+      await model.bounded(
+        what,
+        this.wait + model.tryBound(app, parent.keys.length, 2),
+        () => child.started,
+      );
     } else {
       const node = model.node(parent.node);
-      await model.bounded(what, this.wait + model.tryBound(app, 1, 2), () =>
+      await model.bounded(what, this.wait + model.tryBound(app, parent.keys.length, 2), () =>
         parent.run(async () => {
           const straight = straightNesting(model, node, parent.keys);
           const started = performance.now();
