@@ -483,6 +483,25 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     }
   });
 
+  it('holdAtLeast: a release before it is up keeps the key on a majority for what is left of it, then it goes (found by mutation testing)', async () => {
+    const key = uniqueKey();
+    const lock = await locks.acquire(key, { ttl: 5_000, holdAtLeast: 800 });
+    const grantedAt = performance.now();
+    assert.equal(await lock.release(), true);
+    // Kept: another app cannot take it while the hold lasts, and every node's copy runs out by then.
+    assert.equal(await other.locks.tryAcquire(key), null, 'taken before holdAtLeast was up');
+    let kept = 0;
+    for (const client of direct) {
+      const left = await client.pttl(`lock:{${key}}`);
+      assert.ok(left <= 800, `a copy kept ${left} ms for an 800 ms hold`);
+      if (left > 0) kept++;
+    }
+    assert.ok(kept >= 3, `kept on ${kept} of ${NODES} nodes`);
+    const taken = await other.locks.acquire(key, { acquireTimeout: 5_000 });
+    assert.ok(performance.now() - grantedAt >= 790, 'taken before holdAtLeast was up');
+    await taken.release();
+  });
+
   it("inspect() reads what a majority of nodes holds: the lock, its TTL left, your own token's fence; also with two of five nodes paused", async () => {
     const key = uniqueKey();
     const own = await locks.acquire(key, { ttl: 5_000, token: `job-${key}` });
