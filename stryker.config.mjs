@@ -29,7 +29,13 @@ export const GROUPS = {
   },
   redlock: {
     mutate: ['lib/redis/redlock.backend.ts'],
-    tests: ['build/test/unit/redlock-undo.spec.js', 'build/test/integration/redlock.spec.js'],
+    tests: [
+      'build/test/unit/redlock-undo.spec.js',
+      'build/test/integration/redlock.spec.js',
+      // Own tokens, restarts, lost scripts and late grants, generated; and the health of nodes.
+      'build/test/integration/model-redlock.spec.js',
+      'build/test/integration/health.spec.js',
+    ],
   },
   handoff: {
     mutate: ['lib/redis/handoff.ts'],
