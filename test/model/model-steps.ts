@@ -6,6 +6,7 @@ import {
   LockAcquireTimeoutError,
   LockBackendError,
   LockLostError,
+  RedisLockShutdownError,
   type AcquireOptions,
   type Lock,
   type Leadership,
@@ -155,6 +156,8 @@ export interface Leader {
   readonly fences: number[];
   /** When its `stop()` was first called, by a step or by its app's shutdown. */
   stopCalledAt?: number;
+  /** When its `stop()` first resolved: its term over, its lock released (or given up on). */
+  stoppedAt?: number;
 }
 
 /** A step: one thing an app does, written and read as JSON (`[kind, ...args]`). */
@@ -951,7 +954,9 @@ class LeadStep extends Step {
     const stop = campaign.stop.bind(campaign);
     campaign.stop = (...args) => {
       leader.stopCalledAt ??= performance.now();
-      return stop(...args);
+      return stop(...args).then(() => {
+        leader.stoppedAt ??= performance.now();
+      });
     };
     real.leaders.push(leader);
     await new Promise((resolve) => setTimeout(resolve, 20));
@@ -1052,6 +1057,69 @@ class ElectedStep extends Step {
       ),
     );
     await new Promise((resolve) => setTimeout(resolve, 5));
+    await model.check();
+  }
+}
+
+/**
+ * `locks.leader(key)` read by any app, campaigning or not: it names nobody, or the term whose lock
+ * holds the key as it reads, so never a term that no campaign's work was given, never under
+ * another id, never one of a campaign whose `stop()` had resolved before the read, and never one
+ * older than a term that had begun before the read.
+ */
+class WhoLeadsStep extends Step {
+  readonly kind = 'leader';
+  constructor(
+    readonly pick: number,
+    readonly slot: number,
+  ) {
+    super();
+  }
+  get args() {
+    return [this.pick, this.slot];
+  }
+  override check(model: Readonly<Model>): boolean {
+    return realOf(model).leaders.length > 0;
+  }
+  async run(model: Model, real: Real): Promise<void> {
+    const { key } = real.leaders[this.pick % real.leaders.length];
+    const app = real.apps[this.slot % real.apps.length];
+    if (app.closing) return;
+    const what = `${this.toString()}: ${key}`;
+    const campaigns = real.leaders.filter((leader) => leader.key === key);
+    const begun = Math.max(0, ...campaigns.flatMap(({ fences }) => fences));
+    const readAt = performance.now();
+    const info = await model.bounded(what, model.tryBound(app, 1, 2), () =>
+      app.locks.leader(key).catch((error: unknown) => {
+        // Redis failing (a fault step) or the app closing meanwhile: no answer to check.
+        if (!(error instanceof LockBackendError || error instanceof RedisLockShutdownError)) {
+          model.violations.push(`${what} failed: ${String(error)}`);
+        }
+        return null;
+      }),
+    );
+    if (info) {
+      const named = campaigns.find(({ fences }) => fences.includes(info.fence));
+      if (!named) {
+        model.violations.push(
+          `${what} named term ${info.fence} (${info.id}), which no campaign's work was given`,
+        );
+      } else if (named.leadership.id !== info.id) {
+        model.violations.push(
+          `${what} named term ${info.fence} as ${info.id}'s; it is ${named.leadership.id}'s`,
+        );
+      }
+      if (named?.stoppedAt !== undefined && named.stoppedAt < readAt) {
+        model.violations.push(
+          `${what} named term ${info.fence} of a campaign whose stop() had resolved before the read`,
+        );
+      }
+      if (info.fence < begun) {
+        model.violations.push(
+          `${what} named term ${info.fence} after term ${begun} had begun: a deposed leader`,
+        );
+      }
+    }
     await model.check();
   }
 }
@@ -1260,6 +1328,7 @@ const STEPS: [fc.Arbitrary<Step>, number][] = [
   ],
   [fc.tuple(fc.nat(), fc.boolean()).map((args) => new StopLeaderStep(...args)), 1],
   [fc.tuple(fc.nat(), fc.constantFrom(0, 200, 2_000)).map((args) => new ElectedStep(...args)), 1],
+  [fc.tuple(fc.nat(), fc.nat()).map((args) => new WhoLeadsStep(...args)), 1],
   [
     fc
       .tuple(
@@ -1317,6 +1386,7 @@ export function replay(json: readonly unknown[]): Step {
     lead: LeadStep,
     stop: StopLeaderStep,
     elected: ElectedStep,
+    leader: WhoLeadsStep,
     closeApp: CloseAppStep,
     crowd: CrowdStep,
     own: AcquireOwnStep,
