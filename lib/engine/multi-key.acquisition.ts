@@ -194,13 +194,20 @@ export class MultiKeyAcquisition {
     const { replies } = this.parts;
     let fences: number[] | { retryAfter: number | undefined };
     try {
-      fences = await replies.reply(keys[0], 'acquire', pending, opts.signal, true);
+      // The undo of a grant that may still come is registered as the reply is given up (in the
+      // rejection itself): shutdown, which gives it up, then waits for that undo before it closes
+      // the connection. (Registered a microtask later, it came after shutdown had looked, and the
+      // late grant stayed in Redis for its TTL.)
+      fences = await replies.acquisition(pending, opts.signal, (error) => {
+        const failure = replies.failure(keys[0], 'acquire', opts.signal, error);
+        replies.undoLateGrant(keys, failure, pending, (late) =>
+          Array.isArray(late)
+            ? Promise.all(keys.map((key) => backend.release(key, token)))
+            : undefined,
+        );
+        return failure;
+      });
     } catch (error) {
-      replies.undoLateGrant(keys, error, pending, (late) =>
-        Array.isArray(late)
-          ? Promise.all(keys.map((key) => backend.release(key, token)))
-          : undefined,
-      );
       // The caller's signal or shutdown, as a wait of one key says them.
       throw this.loop.waitEnded(keys[0], opts.signal, error);
     }

@@ -5,6 +5,7 @@ import {
   LockAcquireAbortedError,
   LockAcquireTimeoutError,
   LockArgumentError,
+  LockBackendError,
   LockLostError,
   type Lock,
   type LockEvent,
@@ -218,6 +219,63 @@ describe('several keys at once (acquire([a, b]))', () => {
       const pending = slow.locks.acquire(pair(), { signal: controller.signal });
       setTimeout(() => controller.abort(new Error('the client went away')), 20);
       await assert.rejects(pending, (error) => error instanceof LockAcquireAbortedError);
+    } finally {
+      proxy.setLatency(0);
+      await slow.close();
+      await proxy.close();
+    }
+  });
+
+  it('a one-step attempt whose reply comes after commandTimeout fails, and its late grant of every key is undone when it lands (found by mutation testing)', async () => {
+    const proxy = await FaultProxy.start(() => env.server.port);
+    const slow = await startLockModule({
+      connection: `redis://127.0.0.1:${proxy.port}`,
+      commandTimeout: 300,
+    });
+    try {
+      await slow.locks.isLocked(uniqueKey()); // a connection, before the latency
+      proxy.setLatency(250); // a 500 ms round trip: the reply comes after commandTimeout
+      const [a, b] = pair();
+      const error = await slow.locks.acquire([a, b], { ttl: 30_000, acquireTimeout: 0 }).then(
+        () => assert.fail('granted with no reply within commandTimeout'),
+        (e: unknown) => e,
+      );
+      assert.ok(error instanceof LockBackendError && error.timedOut, String(error));
+      // The grant lands in Redis (both keys, a 30 s TTL), then its undo, a round trip later.
+      assert.ok(
+        await eventually(async () => (await stored(a)) !== null, 2_000),
+        'the one-step attempt never reached Redis',
+      );
+      assert.ok(
+        await eventually(
+          async () => (await stored(a)) === null && (await stored(b)) === null,
+          3_000,
+        ),
+        `a late grant kept: ${a} ${await stored(a)}, ${b} ${await stored(b)}`,
+      );
+    } finally {
+      proxy.setLatency(0);
+      await slow.close();
+      await proxy.close();
+    }
+  });
+
+  it('shutdown with a one-step attempt in flight leaves no key: its late grant is undone before the connection closes (found by mutation testing)', async () => {
+    const proxy = await FaultProxy.start(() => env.server.port);
+    const slow = await startLockModule({
+      connection: `redis://127.0.0.1:${proxy.port}`,
+      commandTimeout: 2_000,
+    });
+    try {
+      await slow.locks.isLocked(uniqueKey()); // a connection, before the latency
+      proxy.setLatency(150);
+      const [a, b] = pair();
+      const pending = slow.locks.acquire([a, b], { ttl: 20_000 });
+      pending.catch(() => {}); // asserted below
+      await sleep(20);
+      await slow.close();
+      await assert.rejects(pending, { name: 'RedisLockShutdownError' });
+      assert.deepEqual([await stored(a), await stored(b)], [null, null], 'a late grant stayed');
     } finally {
       proxy.setLatency(0);
       await slow.close();

@@ -89,6 +89,8 @@ export class Model {
   leftBehind = false;
   /** The latency on slot 0's link now, each way (ms). */
   latencyMs = 0;
+  /** Whether Redis forgot its scripts in this sequence: a first call of each costs two round trips. */
+  scriptsFlushed = false;
   /**
    * `key\0token` of every caller's-own-token acquisition that failed: one given up on in flight
    * may be granted late, and its lock stays until its TTL (the README's exception: that token may

@@ -5,7 +5,7 @@ import { uniqueKey } from '../support/lock-module.js';
 import { watchStalls } from '../support/timing.js';
 import type { Deployment } from './model-deployment.js';
 import { Model } from './model-state.js';
-import { drive, replay, settle, steps, type Real } from './model-steps.js';
+import { ALL_SCRIPTS, drive, replay, settle, steps, type Real } from './model-steps.js';
 
 /**
  * `MODEL_RUNS` random sequences (default 12) of up to `MODEL_STEPS` steps (default 40), after
@@ -67,6 +67,7 @@ export function modelSuite(
     const totals = { sequences: 0, steps: 0, grants: 0, views: 0 };
     async function runSequence(sequence: Iterable<fc.AsyncCommand<Model, Real>>): Promise<void> {
       deployment.begin(totals.sequences);
+      await deployment.flushScripts(ALL_SCRIPTS);
       const stalls = watchStalls();
       const model = new Model(
         uniqueKey('model'),
