@@ -262,6 +262,46 @@ describe('never two live holders', () => {
     });
   });
 
+  it('an unwatched lock passed on in its process gets no watchdog from its token write, answered or not: it runs out at its TTL (found by mutation testing)', async () => {
+    await throughProxy(300, async (slow, proxy) => {
+      // Answered: confirmed on its own 600 ms TTL, then left to run out.
+      const confirmed = await passOn(slow, 30_000, { ttl: 600, autoExtend: false }, () =>
+        proxy.setLatency(20),
+      );
+      const { signal } = confirmed.heir;
+      assert.ok(await eventually(() => signal.aborted, 3_000), 'kept past its TTL: extended');
+      assert.equal((signal.reason as LockLostError).reason, 'expired');
+      // Redis runs its TTL from when the write landed: a little after the lease's start here.
+      assert.ok(
+        await eventually(
+          async () => (await env.redis.exists(`lock:{${confirmed.key}}`)) === 0,
+          500,
+        ),
+        'extended in Redis',
+      );
+      proxy.setLatency(0);
+      await confirmed.released;
+
+      // Unanswered, then the link heals before its 1.5 s lease is over: still nothing extends it.
+      const unanswered = await passOn(slow, 30_000, { ttl: 1_500, autoExtend: false }, () =>
+        proxy.stall(),
+      );
+      const lost = unanswered.heir.signal;
+      await sleep(600); // past commandTimeout: the write counts as unanswered
+      proxy.heal();
+      await unanswered.released;
+      assert.ok(await eventually(() => lost.aborted, 3_000), 'kept past its TTL: extended');
+      assert.equal((lost.reason as LockLostError).reason, 'expired');
+      assert.ok(
+        await eventually(
+          async () => (await env.redis.exists(`lock:{${unanswered.key}}`)) === 0,
+          2_000,
+        ),
+        'extended in Redis',
+      );
+    });
+  });
+
   it('a grant whose answer comes after its lease ran out is not a lock: the attempt counts as failed', async () => {
     await throughProxy(5_000, async (slow, proxy) => {
       await (await slow.locks.acquire(uniqueKey())).release(); // a warm connection
