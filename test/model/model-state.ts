@@ -64,6 +64,9 @@ interface Internals {
   /** Of a view: its own release was made. */
   readonly ended?: boolean;
   readonly swap?: unknown;
+  /** Of one key's hold: why its lease ended early, and when it runs out. */
+  readonly lossReason?: Error;
+  readonly expiresAt?: number;
   handleOf?(key: string): Internals | undefined;
 }
 export const internals = (lock: Lock): Internals => lock as unknown as Internals;
@@ -242,6 +245,22 @@ export class Model {
           other.releasedAt !== undefined &&
           other.releasedAt >= held.grantedAt,
       )
+    );
+  }
+
+  /**
+   * A key of a lock on several keys that another key's loss ended (its `signal` aborted): each key
+   * keeps its own lease and watchdog until the lock is released (see `MultiKeyLock`), so Redis
+   * holds this one for it meanwhile, and that is no lock left behind.
+   */
+  private keyLeased(held: Held, key: string, now: number): boolean {
+    if (held.view || held.keys.length < 2) return false;
+    const handle = internals(held.lock).handleOf?.(key);
+    return (
+      handle !== undefined &&
+      !handle.released &&
+      handle.lossReason === undefined &&
+      (handle.expiresAt ?? 0) > now
     );
   }
 
@@ -466,6 +485,7 @@ export class Model {
           const kept = known.some(
             (held) =>
               this.live(held, key, now) ||
+              this.keyLeased(held, key, now) ||
               held.unconfirmed ||
               (held.holdAtLeast > 0 && held.grantedAt + held.holdAtLeast + 50 > now),
           );
