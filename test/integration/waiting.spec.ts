@@ -522,9 +522,17 @@ describe('waiting for a held lock', () => {
     const take = (name: string): Promise<void> =>
       waiter.using(key, () => void order.push(name), { acquireTimeout: 10_000 });
     const queued: Promise<void>[] = [];
-    for (let i = 0; i < 5; i++) {
-      queued.push(take(`w${i}`));
-      await queuedIn(waiter, key, i + 1); // one after another
+    const attempts = await attemptsOn(key);
+    try {
+      for (let i = 0; i < 5; i++) {
+        queued.push(take(`w${i}`));
+        await queuedIn(waiter, key, i + 1); // one after another
+        // The first is asleep once its attempt and its attempt once subscribed have run: released
+        // while one of those is still on its way, the lock goes to the next (a CI run: w1–w4, w0).
+        if (i === 0) await attempts.asleep(2);
+      }
+    } finally {
+      attempts.stop();
     }
     await held.release();
     // Asks again at once, while its release is still on its way to the first waiter: without

@@ -1,5 +1,5 @@
 import assert from 'node:assert/strict';
-import type { LeaderInfo, LockService } from '../../lib/index.js';
+import type { LeaderInfo, LeaderTerm, LockService } from '../../lib/index.js';
 import { eventually } from './lock-module.js';
 
 /**
@@ -18,7 +18,7 @@ export async function assertElectionReadable(
     whileSecond = (read) => read(),
   }: {
     onFirstTerm?: (info: LeaderInfo) => Promise<void>;
-    whileSecond?: (read: () => Promise<void>) => Promise<void>;
+    whileSecond?: (read: () => Promise<void>, term: LeaderTerm) => Promise<void>;
   } = {},
 ): Promise<void> {
   assert.equal(await reader.leader(key), null, 'a leader before any campaign');
@@ -58,7 +58,7 @@ export async function assertElectionReadable(
       const second = await reader.leader(key);
       assert.deepEqual([second?.id, second?.transitions], [next.id, 2]);
       assert.deepEqual(await reader.participants(key), [next.id], 'a stopped campaign is listed');
-    });
+    }, next);
   } finally {
     await Promise.all(leaderships.map((each) => each.stop()));
   }
