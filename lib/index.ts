@@ -19,7 +19,12 @@ export {
   type LockLostReason,
   type LockOperation,
 } from './errors/redis-lock.errors.js';
-export type { AcquireOptions, Lock, LockInspection } from './interfaces/lock.interface.js';
+export type {
+  AcquireOptions,
+  ForcedRelease,
+  Lock,
+  LockInspection,
+} from './interfaces/lock.interface.js';
 export type { LockEvent } from './interfaces/lock-event.interface.js';
 export type {
   LockDefaults,

@@ -9,7 +9,12 @@ import {
 import type { Observable } from 'rxjs';
 import { LockEngine, type Keys } from './engine/lock.engine.js';
 import type { BackendHealth } from './interfaces/lock-backend.interface.js';
-import type { AcquireOptions, Lock, LockInspection } from './interfaces/lock.interface.js';
+import type {
+  AcquireOptions,
+  ForcedRelease,
+  Lock,
+  LockInspection,
+} from './interfaces/lock.interface.js';
 import type { LockEvent } from './interfaces/lock-event.interface.js';
 import type { RedisLockModuleOptions } from './interfaces/redis-lock-options.interface.js';
 import type { LockTimeoutResponse } from './interfaces/with-lock-options.interface.js';
@@ -22,9 +27,9 @@ import {
   type LeadOptions,
 } from './lock.leadership.js';
 import { MODULE_OPTIONS_TOKEN } from './redis-lock.module-definition.js';
-import type { KeyView } from './errors/redis-lock.errors.js';
+import { LockArgumentError, type KeyView } from './errors/redis-lock.errors.js';
 import { assertKey } from './options/checks.js';
-import { resolveAcquireOptions } from './options/acquire-options.js';
+import { forceReleaseOptionsProblem, resolveAcquireOptions } from './options/acquire-options.js';
 import { resolveModuleOptions } from './options/module-options.js';
 import { type ResolvedDefaults } from './options/defaults.js';
 
@@ -146,6 +151,27 @@ export class LockService implements OnApplicationBootstrap, OnModuleDestroy, OnA
     assertKey(key, this.defaults);
     const { mode, holders, ttlLeft, fence, waiting } = await this.engine.inspect(key);
     return { held: mode !== null, mode, holders, ttlLeft, fence, waiting };
+  }
+
+  /**
+   * Frees the lock on `key` whatever holds it (a plain, fair or write lock, a semaphore's places,
+   * read locks), for an operator with a lock stuck behind a holder that hangs: deletes it in Redis,
+   * wakes its waiters, logs a warning naming `reason` and emits a `forced` event. The library
+   * never calls it. A holder is not told by Redis: it learns at its next extension (with
+   * auto-extension, within a third of its TTL) or when its lease runs out, and its `signal` aborts
+   * then (in this process, at once); until then it may still be working, so protect what it
+   * writes with its fence. Resolves with what was freed (`holders: 0`: nothing held the key).
+   * @throws LockArgumentError for a bad key or a missing `reason`
+   * @throws LockBackendError when Redis does not answer within `commandTimeout` (in Redlock mode,
+   * `LockQuorumError` when fewer than a majority of nodes answer: the holder may keep the lock)
+   * @example
+   * await locks.forceRelease('report:daily', { reason: 'worker 7 hung, ticket OPS-1234' });
+   */
+  async forceRelease(key: string, options: { reason: string }): Promise<ForcedRelease> {
+    assertKey(key, this.defaults);
+    const problem = forceReleaseOptionsProblem(options);
+    if (problem) throw new LockArgumentError(...problem);
+    return this.engine.forceRelease(key, options.reason);
   }
 
   /**

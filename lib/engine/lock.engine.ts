@@ -3,6 +3,7 @@ import { LockArgumentError, RedisLockShutdownError } from '../errors/redis-lock.
 import type {
   BackendHealth,
   Election,
+  Freed,
   Inspection,
   LockBackend,
 } from '../interfaces/lock-backend.interface.js';
@@ -128,6 +129,28 @@ export class LockEngine {
     return this.parts.replies.reply(key, 'inspect', this.backend.inspect(key));
   }
 
+  /**
+   * Frees `key` whatever holds it, for an operator (see `LockBackend.forceRelease`), and says so:
+   * a warning naming `reason`, a `forced` event. Locks of this process that held the key are
+   * checked at once (see `LockHandle.verify`), so that their signals abort now instead of at their
+   * next extension; a lock taken after the release began is not touched.
+   */
+  async forceRelease(key: string, reason: string): Promise<Freed> {
+    const before = this.parts.held.toArray().filter((lock) => lock.key === key);
+    const freed = await this.parts.replies.reply(
+      key,
+      'forceRelease',
+      this.backend.forceRelease(key),
+    );
+    const { events, logger, defaults } = this.parts;
+    logger.warn(
+      `Lock ${defaults.keyView(key)} force-released (${freed.holders} ${freed.mode ?? 'no'} holder${freed.holders === 1 ? '' : 's'} freed, fence ${freed.fence}): ${reason}`,
+    );
+    if (events.observed) events.emit({ type: 'forced', key, reason, ...freed });
+    await Promise.all(before.map((lock) => lock.verify()));
+    return freed;
+  }
+
   /** Who leads `key` and, with `participants`, who campaigns for it (see `LockBackend.election`). */
   election(key: string, participants: boolean): Promise<Election> {
     return this.parts.replies.reply(key, 'inspect', this.backend.election(key, participants));
@@ -201,10 +224,17 @@ export class LockEngine {
     this.parts.replies.interrupt(this.stopping.signal.reason as Error);
     this.stopWatchingReconnects();
     const locks = this.parts.held.toArray();
-    const [results] = await Promise.all([
+    const [results, unanswered] = await Promise.all([
       Promise.allSettled(locks.map((lock) => lock.abandon())),
       this.parts.replies.undone(deadline),
     ]);
+    if (unanswered.length > 0) {
+      // An attempt shutdown gave up whose reply (or its undo's) has not come by the deadline: a
+      // grant that lands anyway stays until its TTL. Said, never silent.
+      this.parts.logger.warn(
+        `Shutdown's deadline (2 × commandTimeout) passed before Redis answered an abandoned attempt on ${unanswered.map((key) => this.parts.defaults.keyView(key)).join(', ')}: if Redis granted it, the lock stays until its TTL.`,
+      );
+    }
     results.forEach((result, i) => {
       if (result.status === 'rejected') {
         this.parts.logger.warn(

@@ -100,9 +100,12 @@ export class Replies {
     this.deadlines.interrupt(reason);
   }
 
-  /** Shutdown: settles when the undos in flight have, or at `deadline` (`performance.now()`). */
-  undone(deadline: number): Promise<void> {
-    return this.undos.drain(deadline);
+  /**
+   * Shutdown: settles when the undos in flight have, or at `deadline` (`performance.now()`), with
+   * the keys of those still waiting for their attempt's reply or their own.
+   */
+  async undone(deadline: number): Promise<string[]> {
+    return [...new Set(await this.undos.drain(deadline))];
   }
 
   /** What `reply()` rejects with when `error` ended the wait (see `reply`). */

@@ -366,6 +366,8 @@ export type LockOperation =
   | 'isLocked'
   /** A read of an election: `LockService.leader()`, `participants()`. */
   | 'inspect'
+  /** `LockService.forceRelease()`. */
+  | 'forceRelease'
   /** A campaign's record of its term and its stay (internal: its failures are logged). */
   | 'campaign'
   /** The check of held locks after a reconnection (internal: its failures are never thrown). */

@@ -209,6 +209,11 @@ export interface LockBackend {
   /** What holds `key` now (see `inspect.scripts.ts`). Changes nothing. */
   inspect(key: string): Promise<Inspection>;
   /**
+   * Frees `key` whatever holds it, for an operator (see `FORCE_RELEASE_SCRIPT`): what it freed
+   * (no holders: it was free).
+   */
+  forceRelease(key: string): Promise<Freed>;
+  /**
    * Calls `listener` each time the connection comes back after it was lost (not on the first
    * connection). Returns a function that removes the listener.
    */
@@ -255,6 +260,16 @@ export interface Inspection {
   fence: number | null;
   waiting: number;
   token: string;
+}
+
+/**
+ * What `LockBackend.forceRelease()` freed: the shape that held the key and how many held it, and
+ * the force's own fence (above every freed holder's, below every later holder's).
+ */
+export interface Freed {
+  mode: Inspection['mode'];
+  holders: number;
+  fence: number;
 }
 
 /** What `LockBackend.health()` found. */

@@ -23,6 +23,19 @@ export type LockEvent =
       heldMs: number;
       reason: Exclude<LockLostReason, 'shutdown' | 'released'>;
     }
+  /**
+   * An operator freed `key` with `LockService.forceRelease()` (in this process), naming `reason`:
+   * `holders` holders of shape `mode` were freed (0 and `null`: it was free); `fence` the force's
+   * own (see `ForcedRelease.fence`).
+   */
+  | {
+      type: 'forced';
+      key: string;
+      reason: string;
+      mode: 'exclusive' | 'semaphore' | 'read' | null;
+      holders: number;
+      fence: number;
+    }
   /** `acquire()`, `using()` or `@WithLock` gave up after `acquireTimeout`; `tryAcquire()` found it held. */
   | { type: 'timeout'; key: string; waitedMs: number }
   /**

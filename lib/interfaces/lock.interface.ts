@@ -151,3 +151,17 @@ export interface LockInspection {
    */
   waiting: number;
 }
+
+/** What `LockService.forceRelease()` freed. */
+export interface ForcedRelease {
+  /** The shape that held the key (see `LockInspection.mode`); `null` when it was free. */
+  mode: 'exclusive' | 'semaphore' | 'read' | null;
+  /** How many held it and were freed: 1 for an exclusive lock, the places, the readers; 0: free. */
+  holders: number;
+  /**
+   * The force's own fence: above the fence of every holder it freed (and of every lock such a
+   * holder passes on in its process before it learns), below every later holder's. Tell your
+   * fenced store to refuse writes at or below it, and no freed holder's write lands.
+   */
+  fence: number;
+}

@@ -168,6 +168,19 @@ export function electedOptionsProblem(options: unknown): [string, unknown, strin
   return undefined;
 }
 
+/** What is wrong with the options of `LockService.forceRelease()`, or `undefined`. */
+export function forceReleaseOptionsProblem(
+  options: unknown,
+): [string, unknown, string] | undefined {
+  const unknown = unknownOption(options, ['reason'], 'forceRelease()');
+  if (unknown) return unknown;
+  const { reason } = options as { reason?: unknown };
+  if (typeof reason !== 'string' || reason.trim().length === 0) {
+    return ['reason', reason, 'must be a non-empty string: say why the lock is freed, for the log'];
+  }
+  return undefined;
+}
+
 /** `options` not an object, or its first option not among `known` (of `what`), as a problem. */
 function unknownOption(
   options: unknown,

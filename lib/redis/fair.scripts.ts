@@ -18,7 +18,7 @@ import {
  * without leaving, or died) is dropped once that time passes, so it never blocks the queue for
  * longer. This snippet drops them and leaves `now` (ms) and `clock`.
  */
-const DROP_GONE_WAITERS = `
+export const DROP_GONE_WAITERS = `
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local gone = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)

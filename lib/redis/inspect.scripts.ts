@@ -1,4 +1,6 @@
 import { NOW } from './election.scripts.js';
+import { DROP_GONE_WAITERS } from './fair.scripts.js';
+import { FENCE_OF } from './lock.scripts.js';
 
 /**
  * What holds a lock, for an operator (`LockService.inspect()`). KEYS: lock, own fence record,
@@ -44,3 +46,54 @@ end
 if holders == 0 then kind = 'none' end
 return { kind, holders, ttlLeft, string.format('%.0f', fence), waiting, token }
 `;
+
+/**
+ * An operator frees a lock whatever holds it (`LockService.forceRelease()`; never run by the
+ * library itself). KEYS: lock, own fence record, a fair lock's queue and its waiters' stay, the
+ * fences of a semaphore's or read lock's own tokens, the fence counter; ARGV[1] the release
+ * channel, ARGV[2] the fair turn channels' prefix (see `RELEASE_FAIR_SCRIPT`), ARGV[3] the fence
+ * counter's TTL; in Redlock mode ARGV[4] and ARGV[5]: a token and TTL the force holds the key with
+ * itself meanwhile (see `RedlockBackend.forceRelease`), announcing nothing (its release does).
+ * Deletes the lock key (a plain, fair or write lock; a semaphore's places; every
+ * read lock, keeping a waiting writer's mark, so that the writer comes first) and the fence
+ * records of own tokens, then announces a release as a holder's does: to every process's waiters,
+ * and to the head of a fair queue. And takes a fence of its own from the counter (see `FENCE_OF`):
+ * above every fence a holder it freed has (or an in-process heir of one takes), below every later
+ * holder's, so that a fenced store told it refuses every freed holder. Returns `{ kind, holders,
+ * fence }` (see `INSPECT_SCRIPT`): what it freed.
+ */
+const forceRelease = (publish: 'PUBLISH' | 'SPUBLISH'): string => `${FENCE_OF('KEYS[6]', 'ARGV[3]')}
+${NOW}
+local kind = redis.call('TYPE', KEYS[1]).ok
+local holders = 0
+if kind == 'string' then
+  holders = 1
+  redis.call('DEL', KEYS[1])
+elseif kind == 'zset' then
+  holders = redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
+  redis.call('DEL', KEYS[1])
+elseif kind == 'hash' then
+  local fields = redis.call('HGETALL', KEYS[1])
+  for i = 1, #fields, 2 do
+    if fields[i] ~= '' then
+      if tonumber(fields[i + 1]) > now then holders = holders + 1 end
+      redis.call('HDEL', KEYS[1], fields[i])
+    end
+  end
+end
+redis.call('DEL', KEYS[2], KEYS[5])
+local freed = string.format('%.0f', fence)
+if ARGV[4] then
+  redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[5])
+  return { kind, holders, freed }
+end
+if holders == 0 then return { kind, 0, freed } end
+${DROP_GONE_WAITERS}
+local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+if head then redis.pcall('${publish}', ARGV[2] .. head, '') end
+redis.pcall('${publish}', ARGV[1], '')
+return { kind, holders, freed }
+`;
+export const FORCE_RELEASE_SCRIPT = forceRelease('PUBLISH');
+/** On a Cluster of Redis >= 7 (see `RELEASE_SHARDED_SCRIPT`). */
+export const FORCE_RELEASE_SHARDED_SCRIPT = forceRelease('SPUBLISH');

@@ -33,7 +33,11 @@ import {
   RELEASE_SEMAPHORE_SHARDED_SCRIPT,
 } from './shape.scripts.js';
 import { ELECTION_SCRIPT, PARTICIPATE_SCRIPT, RECORD_TERM_SCRIPT } from './election.scripts.js';
-import { INSPECT_SCRIPT } from './inspect.scripts.js';
+import {
+  FORCE_RELEASE_SCRIPT,
+  FORCE_RELEASE_SHARDED_SCRIPT,
+  INSPECT_SCRIPT,
+} from './inspect.scripts.js';
 import { lockScripts, type ScriptDefinition } from './lock-scripts.runner.js';
 
 /** KEYS (3), then token, channel, message (and for the plain lock, see `NAME_NEXT`). */
@@ -166,7 +170,12 @@ export interface LockCommands {
     turnsKey: string,
     stayKey: string,
   ): Promise<(string | number)[]>;
+  /** See `FORCE_RELEASE_SCRIPT`. */
+  redisLockForceRelease(...args: ForceReleaseArgs): Promise<[string, number, string]>;
+  redisLockForceReleaseSharded(...args: ForceReleaseArgs): Promise<[string, number, string]>;
 }
+
+type ForceReleaseArgs = (string | number)[];
 
 type HandoffCommand = (
   lockKey: string,
@@ -195,6 +204,8 @@ export function defineLockCommands(client: Redis | Cluster): LockCommands {
     redisLockParticipate: { numberOfKeys: 2, lua: PARTICIPATE_SCRIPT },
     redisLockElection: { numberOfKeys: 3, lua: ELECTION_SCRIPT },
     redisLockInspect: { numberOfKeys: 4, lua: INSPECT_SCRIPT },
+    redisLockForceRelease: { numberOfKeys: 6, lua: FORCE_RELEASE_SCRIPT },
+    redisLockForceReleaseSharded: { numberOfKeys: 6, lua: FORCE_RELEASE_SHARDED_SCRIPT },
   };
   // Each family's scripts take 3 keys (see `shapeKeys`, `plainKeys`, `releaseKeys`).
   const family = (names: readonly string[], luas: readonly string[]): void =>

@@ -7,6 +7,7 @@ import type {
   Election,
   HeldLease,
   Inspection,
+  Freed,
   LockBackend,
   LockShape,
 } from '../interfaces/lock-backend.interface.js';
@@ -470,7 +471,37 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
       token,
     };
   }
+
+  /**
+   * See `LockBackend.forceRelease`. In Redlock mode (`hold`), the force holds the key itself with
+   * `hold.token` for `hold.ttl` instead of announcing (see `RedlockBackend.forceRelease`).
+   */
+  async forceRelease(key: string, hold?: { token: string; ttl: number }): Promise<Freed> {
+    const lockKey = this.layout.lockKey(key);
+    const sharded = this.shardedPubSub !== undefined && (await this.shardedPubSub());
+    const command = sharded ? 'redisLockForceReleaseSharded' : 'redisLockForceRelease';
+    const [kind, holders, fence] = await this.commands[command](
+      lockKey,
+      this.layout.ownFenceKey(lockKey),
+      ...this.layout.queueKeys(lockKey),
+      this.layout.shapeKeys(lockKey)[2],
+      this.layout.counterKey(lockKey),
+      this.layout.releaseChannel(lockKey),
+      this.layout.turnChannels(lockKey),
+      this.counterTtl(FORCE_COUNTER_TTL),
+      ...(hold ? [hold.token, hold.ttl] : []),
+    );
+    const freed = Number(holders);
+    return {
+      mode: freed > 0 ? (MODES[String(kind)] ?? null) : null,
+      holders: freed,
+      fence: Number(fence),
+    };
+  }
 }
+
+/** What a force's fence keeps its counter for beyond the fence retention (see `counterTtl`). */
+const FORCE_COUNTER_TTL = 1_000;
 
 /** The lock key's type in Redis → the shape that holds it. */
 const MODES: Record<string, Inspection['mode']> = {

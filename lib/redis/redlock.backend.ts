@@ -8,6 +8,7 @@ import type {
   Election,
   HeldLease,
   Inspection,
+  Freed,
   LockBackend,
   LockShape,
   ReleaseSubscription,
@@ -457,6 +458,41 @@ export class RedlockBackend implements LockBackend {
       waiting,
       token: holding[0].token,
     };
+  }
+
+  /**
+   * Frees the key on every node that answers, as a holder of its own: each node's script puts the
+   * force's token in the freed holder's place (for two rounds' time), a majority must answer (else
+   * `LockQuorumError`: the holder may keep it), and where the nodes' fences differ a second round
+   * raises a majority's counters to the highest (as a holder's does); then the force releases the
+   * key, which announces it. So no holder takes the key between the rounds with a fence below the
+   * force's. Freed: the lock a majority of nodes held.
+   */
+  async forceRelease(key: string): Promise<Freed> {
+    const token = freshToken();
+    const ttl = this.replyTimeout;
+    const round = this.votes.ask(
+      (node) => node.forceRelease(key, { token, ttl }),
+      () => true,
+    );
+    try {
+      const tally = await this.votes.everyAnswer(round, () => true);
+      if (tally.yes.length < this.quorum) throw this.votes.failure(tally);
+      const freed = tally.yes.map(({ value }) => value);
+      const fence = Math.max(...freed.map((each) => each.fence));
+      if (freed.filter((each) => each.fence === fence).length < this.quorum) {
+        const raise = await this.votes.ask(
+          (node) => node.raiseFence(key, token, fence, ttl, false),
+          (raised) => raised,
+        ).decided;
+        if (raise.yes.length < this.quorum) throw this.votes.failure(raise);
+      }
+      const held = freed.filter((each) => each.holders > 0).length >= this.quorum;
+      return held ? { mode: 'exclusive', holders: 1, fence } : { mode: null, holders: 0, fence };
+    } finally {
+      // Its own hold expires after its TTL if this release gets no answer.
+      await this.release(key, token).catch(() => undefined);
+    }
   }
 
   /**

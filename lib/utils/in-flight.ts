@@ -25,13 +25,14 @@ export class InFlight<Tag = undefined> {
 
   /**
    * Settles once nothing is in flight, writes that start meanwhile included, or at `deadline`
-   * (`performance.now()`), whichever comes first.
+   * (`performance.now()`), whichever comes first: with the tags of the writes still in flight.
    */
-  async drain(deadline: number): Promise<void> {
+  async drain(deadline: number): Promise<Tag[]> {
     while (this.pending.size > 0) {
       const left = deadline - performance.now();
-      if (left <= 0) return;
+      if (left <= 0) break;
       await within(Promise.all(this.pending.keys()), left, []).catch(ignoreDeadline);
     }
+    return [...this.pending.values()];
   }
 }

@@ -335,6 +335,33 @@ describe('on Redis Cluster', () => {
     assert.equal((await app.locks.inspect(semaphore)).held, false);
   });
 
+  it('forceRelease() frees a lock and a semaphore in their slots and wakes the waiter at once (sharded announcement)', async () => {
+    const key = uniqueKey();
+    const lock = await app.locks.acquire(key, { ttl: 30_000 });
+    const waiters = await startNonPollingApp({ client: clients[1] });
+    try {
+      const waiter = waiters.locks.acquire(key, { acquireTimeout: 20_000 });
+      waiter.catch(() => {}); // awaited below
+      assert.ok(await eventually(async () => (await app.locks.inspect(key)).waiting === 1));
+      const watch = watchStalls();
+      const forcedAt = performance.now();
+      const freed = await other.locks.forceRelease(key, { reason: 'test' });
+      const next = await waiter;
+      assertWithin(performance.now() - forcedAt, 100, watch, 'the waiter woken by the force');
+      watch.stop();
+      assert.ok(lock.fence < freed.fence && freed.fence < next.fence);
+      await next.release();
+    } finally {
+      await waiters.close();
+    }
+    const semaphore = uniqueKey();
+    await app.locks.acquire(semaphore, { limit: 2, ttl: 30_000 });
+    await other.locks.acquire(semaphore, { limit: 2, ttl: 30_000 });
+    const freed = await app.locks.forceRelease(semaphore, { reason: 'test' });
+    assert.deepEqual([freed.mode, freed.holders], ['semaphore', 2]);
+    assert.equal((await app.locks.inspect(semaphore)).held, false);
+  });
+
   it('auto-extends and releases through the cluster', async () => {
     const key = uniqueKey();
     await app.locks.using(

@@ -354,6 +354,7 @@ describe('never two live holders', () => {
       connection: `redis://127.0.0.1:${proxy.port}`,
       commandTimeout: 2_000,
     });
+    const { capture, restore } = LogCapture.install();
     try {
       await (await slow.locks.acquire(uniqueKey())).release(); // a warm connection
       const key = uniqueKey();
@@ -366,7 +367,48 @@ describe('never two live holders', () => {
       await assert.rejects(pending, { name: 'RedisLockShutdownError' });
       // Redis granted the attempt; the undo ran before the QUIT.
       assert.equal(await env.redis.exists(`lock:{${key}}`), 0, 'the late grant stayed in Redis');
+      assert.deepEqual(
+        capture.lines.filter(({ message }) => message.includes('abandoned attempt')),
+        [],
+        'an undo that fits is not warned about',
+      );
     } finally {
+      restore();
+      proxy.setLatency(0);
+      await slow.close();
+      await proxy.close();
+    }
+  });
+
+  it('shutdown whose deadline passes before an attempt in flight is answered says so: its late grant stays until its TTL', async () => {
+    const proxy = await FaultProxy.start(() => env.server.port);
+    const slow = await startLockModule({
+      connection: `redis://127.0.0.1:${proxy.port}`,
+      commandTimeout: 200,
+    });
+    const { capture, restore } = LogCapture.install();
+    try {
+      await (await slow.locks.acquire(uniqueKey())).release(); // a warm connection
+      const key = uniqueKey();
+      // A 500 ms round trip, over shutdown's deadline of 2 × 200 ms.
+      proxy.setLatency(250);
+      const pending = slow.locks.acquire(key, { ttl: 20_000 });
+      pending.catch(() => {}); // awaited below
+      await sleep(20);
+      await slow.close();
+      await assert.rejects(pending, { name: 'RedisLockShutdownError' });
+      const said = capture.lines.filter(({ message }) => message.includes('abandoned attempt'));
+      assert.equal(said.length, 1, JSON.stringify(capture.lines));
+      assert.match(
+        said[0].message,
+        new RegExp(`passed before Redis answered an abandoned attempt on "${key}"`),
+      );
+      assert.ok(
+        await eventually(async () => (await env.redis.exists(`lock:{${key}}`)) === 1, 1_000),
+        'the attempt reached Redis and was granted (what the warning is about)',
+      );
+    } finally {
+      restore();
       proxy.setLatency(0);
       await slow.close();
       await proxy.close();

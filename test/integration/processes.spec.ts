@@ -5,7 +5,13 @@ import { after, before, describe, it } from 'node:test';
 import { fileURLToPath } from 'node:url';
 import { Redis } from 'ioredis';
 import type { LockService } from '../../lib/index.js';
-import { startLockModule, uniqueKey, type LockModuleFixture } from '../support/lock-module.js';
+import {
+  eventually,
+  startLockModule,
+  startNonPollingApp,
+  uniqueKey,
+  type LockModuleFixture,
+} from '../support/lock-module.js';
 import {
   countReadersWriters,
   countSemaphore,
@@ -121,5 +127,39 @@ describe('locks across processes', () => {
     watch.stop();
     assert.ok(lock.fence > holderFence);
     await lock.release();
+  });
+
+  it('forceRelease() frees another process’s lock: our waiter gets it at once, the holder learns within a third of its TTL', async () => {
+    const key = uniqueKey();
+    const ttl = 3_000;
+    const holder = run('hold', String(server.port), key, String(ttl));
+    const [line] = (await once(holder.stdout!, 'data')) as [Buffer];
+    const holderFence = Number(/HELD (\d+)/.exec(line.toString())![1]);
+    const told = new Promise<string>((resolve) => {
+      holder.stdout!.on('data', (chunk: Buffer) => {
+        const lost = /LOST (\S+)/.exec(chunk.toString());
+        if (lost) resolve(lost[1]);
+      });
+    });
+    // A waiter that would not poll within this test: only the force's announcement wakes it.
+    const operator = await startNonPollingApp({ connection: server.url });
+    const waiting = operator.locks.acquire(key, { acquireTimeout: 20_000 });
+    waiting.catch(() => {}); // awaited below
+    assert.ok(await eventually(async () => (await locks.inspect(key)).waiting === 1), 'queued');
+    const watch = watchStalls();
+    const forcedAt = performance.now();
+    const freed = await operator.locks.forceRelease(key, { reason: 'test: holder hung' });
+    assert.deepEqual([freed.mode, freed.holders], ['exclusive', 1]);
+    assert.ok(freed.fence > holderFence, `the force's fence ${freed.fence} above ${holderFence}`);
+    const lock = await waiting;
+    assertWithin(performance.now() - forcedAt, 100, watch, 'the waiter woken by the force');
+    assert.ok(lock.fence > freed.fence, `fence ${lock.fence} above the force's ${freed.fence}`);
+    assert.equal(await told, 'not-held');
+    // Its watchdog extends a third of the TTL after the last extension: at most then it learns.
+    assertWithin(performance.now() - forcedAt, ttl / 3, watch, 'the freed holder told');
+    watch.stop();
+    await once(holder, 'exit');
+    await lock.release();
+    await operator.close();
   });
 });

@@ -547,6 +547,42 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     await direct[2].del(`lock:{${key}}`);
   });
 
+  it('forceRelease() frees a lock on a majority with two of five nodes paused: its fence above the holder’s, below the next; with three paused, LockQuorumError (and it runs when they wake)', async () => {
+    const key = uniqueKey();
+    const lock = await locks.acquire(key, { ttl: 3_000, autoExtend: true });
+    assert.ok(await eventually(async () => (await holders(key, lock.token)) === NODES));
+    const freed = await pausing([1, 3], () =>
+      other.locks.forceRelease(key, { reason: 'test: a hung holder' }),
+    );
+    assert.deepEqual([freed.mode, freed.holders], ['exclusive', 1]);
+    assert.ok(freed.fence > lock.fence, `the force's fence ${freed.fence} above ${lock.fence}`);
+    // The paused nodes run it as they wake: no copy of the freed holder is left anywhere.
+    assert.ok(await eventually(async () => (await holders(key, lock.token)) === 0));
+    const next = await other.locks.acquire(key, { acquireTimeout: 5_000 });
+    assert.ok(
+      next.fence > freed.fence,
+      `the next holder's fence ${next.fence} above ${freed.fence}`,
+    );
+    assert.ok(await eventually(() => lock.signal.aborted, 3_000), 'the freed holder told');
+    await next.release();
+    // (Released on a majority; the last nodes' releases land a moment later.)
+    assert.ok(await eventually(async () => (await holders(key, next.token)) === 0));
+
+    const kept = await locks.acquire(key, { ttl: 30_000 });
+    assert.ok(await eventually(async () => (await holders(key, kept.token)) === NODES));
+    const error = await pausing([0, 2, 4], () =>
+      other.locks.forceRelease(key, { reason: 'test' }).catch((e: unknown) => e),
+    );
+    assert.ok(error instanceof LockBackendError, String(error));
+    assert.equal(error.operation, 'forceRelease');
+    assert.ok(error.cause instanceof LockQuorumError, String(error.cause));
+    assert.equal(error.cause.timedOut, true);
+    // Unanswered is not undone: the paused nodes run the force when they wake (a call that timed
+    // out may still run, as the guide says), and the holder is freed after all.
+    assert.ok(await eventually(async () => (await holders(key, kept.token)) === 0));
+    assert.equal(await kept.release(), false);
+  });
+
   it('a paused node (SIGSTOP) costs an acquisition and a release no time', async () => {
     const key = uniqueKey();
     await pausing([2], async () => {

@@ -21,7 +21,9 @@ import type { App, Deployment } from './model-deployment.js';
  * - once things settle, no key in Redis without a live holder (a `holdAtLeast` window aside);
  * - every call settles within its documented bound, a wait that times out waited its
  *   `acquireTimeout`, and only documented errors come out;
- * - no Node warning and no unhandled rejection.
+ * - no Node warning and no unhandled rejection;
+ * - an operator's `forceRelease()`: the holders it freed are no longer live (another may take the
+ *   key at once), and each is told (its signal aborts) within its TTL and `commandTimeout`.
  */
 
 /** What a holder holds: the plain lock (a writer), a place of SEMAPHORE_LIMIT, or a read lock. */
@@ -55,6 +57,20 @@ export interface Held {
   overrunChecked?: boolean;
   /** A release that got no answer (or found Redis gone): Redis may keep it until its TTL. */
   unconfirmed: boolean;
+  /** The TTL it was granted with (ms). */
+  readonly ttl: number;
+}
+
+/**
+ * An operator's `forceRelease()` of `key`: sent at `from`, settled at `until`; `fence` the force's
+ * own, once Redis answered (it freed every holder whose fence is at or below it). Without an
+ * answer it may have run or not, or may run still.
+ */
+export interface Force {
+  readonly key: string;
+  readonly from: number;
+  until?: number;
+  fence?: number;
 }
 
 /** Engine internals the invariants read (not part of the API). */
@@ -73,6 +89,10 @@ export const internals = (lock: Lock): Internals => lock as unknown as Internals
 
 export class Model {
   readonly held: Held[] = [];
+  /** Every `forceRelease()` of the sequence. */
+  readonly forces: Force[] = [];
+  /** How many holders those freed (as Redis answered). */
+  freed = 0;
   /** Calls left running (waiters, forks, jobs): each settles within its own bound. */
   readonly pending: Promise<unknown>[] = [];
   /** Per key, the highest fence an exclusive holder was granted. */
@@ -120,8 +140,18 @@ export class Model {
     readonly stalls: Stalls,
     /** Unhandled rejections and Node warnings seen in this process (shared by all sequences). */
     private readonly problems: string[],
+    /** What the apps logged in this sequence. */
+    private readonly logs: readonly { level: string; message: string }[] = [],
   ) {
     this.keys = [0, 1, 2, 3].map((i) => `${prefix}:k${i}`);
+  }
+
+  /** Whether an app warned, about a key of this sequence, with a line that contains `text`. */
+  said(text: string): boolean {
+    return this.logs.some(
+      ({ level, message }) =>
+        level === 'warn' && message.includes(text) && message.includes(this.prefix),
+    );
   }
 
   node(parent: CallNode | undefined): CallNode {
@@ -155,7 +185,12 @@ export class Model {
       : this.held.filter((other) => !other.view && other.lock.token === lock.token);
     for (const key of lock.keys) {
       for (const other of earlier.filter((each) => each.keys.includes(key))) {
-        if (this.live(other, key, now) && other.lock.fences[key] !== lock.fences[key]) {
+        // (One a force freed is no longer the token's lock: the token takes the key afresh.)
+        if (
+          this.live(other, key, now) &&
+          !this.maybeFreed(other, key) &&
+          other.lock.fences[key] !== lock.fences[key]
+        ) {
           this.violations.push(
             `${name}: re-acquired with its own token, fence ${lock.fences[key]} of ${key} where its live hold #${other.id} has ${other.lock.fences[key]}`,
           );
@@ -180,7 +215,11 @@ export class Model {
         // read locks overlap, and one app's grant may be seen after a later one of the other's:
         // their fences are only unique.
         const again = earlier.some((other) => other.lock.fences[key] === fence);
-        if (shape === 'plain' && fence <= last && !again) {
+        // (A lock a freed holder passed on in its process has a fence from the freed one's block.)
+        const freed = this.forces.some(
+          (force) => force.key === key && (force.fence === undefined || fence <= force.fence),
+        );
+        if (shape === 'plain' && fence <= last && !again && !freed) {
           this.violations.push(`${name}: fence ${fence} of ${key} not above ${last}`);
         }
         if (
@@ -209,6 +248,7 @@ export class Model {
       what,
       releases: 0,
       unconfirmed: false,
+      ttl,
     };
     this.held.push(held);
     this.checkHolders(`at the grant of ${name}`);
@@ -268,8 +308,9 @@ export class Model {
   checkHolders(when: string): void {
     const now = performance.now();
     for (const key of this.keys) {
-      const holders = this.held.filter(
-        (held) => held.keys.includes(key) && this.live(held, key, now),
+      const holders = this.notFreed(
+        key,
+        this.held.filter((held) => held.keys.includes(key) && this.live(held, key, now)),
       );
       const tokens = new Map<string, Held[]>();
       for (const held of holders) {
@@ -428,7 +469,7 @@ export class Model {
     this.keys.slice(0, 2).forEach((key, i) => {
       for (const held of this.held) {
         if (held.view || held.grantedAt >= readAt || !held.keys.includes(key)) continue;
-        if (!this.live(held, key, now)) continue;
+        if (!this.live(held, key, now) || this.maybeFreed(held, key)) continue;
         const handle = internals(held.lock).handleOf?.(key) ?? internals(held.lock);
         if (handle.swap === undefined && !owners[i].includes(held.lock.token)) {
           this.violations.push(
@@ -437,7 +478,77 @@ export class Model {
         }
       }
     });
+    this.checkFreedTold(now);
     this.assertClean();
+  }
+
+  /**
+   * Whether a `forceRelease()` of `key` freed `held` (or may have, one that got no answer) without
+   * its knowing yet: its fence is at or below the force's (a lock its holder passed on in its
+   * process, from the block of its fences, included).
+   */
+  private freedBy(held: Held, key: string, force: Force): boolean {
+    return force.key === key && (force.fence === undefined || held.lock.fences[key] <= force.fence);
+  }
+
+  /**
+   * `holders` (live, of `key`) without those a force freed: every one an answered force freed, and
+   * of those an unanswered one may have freed, those a holder with a higher fence followed (it
+   * took the key after the force).
+   */
+  private notFreed(key: string, holders: Held[]): Held[] {
+    const fence = (held: Held): number => held.lock.fences[key];
+    return holders.filter(
+      (held) =>
+        !this.forces.some(
+          (force) =>
+            this.freedBy(held, key, force) &&
+            (force.fence !== undefined ||
+              holders.some(
+                (other) => other.lock.token !== held.lock.token && fence(other) > fence(held),
+              )),
+        ),
+    );
+  }
+
+  /** Whether a force may have freed `held` (see `freedBy`). */
+  maybeFreed(held: Held, key: string): boolean {
+    return this.forces.some((force) => this.freedBy(held, key, force));
+  }
+
+  /**
+   * Every hold a `forceRelease()` freed (its fence at or below the force's, not released before
+   * the force was answered) is told within its TTL and `commandTimeout` after that answer: its
+   * watchdog's next extension finds it gone (within a third of its TTL, unless Redis fails
+   * meanwhile), its lease ends, or (passed on in its process) its token write is refused.
+   */
+  private checkFreedTold(now: number): void {
+    for (const force of this.forces) {
+      if (force.fence === undefined) continue;
+      const answered = force.until!;
+      for (const held of this.held) {
+        if (held.view || !held.keys.includes(force.key) || !this.freedBy(held, force.key, force)) {
+          continue;
+        }
+        if (held.lock.signal.aborted || held.releasedAt !== undefined || held.app.closing) continue;
+        // Its own token took the key again since: the same holder, whose lock Redis holds again.
+        const again = this.held.some(
+          (other) =>
+            !other.view &&
+            other.lock.token === held.lock.token &&
+            other.keys.includes(force.key) &&
+            other.lock.fences[force.key] > force.fence!,
+        );
+        if (again) continue;
+        const bound = held.ttl + this.commandTimeout;
+        if (now - answered > bound + this.stalls.slack()) {
+          this.violations.push(
+            `#${held.id} ${held.what} freed by a forceRelease of ${force.key} ${(now - answered).toFixed(0)} ms ago, never told (bound ${bound} ms)`,
+          );
+          held.releasedAt = now; // said once
+        }
+      }
+    }
   }
 
   assertClean(): void {

@@ -22,6 +22,7 @@ import type { App, Deployment } from './model-deployment.js';
 import {
   SEMAPHORE_LIMIT,
   type CallNode,
+  type Force,
   type Held,
   type Model,
   type Shape,
@@ -1149,6 +1150,70 @@ class WhoLeadsStep extends Step {
   }
 }
 
+/**
+ * An operator frees k0–k3 (whatever shape holds it) with `forceRelease()` from an app: the
+ * holders it freed are no longer live, and each must be told (see `Model.checkFreedTold`).
+ */
+class ForceStep extends Step {
+  readonly kind = 'force';
+  constructor(
+    readonly slot: number,
+    readonly key: number,
+  ) {
+    super();
+  }
+  get args() {
+    return [this.slot, this.key];
+  }
+  async run(model: Model, real: Real): Promise<void> {
+    const app = real.apps[this.slot];
+    if (app.closing) return;
+    const key = model.keys[this.key];
+    const what = this.toString();
+    const force: Force = { key, from: performance.now() };
+    model.forces.push(force);
+    // One script, then a check of the app's own holders of the key (one more round trip); in
+    // Redlock mode each is bounded by two rounds.
+    const rounds = model.deployment.shapes ? 2 : 4;
+    await model.bounded(what, rounds * model.commandTimeout, () =>
+      app.locks.forceRelease(key, { reason: what }).then(
+        ({ holders, fence }) => {
+          force.fence = fence;
+          model.freed += holders;
+        },
+        (error: unknown) => {
+          // Redis failing (a fault step; in Redlock mode, a majority not answering) or the app
+          // closing meanwhile: it may have freed the key or not.
+          if (!(error instanceof LockBackendError || error instanceof RedisLockShutdownError)) {
+            model.violations.push(`${what} failed: ${String(error)}`);
+          }
+        },
+      ),
+    );
+    force.until = performance.now();
+    if (force.fence !== undefined) {
+      // Nothing it freed holds the key any more (a majority of nodes in Redlock mode), unless its
+      // own token took the key again since.
+      const owners = await real.deployment.owner(key);
+      for (const held of model.held) {
+        if (held.view || !held.keys.includes(key) || held.lock.fences[key] > force.fence) continue;
+        const again = model.held.some(
+          (other) => other.lock.token === held.lock.token && other.lock.fences[key] > force.fence!,
+        );
+        if (owners.includes(held.lock.token) && !again) {
+          const perNode = real.deployment.perNode
+            ? JSON.stringify(await real.deployment.perNode(key))
+            : '';
+          model.violations.push(
+            `${what}: #${held.id} ${held.what} still holds ${key} in Redis (fence ${held.lock.fences[key]}, force ${force.fence}, token ${held.lock.token}, granted ${(held.grantedAt - force.from).toFixed(0)} ms after the force began, nodes ${perNode})`,
+          );
+        }
+      }
+    }
+    await model.check();
+  }
+}
+
 /** `stop()` from outside: the term's work (which ends at its signal) and one release, bounded. */
 function stopLeader(model: Model, leader: Leader, what: string): Promise<unknown> {
   leader.stopped = true;
@@ -1223,6 +1288,10 @@ class CloseAppStep extends Step {
     }
     // One deadline (2 x commandTimeout) after the leaders' work, which here ends at its signal.
     await model.bounded(what, 2 * model.commandTimeout + 50, () => app.close(), 150);
+    // An attempt whose reply did not come by shutdown's deadline (a link slower than
+    // commandTimeout: on a Cluster, the first command to a master pays its connection's set-up
+    // too): a grant it gets stays until its TTL, and shutdown says so.
+    if (model.said('passed before Redis answered an abandoned attempt')) model.leftBehind = true;
     if (stall) real.deployment.heal();
     for (const leader of real.leaders) if (leader.app === app) leader.stopped = true;
     for (const flow of [...real.flows].reverse()) {
@@ -1363,6 +1432,12 @@ const STEPS: [fc.Arbitrary<Step>, number][] = [
   [fc.tuple(fc.nat(), fc.nat()).map((args) => new WhoLeadsStep(...args)), 1],
   [
     fc
+      .tuple(fc.integer({ min: 0, max: 1 }), fc.integer({ min: 0, max: 3 }))
+      .map((args) => new ForceStep(...args)),
+    Number(process.env.MODEL_FORCE_WEIGHT ?? 1),
+  ],
+  [
+    fc
       .tuple(
         fc.integer({ min: 0, max: 1 }),
         fc.integer({ min: -1, max: 20 }),
@@ -1419,6 +1494,7 @@ export function replay(json: readonly unknown[]): Step {
     stop: StopLeaderStep,
     elected: ElectedStep,
     leader: WhoLeadsStep,
+    force: ForceStep,
     closeApp: CloseAppStep,
     crowd: CrowdStep,
     own: AcquireOwnStep,

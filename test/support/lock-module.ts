@@ -33,10 +33,14 @@ export async function startLockModule(
   options: RedisLockModuleOptions,
   providers: Provider[] = [],
 ): Promise<LockModuleFixture> {
+  // (Without a logger of its own, compile() puts Nest's TestingLogger in place of the one a test
+  // installed: see `LogCapture.install`.)
   const module = await Test.createTestingModule({
     imports: [RedisLockModule.forRoot(options)],
     providers,
-  }).compile();
+  })
+    .setLogger(activeLogger)
+    .compile();
   await module.init();
   return { module, locks: module.get(LockService), close: () => module.close() };
 }
@@ -180,11 +184,21 @@ export class LogCapture implements LoggerService {
     this.lines.push({ level, message: String(message) });
   }
 
-  /** Routes Nest's static Logger here until the returned function is called. */
+  /**
+   * Routes Nest's static Logger here until the returned function is called, also across the lock
+   * modules `startLockModule` starts meanwhile.
+   */
   static install(): { capture: LogCapture; restore: () => void } {
     const capture = new LogCapture();
+    activeLogger = capture;
     Logger.overrideLogger(capture);
-    return { capture, restore: () => Logger.overrideLogger(new SilentLogger()) };
+    return {
+      capture,
+      restore: () => {
+        activeLogger = silent;
+        Logger.overrideLogger(silent);
+      },
+    };
   }
 }
 
@@ -194,7 +208,10 @@ class SilentLogger implements LoggerService {
   error(): void {}
   warn(): void {}
 }
-Logger.overrideLogger(new SilentLogger());
+const silent = new SilentLogger();
+/** What the lock modules tests start log to (see `LogCapture.install`). */
+let activeLogger: LoggerService = silent;
+Logger.overrideLogger(silent);
 
 /**
  * With a caller's own token that holds the key as `options` (a semaphore's place, a read lock),
