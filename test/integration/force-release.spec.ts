@@ -206,7 +206,9 @@ describe('forceRelease(key, { reason })', () => {
     const key = uniqueKey();
     const token = `job-${key}`;
     const lock = await env.locks.acquire(key, { token, ttl: 30_000 });
+    assert.equal(await env.redis.exists(`lock:{${key}}:fence`), 1, 'the record of its fence');
     const { fence } = await env.other.locks.forceRelease(key, { reason: 'test' });
+    assert.equal(await env.redis.exists(`lock:{${key}}:fence`), 0, 'the record goes with it');
     const again = await env.other.locks.acquire(key, { token, ttl: 30_000 });
     assert.ok(
       again.fence > fence && fence > lock.fence,
