@@ -471,28 +471,40 @@ export class RedlockBackend implements LockBackend {
   async forceRelease(key: string): Promise<Freed> {
     const token = freshToken();
     const ttl = this.replyTimeout;
+    // Its own hold expires after its TTL if this release gets no answer. Followed as the undos
+    // are, so that shutdown waits for it.
+    const release = (): Promise<unknown> =>
+      this.undos.track(this.release(key, token).catch(() => undefined));
+    let freed: Freed;
+    try {
+      freed = await this.freeOnMajority(key, token, ttl);
+    } catch (error) {
+      void release(); // a failure is reported at once, not after this release's own bound
+      throw error;
+    }
+    await release();
+    return freed;
+  }
+
+  /** See `forceRelease`: its rounds up to its release. */
+  private async freeOnMajority(key: string, token: string, ttl: number): Promise<Freed> {
     const round = this.votes.ask(
       (node) => node.forceRelease(key, { token, ttl }),
       () => true,
     );
-    try {
-      const tally = await this.votes.everyAnswer(round, () => true);
-      if (tally.yes.length < this.quorum) throw this.votes.failure(tally);
-      const freed = tally.yes.map(({ value }) => value);
-      const fence = Math.max(...freed.map((each) => each.fence));
-      if (freed.filter((each) => each.fence === fence).length < this.quorum) {
-        const raise = await this.votes.ask(
-          (node) => node.raiseFence(key, token, fence, ttl, false),
-          (raised) => raised,
-        ).decided;
-        if (raise.yes.length < this.quorum) throw this.votes.failure(raise);
-      }
-      const held = freed.filter((each) => each.holders > 0).length >= this.quorum;
-      return held ? { mode: 'exclusive', holders: 1, fence } : { mode: null, holders: 0, fence };
-    } finally {
-      // Its own hold expires after its TTL if this release gets no answer.
-      await this.release(key, token).catch(() => undefined);
+    const tally = await this.votes.everyAnswer(round, () => true);
+    if (tally.yes.length < this.quorum) throw this.votes.failure(tally);
+    const freed = tally.yes.map(({ value }) => value);
+    const fence = Math.max(...freed.map((each) => each.fence));
+    if (freed.filter((each) => each.fence === fence).length < this.quorum) {
+      const raise = await this.votes.ask(
+        (node) => node.raiseFence(key, token, fence, ttl, false),
+        (raised) => raised,
+      ).decided;
+      if (raise.yes.length < this.quorum) throw this.votes.failure(raise);
     }
+    const held = freed.filter((each) => each.holders > 0).length >= this.quorum;
+    return held ? { mode: 'exclusive', holders: 1, fence } : { mode: null, holders: 0, fence };
   }
 
   /**

@@ -570,9 +570,20 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
 
     const kept = await locks.acquire(key, { ttl: 30_000 });
     assert.ok(await eventually(async () => (await holders(key, kept.token)) === NODES));
+    const watch = watchStalls();
+    const started = performance.now();
     const error = await pausing([0, 2, 4], () =>
       other.locks.forceRelease(key, { reason: 'test' }).catch((e: unknown) => e),
     );
+    // One round that a majority leaves unanswered: the default commandTimeout (1 s), not a second
+    // one for the force's own release.
+    assertWithin(
+      performance.now() - started,
+      1_000,
+      watch,
+      'the force a majority leaves unanswered',
+    );
+    watch.stop();
     assert.ok(error instanceof LockBackendError, String(error));
     assert.equal(error.operation, 'forceRelease');
     assert.ok(error.cause instanceof LockQuorumError, String(error.cause));
