@@ -18,7 +18,7 @@ import { type RedisSource, type ResolvedModuleOptions } from '../options/module-
 import { InFlight } from '../utils/in-flight.js';
 import { freshToken } from '../utils/token.js';
 import { createClient, versionProblem } from './connections.js';
-import { Quorum, type Tally } from './quorum.js';
+import { Quorum, type Round, type Tally } from './quorum.js';
 import { RedisLockBackend } from './redis-lock.backend.js';
 import { ReleaseNotifier } from './release.notifier.js';
 
@@ -471,13 +471,28 @@ export class RedlockBackend implements LockBackend {
   async forceRelease(key: string): Promise<Freed> {
     const token = freshToken();
     const ttl = this.replyTimeout;
-    // Its own hold expires after its TTL if this release gets no answer. Followed as the undos
-    // are, so that shutdown waits for it.
+    const round = this.votes.ask(
+      (node) => node.forceRelease(key, { token, ttl }),
+      () => true,
+    );
+    // Its own hold, released on each node once that node answered its force (or never does): a
+    // release sent before would run first on a node still on the `NOSCRIPT` detour or frozen, and
+    // the force's hold would then block that node for its TTL. Announced as one release. Followed
+    // as the undos are, so that shutdown waits for it.
+    const message = `${this.id}:${++this.releases}`;
     const release = (): Promise<unknown> =>
-      this.undos.track(this.release(key, token).catch(() => undefined));
+      this.undos.track(
+        this.votes.ask(
+          (node, i) =>
+            round.replies[i]
+              .catch(() => undefined)
+              .then(() => node.release(key, token, PLAIN, undefined, 0, message)),
+          (released) => released,
+        ).decided,
+      );
     let freed: Freed;
     try {
-      freed = await this.freeOnMajority(key, token, ttl);
+      freed = await this.freeOnMajority(key, token, ttl, round);
     } catch (error) {
       void release(); // a failure is reported at once, not after this release's own bound
       throw error;
@@ -487,11 +502,12 @@ export class RedlockBackend implements LockBackend {
   }
 
   /** See `forceRelease`: its rounds up to its release. */
-  private async freeOnMajority(key: string, token: string, ttl: number): Promise<Freed> {
-    const round = this.votes.ask(
-      (node) => node.forceRelease(key, { token, ttl }),
-      () => true,
-    );
+  private async freeOnMajority(
+    key: string,
+    token: string,
+    ttl: number,
+    round: Round<Freed>,
+  ): Promise<Freed> {
     const tally = await this.votes.everyAnswer(round, () => true);
     if (tally.yes.length < this.quorum) throw this.votes.failure(tally);
     const freed = tally.yes.map(({ value }) => value);

@@ -569,7 +569,10 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     assert.ok(await eventually(async () => (await holders(key, next.token)) === 0));
 
     const kept = await locks.acquire(key, { ttl: 30_000 });
-    assert.ok(await eventually(async () => (await holders(key, kept.token)) === NODES));
+    assert.ok(
+      await eventually(async () => (await holders(key, kept.token)) === NODES),
+      `kept on every node: ${JSON.stringify(await Promise.all(direct.map((client) => client.get(`lock:{${key}}`))))}, kept ${kept.token}, freed ${lock.token}, next ${next.token}`,
+    );
     const watch = watchStalls();
     const started = performance.now();
     const error = await pausing([0, 2, 4], () =>
