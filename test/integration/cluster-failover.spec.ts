@@ -191,6 +191,17 @@ describe('on Redis Cluster with replicas (3 masters, 1 replica each), resharded 
       return reply;
     };
     const [sourceId, targetId] = await Promise.all([idOf(source), idOf(target)]);
+    // Each must know the other: a node an earlier test restarted or promoted is learned by gossip
+    // (a clean-clone run's first SETSLOT got "ERR I don't know about node": FLAKY, set-up).
+    const knows = async (node: RedisServer, id: string): Promise<boolean> =>
+      (await cluster.cli(node, 'cluster', 'nodes')).includes(id);
+    assert.ok(
+      await eventually(
+        async () => (await knows(target, sourceId)) && (await knows(source, targetId)),
+        20_000,
+      ),
+      'the two masters never learned of each other',
+    );
     assert.equal(
       await step(target, 'cluster', 'setslot', String(slot), 'importing', sourceId),
       'OK',
