@@ -355,7 +355,9 @@ function run(command: string, args: string[]): Promise<string> {
     child.stdout.on('data', (chunk: Buffer) => (output += chunk.toString()));
     child.stderr.on('data', (chunk: Buffer) => (output += chunk.toString()));
     child.once('error', reject);
-    child.once('exit', (code) =>
+    // 'close', not 'exit': 'exit' may come before the output is read (a CI run got an empty
+    // `cluster myid`, then "ERR I don't know about node" from the SETSLOT that used it).
+    child.once('close', (code) =>
       code === 0 ? resolve(output) : reject(new Error(`${command} ${args.join(' ')}: ${output}`)),
     );
   });
