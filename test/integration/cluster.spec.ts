@@ -96,9 +96,11 @@ describe('on Redis Cluster', () => {
         const watch = watchStalls();
         const releasedAt = performance.now();
         assert.equal(await held.release(), true, 'the release failed');
-        // Woken by the release (its next poll is 60 s away), not by its last try at 5 s.
+        // Woken by the release (its next poll is 60 s away), not by its last try at 5 s: within
+        // 1 s (a loaded clean-clone run took 364 ms with 307 ms of measured slack: the message and
+        // the attempt cross three Redis processes that the machine runs late too).
         const next = await waiting;
-        assertWithin(performance.now() - releasedAt, 0, watch, 'the wake-up');
+        assertWithin(performance.now() - releasedAt, 1_000, watch, 'the wake-up');
         watch.stop();
         assert.ok(next.fence > held.fence);
         assert.equal(await next.release(), true);
