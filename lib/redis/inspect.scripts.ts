@@ -55,7 +55,8 @@ return { kind, holders, ttlLeft, string.format('%.0f', fence), waiting, token }
  * counter's TTL; in Redlock mode ARGV[4] and ARGV[5]: a token and TTL the force holds the key with
  * itself meanwhile (see `RedlockBackend.forceRelease`), announcing nothing (its release does).
  * Deletes the lock key (a plain, fair or write lock; a semaphore's places; every
- * read lock, keeping a waiting writer's mark, so that the writer comes first) and the fence
+ * read lock, keeping a waiting writer's live mark, for as long as it lives, so that the writer
+ * comes first) and the fence
  * records of own tokens, then announces a release as a holder's does: to every process's waiters,
  * and to the head of a fair queue. And takes a fence of its own from the counter (see `FENCE_OF`):
  * above every fence a holder it freed has (or an in-process heir of one takes), below every later
@@ -74,12 +75,17 @@ elseif kind == 'zset' then
   redis.call('DEL', KEYS[1])
 elseif kind == 'hash' then
   local fields = redis.call('HGETALL', KEYS[1])
+  local mark = 0
   for i = 1, #fields, 2 do
     if fields[i] ~= '' then
       if tonumber(fields[i + 1]) > now then holders = holders + 1 end
       redis.call('HDEL', KEYS[1], fields[i])
+    else
+      mark = tonumber(fields[i + 1])
     end
   end
+  -- What is left is a waiting writer's mark: it lives as long as the mark, not as the readers.
+  if mark > now then redis.call('PEXPIRE', KEYS[1], mark - now) else redis.call('DEL', KEYS[1]) end
 end
 redis.call('DEL', KEYS[2], KEYS[5])
 local freed = string.format('%.0f', fence)

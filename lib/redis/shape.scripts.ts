@@ -175,7 +175,13 @@ ${SCAN_READERS}
 if not mine then return 0 end
 local expiry = now + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], ARGV[1], expiry)
-if expiry > last then last = expiry end
+-- The hash lives as long as its longest field now: this reader's old expiry no longer counts (an
+-- extension with a shorter TTL would keep the key after every lease in it had run out).
+last = expiry
+for i = 1, #fields, 2 do
+  local other = tonumber(fields[i + 1])
+  if fields[i] ~= ARGV[1] and other > last then last = other end
+end
 redis.call('PEXPIRE', KEYS[1], last - now)${KEEP_COUNTER('KEYS[2]', 'ARGV[3]')}
 if redis.call('EXISTS', KEYS[3]) == 1 then ${KEEP_OWN_FENCES} end
 return 1

@@ -207,6 +207,19 @@ describe('forceRelease(key, { reason })', () => {
     await lock.release();
   });
 
+  it("read locks with a writer's mark but no writer left to take them: the key lives as long as the mark, not as the readers", async () => {
+    const key = uniqueKey();
+    await env.locks.acquire(key, { mode: 'read', ttl: 30_000 });
+    // A writer that marks the readers and leaves without taking back its mark (a process gone).
+    await env.redis.hset(`lock:{${key}}`, '', String(Date.now() + 2_000));
+    await env.locks.forceRelease(key, { reason: 'test' });
+    const ttl = await env.redis.pttl(`lock:{${key}}`);
+    assert.ok(
+      ttl > 0 && ttl <= 2_100,
+      `the key lives ${ttl} ms, as the mark (not the readers' 30 s)`,
+    );
+  });
+
   it('an own token’s recorded fence goes with it: the token takes the key afresh, above', async () => {
     const key = uniqueKey();
     const token = `job-${key}`;

@@ -52,6 +52,16 @@ describe("read/write locks (mode: 'read')", () => {
     assert.equal(await env.redis.exists(`lock:{${key}}`), 0, 'nothing left');
   });
 
+  it('an extension with a shorter TTL: the key lives no longer than its readers', async () => {
+    const key = uniqueKey('doc');
+    const reader = await env.locks.acquire(key, { ...read, ttl: 30_000 });
+    await reader.extend(200);
+    const ttl = await env.redis.pttl(`lock:{${key}}`);
+    assert.ok(ttl > 0 && ttl <= 200, `the key lives ${ttl} ms after a 200 ms extension`);
+    await sleep(300);
+    assert.equal(await env.locks.isLocked(key), false, 'no key left once its reader ran out');
+  });
+
   it('never lets a writer overlap anyone, while readers do overlap each other (control: without the lock both rules break)', async () => {
     const key = uniqueKey('doc');
     let readers = 0;
