@@ -5,6 +5,7 @@
  *   engine       lib/engine/: the acquire loop, leases, re-entry, several keys, events
  *   Redis        lib/redis/: connections, key layout, scripts, handoff, fair queue, pub/sub
  *   shared       lib/errors/, lib/interfaces/, lib/utils/, lib/options/
+ *   testing      lib/testing/: the module without Redis (its own entry point, on top of the others)
  * Dependencies point down only: no cycle, nothing below imports what is above it, the Nest layer
  * reaches Redis only through the engine, and the library never imports the tests or the sample.
  */
@@ -21,6 +22,14 @@ module.exports = {
       comment: 'An import cycle: split the shared part into a file both can import.',
       from: { path: '^lib/' },
       to: { circular: true },
+    },
+    {
+      name: 'nothing-to-testing',
+      severity: 'error',
+      comment:
+        'lib/testing/ (RedisLockTestingModule) is an entry point of its own on top of the library: nothing else in lib/ imports it.',
+      from: { path: '^lib/', pathNot: '^lib/testing/' },
+      to: { path: '^lib/testing/' },
     },
     {
       name: 'lib-not-to-tests-or-sample',

@@ -2,6 +2,7 @@
 
 import type { Cluster, Redis, RedisOptions } from 'ioredis';
 import { RedisLockConfigurationError, keyView } from '../errors/redis-lock.errors.js';
+import type { LockBackend } from '../interfaces/lock-backend.interface.js';
 import type { LockTimeoutResponse } from '../interfaces/with-lock-options.interface.js';
 import type {
   RedisLockModuleOptions,
@@ -35,7 +36,18 @@ import {
 export type RedisSource =
   | { kind: 'client'; client: Redis | Cluster }
   | { kind: 'connection'; connection: string | RedisOptions }
-  | { kind: 'nodes'; nodes: readonly (Redis | string | RedisOptions)[]; driftFactor: number };
+  | { kind: 'nodes'; nodes: readonly (Redis | string | RedisOptions)[]; driftFactor: number }
+  | { kind: 'backend'; create: BackendOf };
+
+/** Makes the backend of a module without Redis (see `BACKEND_SOURCE`). */
+export type BackendOf = (options: ResolvedModuleOptions) => LockBackend;
+
+/**
+ * The option, under this symbol, of a module that keeps its locks somewhere else than in Redis:
+ * `RedisLockTestingModule`'s, in memory. A symbol, not a name: no user option can collide with it
+ * or give it by mistake, and `resolveModuleOptions` takes it as the only source.
+ */
+export const BACKEND_SOURCE = Symbol('nestjs-redis-lock: backend');
 
 export interface ResolvedModuleOptions {
   source: RedisSource;
@@ -185,6 +197,18 @@ function resolveSource(
   fail: (option: string, value: unknown, problem: string) => never,
 ): RedisSource {
   const given = SOURCE_KEYS.filter((name) => raw[name] !== undefined);
+  const create = (raw as { [BACKEND_SOURCE]?: BackendOf })[BACKEND_SOURCE];
+  if (create !== undefined) {
+    const redisOnly = [...given, ...REDIS_ONLY_KEYS.filter((name) => raw[name] !== undefined)];
+    if (redisOnly.length > 0) {
+      fail(
+        redisOnly.join(' + '),
+        undefined,
+        'RedisLockTestingModule keeps its locks in memory, without Redis: drop them (to test against a Redis, import RedisLockModule with them instead)',
+      );
+    }
+    return { kind: 'backend', create };
+  }
   if (given.length !== 1) {
     fail(
       given.length === 0 ? SOURCE_KEYS.join(' | ') : given.join(' + '),
@@ -254,6 +278,9 @@ function resolveSource(
 }
 
 const SOURCE_KEYS = ['client', 'connection', 'nodes'] as const;
+
+/** Options that only mean something with a Redis (see `BACKEND_SOURCE`). */
+const REDIS_ONLY_KEYS = ['driftFactor', 'replicaAck'] as const;
 
 function checkReplicaAck(
   raw: RedisLockModuleOptions,

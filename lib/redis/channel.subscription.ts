@@ -60,6 +60,21 @@ export interface ChannelState {
   ready: Promise<void>;
 }
 
+/** A channel nobody has waited on yet; `ready` settles once it is subscribed to. */
+export const newChannelState = (ready: Promise<void>): ChannelState => ({
+  refs: 0,
+  turnTakers: 0,
+  seen: 0,
+  waiters: [],
+  arrivals: 0,
+  turnStarted: undefined,
+  yielding: false,
+  alone: false,
+  deferred: undefined,
+  lastMessage: '',
+  ready,
+});
+
 interface WaitInProgress {
   readonly waiter: Waiter;
   /** Ends the wait with `outcome`; false if it had already ended. */

@@ -18,5 +18,7 @@ export function createLockBackend(options: ResolvedModuleOptions, logger: Logger
       return new RedisLockBackend(createClient(source.connection, logger), options, true, logger);
     case 'nodes':
       return RedlockBackend.create(source, options, logger);
+    case 'backend':
+      return source.create(options);
   }
 }

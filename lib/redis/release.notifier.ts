@@ -2,7 +2,12 @@ import { Logger } from '@nestjs/common';
 import type { Cluster, Redis } from 'ioredis';
 import type { HandoffClaim, ReleaseSubscription } from '../interfaces/lock-backend.interface.js';
 import { DEFAULT_HANDOFF_TURN } from '../options/defaults.js';
-import { ChannelSubscription, type ChannelState, type Heir } from './channel.subscription.js';
+import {
+  ChannelSubscription,
+  newChannelState,
+  type ChannelState,
+  type Heir,
+} from './channel.subscription.js';
 import { closeQuietly, watchConnection } from './connections.js';
 import { OutageLog } from '../utils/outage-log.js';
 
@@ -66,19 +71,7 @@ export class ReleaseNotifier {
   watch(channel: string, claim?: HandoffClaim): ReleaseSubscription {
     let state = this.channels.get(channel);
     if (!state) {
-      state = {
-        refs: 0,
-        turnTakers: 0,
-        seen: 0,
-        waiters: [],
-        arrivals: 0,
-        turnStarted: undefined,
-        yielding: false,
-        alone: false,
-        deferred: undefined,
-        lastMessage: '',
-        ready: this.subscribe(channel),
-      };
+      state = newChannelState(this.subscribe(channel));
       this.channels.set(channel, state);
     }
     state.refs++;

@@ -3,7 +3,8 @@
  * scripts/test-consumers.sh: once as a NestJS 12 ES module app with ioredis 6, once as a
  * NestJS 11 CommonJS app with ioredis 5 (compiled as the Nest 11 CLI scaffolds it). It boots,
  * locks through LockService and through @WithLock on a route and on a provider, gets the 409,
- * and shuts down without closing the ioredis client it gave the module. Exits 0 when all holds.
+ * and shuts down without closing the ioredis client it gave the module; then the provider runs on
+ * `nestjs-redis-lock/testing` (no Redis). Exits 0 when all holds.
  */
 import 'reflect-metadata';
 import { Controller, Get, Injectable, Module, Param } from '@nestjs/common';
@@ -11,6 +12,7 @@ import { NestFactory } from '@nestjs/core';
 import { Redis } from 'ioredis';
 import { LockAcquireTimeoutError, LockService, RedisLockModule, WithLock } from 'nestjs-redis-lock';
 import { RedisLockHealthIndicator } from 'nestjs-redis-lock/health';
+import { RedisLockTestingModule } from 'nestjs-redis-lock/testing';
 import { TerminusModule } from '@nestjs/terminus';
 
 const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
@@ -58,6 +60,10 @@ const client = new Redis(process.env.REDIS_URL ?? 'redis://127.0.0.1:6379');
 })
 class AppModule {}
 
+/** The same provider on `nestjs-redis-lock/testing`: no Redis. */
+@Module({ imports: [RedisLockTestingModule.forRoot({ isGlobal: true })], providers: [Jobs] })
+class TestingModule {}
+
 async function main(): Promise<void> {
   const app = await NestFactory.create(AppModule, { logger: false });
   await app.listen(0, '127.0.0.1');
@@ -102,6 +108,20 @@ async function main(): Promise<void> {
     client.status === 'ready' && (await client.ping()) === 'PONG',
     'the given client stays open',
   );
+
+  const testing = await NestFactory.createApplicationContext(TestingModule, { logger: false });
+  const inMemory = await Promise.allSettled([
+    testing.get(Jobs).run('3'),
+    testing.get(Jobs).run('3'),
+  ]);
+  check(
+    inMemory.some((run) => run.status === 'fulfilled' && run.value === 'ran 3') &&
+      inMemory.some(
+        (run) => run.status === 'rejected' && run.reason instanceof LockAcquireTimeoutError,
+      ),
+    'nestjs-redis-lock/testing: the same @WithLock, locks in memory',
+  );
+  await testing.close();
   await client.quit();
 }
 

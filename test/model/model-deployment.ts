@@ -2,10 +2,16 @@ import { Injectable } from '@nestjs/common';
 import { Cluster, Redis } from 'ioredis';
 import {
   LockAcquireTimeoutError,
+  RedisLockModule,
   WithLock,
   type LockService,
   type RedisLockModuleOptions,
 } from '../../lib/index.js';
+import {
+  InMemoryLockStore,
+  RedisLockTestingModule,
+  type RedisLockTestingOptions,
+} from '../../lib/testing/index.js';
 import { FaultProxy } from '../support/fault-proxy.js';
 import { startLockModule } from '../support/lock-module.js';
 import {
@@ -66,6 +72,11 @@ export const MODEL_MAX_WAITERS = { perKey: 8, perProcess: 20 };
 /** Where the model's apps keep their locks, and the faults it can inject there. */
 export interface Deployment {
   readonly name: string;
+  /**
+   * Whether the steps that inject Redis's faults (latency, a cut link, a paused or restarted
+   * server, lost scripts, lost channels) apply: not to the in-memory store, which has none.
+   */
+  readonly faults: boolean;
   /** Whether semaphores and read/write locks exist here (not in Redlock mode). */
   readonly shapes: boolean;
   readonly commandTimeout: number;
@@ -147,14 +158,23 @@ async function keyTtls(redis: Redis, prefix: string): Promise<[string, number][]
   return names.map((name, i): [string, number] => [name, ttls[i]]);
 }
 
-/** An app of `options` (`close` also runs `after`, for clients the test made). */
+/**
+ * An app of `options` (`close` also runs `after`, for clients the test made), or of the testing
+ * module with them when they name a `store`.
+ */
 async function appOf(
   slot: number,
   generation: number,
-  options: RedisLockModuleOptions,
+  options: RedisLockModuleOptions | RedisLockTestingOptions,
   after?: () => void,
 ): Promise<App> {
-  const fixture = await startLockModule({ ...options, maxWaiters: MODEL_MAX_WAITERS }, [ModelJobs]);
+  const withWaiters = { ...options, maxWaiters: MODEL_MAX_WAITERS };
+  const fixture = await startLockModule(
+    'store' in withWaiters
+      ? RedisLockTestingModule.forRoot(withWaiters)
+      : RedisLockModule.forRoot(withWaiters),
+    [ModelJobs],
+  );
   const othersInFlight = countCalls(fixture.locks);
   const app: App = {
     slot,
@@ -275,6 +295,7 @@ async function pause(redis: Redis, ms: number): Promise<void> {
 /** What every deployment shares: slot 0's link, and the client prefix of every other sequence. */
 abstract class Linked implements Deployment {
   clientPrefix = '';
+  readonly faults = true;
   abstract readonly name: string;
   abstract readonly shapes: boolean;
   abstract readonly nodes: number;
@@ -559,4 +580,68 @@ export async function cluster(commandTimeout: number): Promise<Deployment> {
     fixture,
     await Link.to(fixture.nodes.map((node) => node.port)),
   );
+}
+
+/**
+ * `RedisLockTestingModule`: both apps of a sequence share one `InMemoryLockStore` (a new one per
+ * sequence), as two instances share one Redis. No faults: the steps that inject them are left out.
+ */
+class InMemory implements Deployment {
+  readonly name = 'in memory (RedisLockTestingModule)';
+  readonly faults = false;
+  readonly shapes = true;
+  readonly nodes = 1;
+  readonly clientPrefix = '';
+  readonly stalled = false;
+  private store = new InMemoryLockStore();
+
+  constructor(readonly commandTimeout: number) {}
+
+  begin(): void {
+    this.store = new InMemoryLockStore();
+  }
+
+  startApp(slot: number, generation: number): Promise<App> {
+    return appOf(slot, generation, { store: this.store, commandTimeout: this.commandTimeout });
+  }
+
+  async owner(key: string): Promise<string[]> {
+    const name = `lock:{${key}}`;
+    return this.store.contents(name).find((found) => found.name === name)?.holders ?? [];
+  }
+
+  copies(key: string): Promise<string[]> {
+    return this.owner(key);
+  }
+
+  async ttls(prefix: string): Promise<[string, number][]> {
+    return this.store
+      .contents('')
+      .filter((found) => found.name.includes(prefix))
+      .map((found): [string, number] => [found.name, found.ttl]);
+  }
+
+  /** Nothing to forget: every sequence begins with it (see `runSequence`). */
+  async flushScripts(): Promise<void> {}
+
+  /** Only the healing `settle` asks for (0 ms). */
+  latency(ms: number): void {
+    if (ms > 0) throw new Error('no faults in memory');
+  }
+  stall(): void {
+    throw new Error('no faults in memory');
+  }
+  heal(): void {}
+  pauseNode(): Promise<void> {
+    throw new Error('no faults in memory');
+  }
+  /** Only the healing `settle` asks for (allowed). */
+  async channels(allowed: boolean): Promise<void> {
+    if (!allowed) throw new Error('no faults in memory');
+  }
+  async stop(): Promise<void> {}
+}
+
+export function inMemory(commandTimeout: number): Promise<Deployment> {
+  return Promise.resolve(new InMemory(commandTimeout));
 }

@@ -325,6 +325,9 @@ class PauseNodeStep extends Step {
   get args() {
     return [this.node, this.ms];
   }
+  override check(model: Readonly<Model>): boolean {
+    return model.deployment.faults;
+  }
   async run(model: Model, real: Real): Promise<void> {
     await real.deployment.pauseNode(this.node % real.deployment.nodes, this.ms);
     await model.check();
@@ -575,6 +578,9 @@ class LatencyStep extends Step {
   get args() {
     return [this.ms];
   }
+  override check(model: Readonly<Model>): boolean {
+    return model.deployment.faults;
+  }
   async run(model: Model, real: Real): Promise<void> {
     real.deployment.latency(this.ms);
     model.latencyMs = this.ms;
@@ -590,6 +596,9 @@ class StallStep extends Step {
   }
   get args() {
     return [this.ms];
+  }
+  override check(model: Readonly<Model>): boolean {
+    return model.deployment.faults;
   }
   async run(model: Model, real: Real): Promise<void> {
     real.deployment.stall();
@@ -617,6 +626,9 @@ class FlushScriptsStep extends Step {
   get args() {
     return this.reload || this.slow ? [this.reload, this.slow] : [];
   }
+  override check(model: Readonly<Model>): boolean {
+    return model.deployment.faults;
+  }
   async run(model: Model, real: Real): Promise<void> {
     await real.deployment.flushScripts(this.reload ? GIVE_UP_SCRIPTS : []);
     model.scriptsFlushed = true;
@@ -640,6 +652,9 @@ class ChannelsStep extends Step {
   }
   get args() {
     return [this.allowed];
+  }
+  override check(model: Readonly<Model>): boolean {
+    return model.deployment.faults;
   }
   async run(model: Model, real: Real): Promise<void> {
     await real.deployment.channels(this.allowed);
@@ -1255,7 +1270,7 @@ class CloseAppStep extends Step {
         ),
       );
     }
-    const stall = this.stall && this.slot === 0;
+    const stall = this.stall && this.slot === 0 && real.deployment.faults;
     if (stall) real.deployment.stall();
     const mine = model.held.filter((held) => held.app === app);
     // A live hold of this app, one that a waiter of this app waits for if there is one: its

@@ -49,9 +49,14 @@ describe('the npm package', () => {
     assert.ok(files.every((path) => !path.endsWith('.ts') || path.endsWith('.d.ts')));
   });
 
-  it('exports `.` and `./health`, types and JS, each to a packed file', () => {
-    assert.deepEqual(Object.keys(manifest.exports).sort(), ['.', './health', './package.json']);
-    for (const entry of ['.', './health']) {
+  it('exports `.`, `./health` and `./testing`, types and JS, each to a packed file', () => {
+    assert.deepEqual(Object.keys(manifest.exports).sort(), [
+      '.',
+      './health',
+      './package.json',
+      './testing',
+    ]);
+    for (const entry of ['.', './health', './testing']) {
       const target = manifest.exports[entry] as { types: string; default: string };
       for (const path of [target.types, target.default]) {
         assert.ok(files.includes(path.replace(/^\.\//, '')), `${entry} → ${path} is packed`);

@@ -1,7 +1,7 @@
 /**
  * Every TypeScript block of the README and the guides in docs/ that is a whole file (it has an
  * `import`) compiles, strict, as a user would paste it: `nestjs-redis-lock` and
- * `nestjs-redis-lock/health` resolve to the package's published type declarations (`dist/`, built
+ * `nestjs-redis-lock/health` and `nestjs-redis-lock/testing` resolve to the package's published type declarations (`dist/`, built
  * here as `prepack` builds it: the `.d.ts` without `@internal` items); a relative import that no other
  * block of the same page provides (`./orders.js`: "your own providers") gets a stub whose classes
  * accept anything. Blocks of one page share a directory, so the quick start's two files import
@@ -101,6 +101,7 @@ describe('the code of the README and the guides', () => {
       paths: {
         'nestjs-redis-lock': [join(root, 'dist/index.d.ts')],
         'nestjs-redis-lock/health': [join(root, 'dist/health/index.d.ts')],
+        'nestjs-redis-lock/testing': [join(root, 'dist/testing/index.d.ts')],
       },
     });
     const problems = ts

@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict';
 import {
   Logger,
+  type DynamicModule,
   type INestApplication,
   type LoggerService,
   type Provider,
@@ -26,17 +27,18 @@ export interface LockModuleFixture {
 }
 
 /**
- * Boots a Nest testing module with RedisLockModule.forRoot(options) (and `providers`, if given)
- * and returns its LockService.
+ * Boots a Nest testing module with RedisLockModule.forRoot(options) (or the lock module given)
+ * (and `providers`, if given) and returns its LockService.
  */
 export async function startLockModule(
-  options: RedisLockModuleOptions,
+  options: RedisLockModuleOptions | DynamicModule,
   providers: Provider[] = [],
 ): Promise<LockModuleFixture> {
+  const lockModule = 'module' in options ? options : RedisLockModule.forRoot(options);
   // (Without a logger of its own, compile() puts Nest's TestingLogger in place of the one a test
   // installed: see `LogCapture.install`.)
   const module = await Test.createTestingModule({
-    imports: [RedisLockModule.forRoot(options)],
+    imports: [lockModule],
     providers,
   })
     .setLogger(activeLogger)
