@@ -19,7 +19,7 @@ const NOT_SHARDED = Promise.resolve(false);
  * woken), and the lock would never leave a busy process. Past it they try anyway, in case nobody
  * else took the lock.
  */
-const YIELD_MS = 5;
+export const YIELD_MS = 5;
 
 /**
  * How long this process's waiters hold back after its release named another process to try next

@@ -19,6 +19,7 @@ import {
   type ChannelState,
   type Heir,
 } from '../redis/channel.subscription.js';
+import { YIELD_MS } from '../redis/release.notifier.js';
 import { releaseChannel, turnChannel, type InMemoryLockStore } from './in-memory-lock.store.js';
 
 /** A channel this app watches: the waiters' queue, and how to stop hearing the store. */
@@ -44,8 +45,6 @@ export class InMemoryLockBackend implements LockBackend {
   /** This app's name among the apps waiting for a key (see `InMemoryLockStore.waitIn`). */
   private readonly processId = randomBytes(8).toString('base64url');
   private readonly channels = new Map<string, Watched>();
-  /** When this app's current run of handoffs on a channel began (see `takeHeir`). */
-  private readonly turns = new Map<string, number>();
 
   constructor(
     private readonly store: InMemoryLockStore,
@@ -119,8 +118,22 @@ export class InMemoryLockBackend implements LockBackend {
     const heir = shape === PLAIN ? this.takeHeir(releaseChannel(name)) : undefined;
     if (heir) return this.handOff(key, token, heir);
     const { released, announce } = this.store.release(name, token, shape);
-    this.store.publish(announce);
+    const heard = this.store.publish(announce);
+    if (shape === PLAIN) this.endYield(releaseChannel(name), heard);
     return released;
+  }
+
+  /**
+   * A release at the end of this app's turn has been announced (`heard` by that many listeners):
+   * if no other app's waiters heard it, this app's own first waiter, held back, tries at once
+   * (see `ReleaseNotifier.endYield`).
+   */
+  private endYield(channel: string, heard: number): void {
+    const state = this.channels.get(channel)?.state;
+    if (!state?.deferred || heard > 1) return;
+    clearTimeout(state.deferred);
+    state.deferred = undefined;
+    state.waiters[0]?.wake();
   }
 
   /** Passes the lock to `heir` in one step of the store (see `InProcessHandoff.handOff`). */
@@ -139,19 +152,22 @@ export class InMemoryLockBackend implements LockBackend {
 
   /**
    * The first waiter of `channel` if it takes handoffs and this app's turn (`handoffTurn` from
-   * its first handoff) is not over (see `ReleaseNotifier.takeHeir`); else the release frees the
-   * lock for every app's waiters.
+   * its first handoff) is not over; else the release frees the lock, and when the turn is over,
+   * this app's waiters hold back for the other apps' (see `ReleaseNotifier.takeHeir`).
    */
   private takeHeir(channel: string): Heir | undefined {
-    const watched = this.channels.get(channel);
-    const heir = watched?.state.waiters[0]?.subscription;
+    const state = this.channels.get(channel)?.state;
+    if (!state) return undefined;
+    const heir = state.waiters[0]?.subscription;
     const now = performance.now();
-    const started = this.turns.get(channel);
-    if (!heir?.claim || this.turn === 0 || (started !== undefined && now - started >= this.turn)) {
-      this.turns.delete(channel);
+    const turnOver =
+      this.turn === 0 || (state.turnStarted !== undefined && now - state.turnStarted >= this.turn);
+    if (!heir?.claim || turnOver) {
+      state.yielding = heir !== undefined && turnOver;
+      state.turnStarted = undefined;
       return undefined;
     }
-    if (started === undefined) this.turns.set(channel, now);
+    state.turnStarted ??= now;
     heir.reserve();
     return heir as Heir;
   }
@@ -203,9 +219,16 @@ export class InMemoryLockBackend implements LockBackend {
     let watched = this.channels.get(channel);
     if (!watched) {
       const state = newChannelState(Promise.resolve());
+      // A release: the first waiter tries, unless this app yields it (see `takeHeir`).
       const unsubscribe = this.store.subscribe(channel, () => {
         state.seen++;
-        state.waiters[0]?.wake();
+        if (!state.yielding) return void state.waiters[0]?.wake();
+        state.yielding = false;
+        clearTimeout(state.deferred);
+        state.deferred = setTimeout(() => {
+          state.deferred = undefined;
+          state.waiters[0]?.wake();
+        }, YIELD_MS);
       });
       this.channels.set(channel, (watched = { state, unsubscribe }));
     }
@@ -216,7 +239,7 @@ export class InMemoryLockBackend implements LockBackend {
       if (claim) this.store.waitIn(name, this.processId, -1);
       if (--state.refs > 0 || this.channels.get(channel)?.state !== state) return;
       this.channels.delete(channel);
-      this.turns.delete(channel);
+      clearTimeout(state.deferred);
       watched.unsubscribe();
     });
   }
@@ -231,9 +254,11 @@ export class InMemoryLockBackend implements LockBackend {
 
   /** Stops hearing the store; waiters still asleep wake on their own timers or signals. */
   close(): Promise<void> {
-    for (const { unsubscribe } of this.channels.values()) unsubscribe();
+    for (const { state, unsubscribe } of this.channels.values()) {
+      clearTimeout(state.deferred);
+      unsubscribe();
+    }
     this.channels.clear();
-    this.turns.clear();
     return Promise.resolve();
   }
 

@@ -133,7 +133,7 @@ export class InMemoryLockStore {
   ): Refused | undefined {
     const { entry } = state;
     const busy = (until: number | undefined): Refused => ({
-      retryAfter: until === undefined ? undefined : Math.max(0, until - now),
+      retryAfter: until === undefined ? undefined : msLeft(until, now),
       held: true,
     });
     if (shape.mode === 'read') {
@@ -182,7 +182,7 @@ export class InMemoryLockStore {
     const now = performance.now();
     for (const name of names) {
       const { entry } = this.state(name);
-      if (entry) return { retryAfter: Math.max(0, (lastExpiry(entry) ?? now) - now) };
+      if (entry) return { retryAfter: msLeft(lastExpiry(entry) ?? now, now) };
     }
     return names.map((name) => {
       const state = this.state(name);
@@ -293,7 +293,7 @@ export class InMemoryLockStore {
     const record = state.election;
     const { entry } = state;
     const leads = record && entry?.kind === 'exclusive' && entry.token === record.token;
-    const ttlLeft = leads ? entry.expiresAt - performance.now() : 0;
+    const ttlLeft = leads ? msLeft(entry.expiresAt, performance.now()) : 0;
     return {
       leader: leads
         ? {
@@ -322,7 +322,7 @@ export class InMemoryLockStore {
     return {
       mode: last ? MODES[last.kind] : null,
       holders: last === undefined ? 0 : last.kind === 'exclusive' ? 1 : last.holders.size,
-      ttlLeft: last ? Math.max(0, (lastExpiry(last) ?? now) - now) : 0,
+      ttlLeft: last ? msLeft(lastExpiry(last) ?? now, now) : 0,
       fence,
       // (As in Redis: the apps queued for the key count only while a plain lock or nothing holds it.)
       waiting:
@@ -368,12 +368,12 @@ export class InMemoryLockStore {
     };
   }
 
-  /** @internal Announces on `channels`: whether anyone heard. */
-  publish(channels: readonly string[]): boolean {
-    let heard = false;
+  /** @internal Announces on `channels`: how many listeners heard (as `PUBLISH` answers). */
+  publish(channels: readonly string[]): number {
+    let heard = 0;
     for (const channel of channels) {
       for (const listener of [...(this.channels.get(channel) ?? [])]) {
-        heard = true;
+        heard++;
         listener();
       }
     }
@@ -461,6 +461,9 @@ export const releaseChannel = (name: string): string => `release:${name}`;
 
 /** The channel a fair waiter hears on that it is its turn. */
 export const turnChannel = (name: string, token: string): string => `turn:${name}:${token}`;
+
+/** The whole ms from `now` until `end`, as Redis's `PTTL` answers them. */
+const msLeft = (end: number, now: number): number => Math.max(0, Math.ceil(end - now));
 
 /** When the last holder of `entry` (or a writer's mark) runs out. */
 function lastExpiry(entry: Entry): number | undefined {

@@ -247,6 +247,54 @@ describe('RedisLockTestingModule', () => {
     await mine.release();
   });
 
+  it('an app passes a hot lock among its own callers for handoffTurn only, then yields it to the other apps', async () => {
+    const store = new InMemoryLockStore();
+    const [a, b] = [await start({ store }), await start({ store })].map((m) => m.get(LockService));
+    let stop = false;
+    const worker = async (): Promise<void> => {
+      while (!stop) await a.using('hot', () => sleep(5));
+    };
+    const workers = [worker(), worker(), worker()];
+    await sleep(30);
+    const started = performance.now();
+    const got = await b.using('hot', () => performance.now() - started, { acquireTimeout: 2_000 });
+    stop = true;
+    await Promise.all(workers);
+    assert.ok(got < 500, `the other app got the key after ${got.toFixed(0)} ms`);
+  });
+
+  it('with handoffTurn 0, apps sharing a store take turns, as on Redis', async () => {
+    const store = new InMemoryLockStore();
+    const apps = [await start({ store, handoffTurn: 0 }), await start({ store, handoffTurn: 0 })];
+    const [a, b] = apps.map((m) => m.get(LockService));
+    const held = await a.acquire('turns', { ttl: 5_000 });
+    const order: string[] = [];
+    const callers = ['a1', 'b1', 'a2', 'b2', 'a3', 'b3'].map(async (name, i) => {
+      await sleep(i * 5);
+      const lock = await (name.startsWith('a') ? a : b).acquire('turns', { acquireTimeout: 4_000 });
+      order.push(name);
+      await sleep(10);
+      await lock.release();
+    });
+    await sleep(50);
+    await held.release();
+    await Promise.all(callers);
+    assert.deepEqual(order, ['b1', 'a1', 'b2', 'a2', 'b3', 'a3']);
+  });
+
+  it('answers whole milliseconds where Redis does: ttlLeft, retryAfterMs', async () => {
+    const locks = (await start()).get(LockService);
+    const lock = await locks.acquire('ms', { ttl: 1_000 });
+    const { ttlLeft } = await locks.inspect('ms');
+    const refused = await locks
+      .acquire('ms', { acquireTimeout: 0 })
+      .catch((error: unknown) => error);
+    assert.ok(Number.isInteger(ttlLeft) && ttlLeft <= 1_000, String(ttlLeft));
+    assert.ok(refused instanceof LockAcquireTimeoutError);
+    assert.ok(Number.isInteger(refused.retryAfterMs), String(refused.retryAfterMs));
+    await lock.release();
+  });
+
   it('elects one leader among apps sharing a store; the next takes over when it stops', async () => {
     const store = new InMemoryLockStore();
     const apps = [await start({ store }, [Worker]), await start({ store }, [Worker])];
