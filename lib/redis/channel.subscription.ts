@@ -42,6 +42,12 @@ export interface ChannelState {
   seen: number;
   /** Sleeping waiters in order of arrival: a release wakes the first; only the first polls. */
   waiters: Waiter[];
+  /**
+   * Every caller watching, asleep or not, in order of arrival: a release that surely holds the
+   * lock hands it to the first of them still in line, also one whose attempt is on its way (see
+   * `firstInLine`).
+   */
+  callers: ChannelSubscription[];
   /** Arrivals so far: numbers the callers watching this channel. */
   arrivals: number;
   /** When this process's turn began (its first handoff since a release that freed the lock). */
@@ -66,6 +72,7 @@ export const newChannelState = (ready: Promise<void>): ChannelState => ({
   turnTakers: 0,
   seen: 0,
   waiters: [],
+  callers: [],
   arrivals: 0,
   turnStarted: undefined,
   yielding: false,
@@ -96,6 +103,8 @@ export class ChannelSubscription implements ReleaseSubscription, Partial<Heir> {
   private current: WaitInProgress | undefined;
   /** A handoff that came while no wait was in progress. */
   private pending: { handoff: Handoff; orphaned: () => void } | undefined;
+  /** Taken as an heir (see `reserve`): its handoff, or word that it did not happen, is coming. */
+  private handoffComing = false;
 
   constructor(
     private readonly state: ChannelState,
@@ -103,6 +112,12 @@ export class ChannelSubscription implements ReleaseSubscription, Partial<Heir> {
     private readonly onDispose: () => void,
   ) {
     this.arrival = state.arrivals++;
+    state.callers.push(this);
+  }
+
+  /** Waiting, and neither handed a lock nor about to be. */
+  get inLine(): boolean {
+    return !this.disposed && !this.handoffComing && this.pending === undefined;
   }
 
   get ready(): Promise<void> {
@@ -162,6 +177,8 @@ export class ChannelSubscription implements ReleaseSubscription, Partial<Heir> {
       const stopWatching = onAnyAbort(signals, (reason) => {
         if (finish()) reject(reason);
       });
+      // Taken as an heir while its attempt was on its way: out of the queue, the handoff coming.
+      if (this.handoffComing) return current.reserved();
       // Back in the queue after a failed attempt: in its place by arrival, not at the end.
       let at = waiters.length;
       while (at > 0 && waiters[at - 1].arrival > this.arrival) at--;
@@ -178,15 +195,21 @@ export class ChannelSubscription implements ReleaseSubscription, Partial<Heir> {
     this.state.waiters[0]?.wake();
   }
 
-  /** Heir: leaves the queue (the next waiter leads) and waits for its handoff. */
+  /**
+   * Heir: leaves the queue (the next waiter leads) and waits for its handoff; one whose attempt
+   * is on its way waits for it in its next wait (see `wait`).
+   */
   reserve(): void {
-    const current = this.current!;
+    this.handoffComing = true;
+    const current = this.current;
+    if (!current) return;
     this.dequeue(current.waiter);
     current.reserved();
   }
 
   /** Heir: the lock is ours. */
   grant(handoff: Handoff, orphaned: () => void): void {
+    this.handoffComing = false;
     if (this.current?.end(handoff)) return;
     if (!this.disposed) this.pending = { handoff, orphaned };
     else if (!this.acquired) orphaned();
@@ -194,6 +217,7 @@ export class ChannelSubscription implements ReleaseSubscription, Partial<Heir> {
 
   /** Heir: the handoff did not happen. */
   wake(): void {
+    this.handoffComing = false;
     this.current?.waiter.wake();
   }
 
@@ -207,6 +231,8 @@ export class ChannelSubscription implements ReleaseSubscription, Partial<Heir> {
     // Woken by a release but leaving without having used it, or in with a lock the next waiter
     // may share (readers queued behind a writer): wake the next waiter.
     if ((this.woken && !acquired) || (acquired && shared)) this.state.waiters[0]?.wake();
+    const { callers } = this.state;
+    callers.splice(callers.indexOf(this), 1);
     this.onDispose();
   }
 
@@ -217,4 +243,19 @@ export class ChannelSubscription implements ReleaseSubscription, Partial<Heir> {
     waiters.splice(index, 1);
     if (index === 0) waiters[0]?.lead();
   }
+}
+
+/**
+ * The caller a release of the key hands the lock to: the first sleeping waiter, or, when the
+ * release surely holds the lock (`holding`: its lease is live, so no attempt of another caller can
+ * have succeeded), the first caller in line by arrival, also one whose attempt is on its way (it
+ * takes the handoff at its next wait): without it, a first waiter that was retrying as the lock
+ * was released lost its place to the second.
+ */
+export function firstInLine(
+  state: ChannelState,
+  holding: boolean,
+): ChannelSubscription | undefined {
+  if (!holding) return state.waiters[0]?.subscription;
+  return state.callers.find((caller) => caller.inLine);
 }

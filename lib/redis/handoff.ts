@@ -30,6 +30,15 @@ export const passable = (lease: HeldLease, heirTtl: number, connectionLostAt: nu
   lease.expiresAt - performance.now() >= heirTtl / 2;
 
 /**
+ * Whether the releaser of `lease` surely still holds its lock: its lease is live, and so Redis
+ * keeps it (the lease ends before Redis's TTL does). Then no other caller's attempt can have taken
+ * the key, and the release may be handed to a waiter whose attempt is on its way (see
+ * `firstInLine`). Without a lease (an undo, an orphaned handoff's release), unknown: no.
+ */
+export const holding = (lease: HeldLease | undefined): boolean =>
+  lease !== undefined && lease.lossReason === undefined && lease.expiresAt > performance.now();
+
+/**
  * Resolves in the event loop's check phase, after every promise reaction queued until then: a
  * lock passed on in the process lets its heir start before the write that tells Redis (a system
  * call) is made.

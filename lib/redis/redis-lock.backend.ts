@@ -20,7 +20,7 @@ import {
   RESTORE_COPY_SCRIPT,
 } from './lock.scripts.js';
 import { FairQueue } from './fair-queue.js';
-import { InProcessHandoff, passable } from './handoff.js';
+import { holding, InProcessHandoff, passable } from './handoff.js';
 import {
   acquireArgs,
   acquireCommand,
@@ -236,7 +236,7 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
     // semaphore's place or a read lock (the next holder may be any caller; the release wakes one).
     const heir =
       this.notifier.watching && !this.replicaAck && shape === PLAIN
-        ? this.notifier.takeHeir(channel)
+        ? this.notifier.takeHeir(channel, holding(lease))
         : undefined;
     if (heir && lease && passable(lease, heir.claim.ttl, this.connectionLostAt)) {
       return this.handoff.passOn(key, lockKey, token, heir, lease);

@@ -4,6 +4,7 @@ import type { HandoffClaim, ReleaseSubscription } from '../interfaces/lock-backe
 import { DEFAULT_HANDOFF_TURN } from '../options/defaults.js';
 import {
   ChannelSubscription,
+  firstInLine,
   newChannelState,
   type ChannelState,
   type Heir,
@@ -99,16 +100,17 @@ export class ReleaseNotifier {
 
   /**
    * Takes the first waiter of `channel` out of the queue so that a release can hand it the lock
-   * directly, or returns undefined: nobody waits, the first waiter takes no handoffs, or this
+   * directly (with `holding`, also one whose attempt is on its way: see `firstInLine`), or
+   * returns undefined: nobody waits, the first waiter takes no handoffs, or this
    * process's turn (`handoffTurn` from its first handoff) is over. In that last case this release
    * frees the lock and this process yields it: its waiters hold back when the release message
    * comes, until `endYield()` says that no other process waits, or for `YIELD_MS`. Without the
    * turn, a busy process would pass a hot lock among its own workers for ever.
    */
-  takeHeir(channel: string): Heir | undefined {
+  takeHeir(channel: string, holding: boolean): Heir | undefined {
     const state = this.channels.get(channel);
     if (!state) return undefined;
-    const heir = state.waiters[0]?.subscription;
+    const heir = firstInLine(state, holding);
     const now = performance.now();
     const turnOver =
       this.turn === 0 || (state.turnStarted !== undefined && now - state.turnStarted >= this.turn);

@@ -5,6 +5,7 @@ import type {
   Election,
   Freed,
   HandoffClaim,
+  HeldLease,
   Inspection,
   LockBackend,
   LockShape,
@@ -15,10 +16,12 @@ import { DEFAULT_DRIFT_FACTOR } from '../options/defaults.js';
 import type { ResolvedModuleOptions } from '../options/module-options.js';
 import {
   ChannelSubscription,
+  firstInLine,
   newChannelState,
   type ChannelState,
   type Heir,
 } from '../redis/channel.subscription.js';
+import { holding } from '../redis/handoff.js';
 import { YIELD_MS } from '../redis/release.notifier.js';
 import { releaseChannel, turnChannel, type InMemoryLockStore } from './in-memory-lock.store.js';
 
@@ -101,10 +104,10 @@ export class InMemoryLockBackend implements LockBackend {
     key: string,
     token: string,
     shape: LockShape = PLAIN,
-    _lease?: unknown,
+    lease?: HeldLease,
     keep = 0,
   ): Promise<boolean> {
-    return Promise.resolve(this.releaseNow(this.name(key), key, token, shape, keep));
+    return Promise.resolve(this.releaseNow(this.name(key), key, token, shape, lease, keep));
   }
 
   private releaseNow(
@@ -112,14 +115,16 @@ export class InMemoryLockBackend implements LockBackend {
     key: string,
     token: string,
     shape: LockShape,
+    lease: HeldLease | undefined,
     keep: number,
   ): boolean {
     if (keep > 0) return this.store.extend(name, token, keep, shape);
-    const heir = shape === PLAIN ? this.takeHeir(releaseChannel(name)) : undefined;
+    const channel = releaseChannel(name);
+    const heir = shape === PLAIN ? this.takeHeir(channel, holding(lease)) : undefined;
     if (heir) return this.handOff(key, token, heir);
     const { released, announce } = this.store.release(name, token, shape);
     const heard = this.store.publish(announce);
-    if (shape === PLAIN) this.endYield(releaseChannel(name), heard);
+    if (shape === PLAIN) this.endYield(channel, heard);
     return released;
   }
 
@@ -155,10 +160,10 @@ export class InMemoryLockBackend implements LockBackend {
    * its first handoff) is not over; else the release frees the lock, and when the turn is over,
    * this app's waiters hold back for the other apps' (see `ReleaseNotifier.takeHeir`).
    */
-  private takeHeir(channel: string): Heir | undefined {
+  private takeHeir(channel: string, holding: boolean): Heir | undefined {
     const state = this.channels.get(channel)?.state;
     if (!state) return undefined;
-    const heir = state.waiters[0]?.subscription;
+    const heir = firstInLine(state, holding);
     const now = performance.now();
     const turnOver =
       this.turn === 0 || (state.turnStarted !== undefined && now - state.turnStarted >= this.turn);

@@ -542,6 +542,42 @@ describe('waiting for a held lock', () => {
     assert.deepEqual(order, ['w0', 'w1', 'w2', 'w3', 'w4', 'again']);
   });
 
+  it('a first waiter whose retry is on its way as the lock is released keeps its place: it is handed the lock, not the second', async () => {
+    // Through a link slow enough (100 ms each way) to release while the retry's answer is coming.
+    const proxy = await FaultProxy.start(() => server.port);
+    const app = await startLockModule({
+      connection: `redis://127.0.0.1:${proxy.port}`,
+      defaults: { retryInterval: 300, retryJitter: 0 },
+    });
+    try {
+      const key = uniqueKey();
+      const held = await app.locks.acquire(key, { ttl: 30_000 });
+      proxy.setLatency(100);
+      const order: string[] = [];
+      const take = (name: string): Promise<void> =>
+        app.locks.using(key, () => void order.push(name), { acquireTimeout: 10_000 });
+      const attempts = await attemptsOn(key);
+      let queued: Promise<void>[];
+      try {
+        queued = [take('w0')];
+        await attempts.asleep(2); // its attempt, and its attempt once subscribed
+        queued.push(take('w1'));
+        await attempts.asleep(4);
+        // Only the first waiter retries (every 300 ms): the next attempt Redis sees is w0's.
+        const seen = attempts.count();
+        assert.ok(await eventually(() => attempts.count() > seen, 3_000), 'w0 retries');
+      } finally {
+        attempts.stop();
+      }
+      await held.release();
+      await Promise.all(queued);
+      assert.deepEqual(order, ['w0', 'w1']);
+    } finally {
+      await app.close();
+      await proxy.close();
+    }
+  });
+
   it('a release passes the lock straight to the first waiter of its process: the heir starts at once, one command, no message', async () => {
     const { key, held, queued } = await heldWithWaiter(waiter, 30_000, 20_000);
     const monitor = await monitorRedis(server.port);
