@@ -104,6 +104,11 @@ export abstract class Lease implements HeldLease {
     return this.state === 'released';
   }
 
+  /** Whether the acquisition (or the pass-on) that granted it was sent by `time`. */
+  askedBy(time: number): boolean {
+    return this.acquiredAt <= time;
+  }
+
   /** The TTL the lease is kept with (the last extension's). */
   get leaseTtl(): number {
     return this.ttl;

@@ -109,6 +109,15 @@ describe('forceRelease(key, { reason })', () => {
     await next.release();
   });
 
+  it("a grant of the calling instance's that Redis answered just before the force is told too", async () => {
+    const key = uniqueKey();
+    // Sent one after the other on one connection: Redis grants, then the force frees.
+    const acquiring = env.locks.acquire(key, { ttl: 30_000 });
+    await env.locks.forceRelease(key, { reason: 'test' });
+    const lock = await acquiring;
+    assert.ok(lock.signal.aborted, 'the holder freed by the force is told by the time it returns');
+  });
+
   it('an unwatched holder learns when its lease runs out', async () => {
     const key = uniqueKey();
     const lock = await env.other.locks.acquire(key, { ttl: 600, autoExtend: false });

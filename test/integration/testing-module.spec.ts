@@ -230,6 +230,17 @@ describe('RedisLockTestingModule', () => {
     assert.equal((await locks.inspect('stuck')).held, false);
   });
 
+  it("a force in the same tick as the app's own acquire of the key tells that holder too", async () => {
+    const locks = (await start()).get(LockService);
+    for (const options of [{}, { mode: 'read' as const }, { limit: 2 }, { fair: true }]) {
+      const key = `race:${JSON.stringify(options)}`;
+      const acquiring = locks.acquire(key, { ttl: 5_000, ...options });
+      await locks.forceRelease(key, { reason: 'test' });
+      const lock = await acquiring;
+      assert.ok(lock.signal.aborted, `${key}: the holder freed by the force is told at once`);
+    }
+  });
+
   it('apps sharing a store contend as instances on one Redis do; apps with their own do not', async () => {
     const store = new InMemoryLockStore();
     const [a, b] = [await start({ store }), await start({ store })].map((m) => m.get(LockService));
