@@ -30,13 +30,20 @@ export const passable = (lease: HeldLease, heirTtl: number, connectionLostAt: nu
   lease.expiresAt - performance.now() >= heirTtl / 2;
 
 /**
- * Whether the releaser of `lease` surely still holds its lock: its lease is live, and so Redis
- * keeps it (the lease ends before Redis's TTL does). Then no other caller's attempt can have taken
- * the key, and the release may be handed to a waiter whose attempt is on its way (see
- * `firstInLine`). Without a lease (an undo, an orphaned handoff's release), unknown: no.
+ * Whether the releaser of `lease` surely still holds its lock where its release lands: its lease
+ * outlasts `margin` (the longest the release waits for its answer; a later one fails it), and
+ * Redis keeps a lock at least as long as its lease. Then no other caller's attempt can have taken
+ * the key before the release's write, and the release may be handed to a waiter whose attempt is
+ * on its way (see `firstInLine`): that attempt fails, and a release that answers `true` found the
+ * lock its own. With less left, the key may lapse while the write travels, that attempt take it,
+ * and the handoff find the heir's own token (as after a resend) and answer `true` for a lock that
+ * had lapsed (a helper saw it through a jittery link, 11 of 150 releases with 1–5 ms left). Without
+ * a lease (an undo, an orphaned handoff's release): no.
  */
-export const holding = (lease: HeldLease | undefined): boolean =>
-  lease !== undefined && lease.lossReason === undefined && lease.expiresAt > performance.now();
+export const holding = (lease: HeldLease | undefined, margin: number): boolean =>
+  lease !== undefined &&
+  lease.lossReason === undefined &&
+  lease.expiresAt - performance.now() > margin;
 
 /**
  * Resolves in the event loop's check phase, after every promise reaction queued until then: a

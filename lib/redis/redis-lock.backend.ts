@@ -236,7 +236,7 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
     // semaphore's place or a read lock (the next holder may be any caller; the release wakes one).
     const heir =
       this.notifier.watching && !this.replicaAck && shape === PLAIN
-        ? this.notifier.takeHeir(channel, holding(lease))
+        ? this.notifier.takeHeir(channel, holding(lease, this.commandTimeout))
         : undefined;
     if (heir && lease && passable(lease, heir.claim.ttl, this.connectionLostAt)) {
       return this.handoff.passOn(key, lockKey, token, heir, lease);

@@ -120,7 +120,8 @@ export class InMemoryLockBackend implements LockBackend {
   ): boolean {
     if (keep > 0) return this.store.extend(name, token, keep, shape);
     const channel = releaseChannel(name);
-    const heir = shape === PLAIN ? this.takeHeir(channel, holding(lease)) : undefined;
+    // (The store answers at once: a live lease holds the lock where the release lands.)
+    const heir = shape === PLAIN ? this.takeHeir(channel, holding(lease, 0)) : undefined;
     if (heir) return this.handOff(key, token, heir);
     const { released, announce } = this.store.release(name, token, shape);
     const heard = this.store.publish(announce);
