@@ -50,6 +50,15 @@ export const GROUPS = {
     mutate: ['lib/lock.leadership.ts'],
     tests: ['build/test/integration/leadership.spec.js'],
   },
+  // RedisLockTestingModule's store: the side-by-side test against the Redis scripts, and the
+  // module's own spec (the model suite on it takes 15 s a mutant: `--` it in for a deep run).
+  testing: {
+    mutate: ['lib/testing/in-memory-lock.store.ts', 'lib/testing/in-memory-lock.backend.ts'],
+    tests: [
+      'build/test/integration/in-memory-differential.spec.js',
+      'build/test/integration/testing-module.spec.js',
+    ],
+  },
 };
 
 const name = process.env.STRYKER_GROUP ?? 'quorum';

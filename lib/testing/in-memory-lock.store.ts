@@ -216,14 +216,9 @@ export class InMemoryLockStore {
     const entry = this.entryOf(name, shape);
     if (!entry || !this.holds(entry, token)) return { released: false, announce: [] };
     state.ownFences.delete(token);
-    if (entry.kind === 'exclusive') {
-      state.entry = undefined;
-    } else {
-      entry.holders.delete(token);
-      if (entry.holders.size === 0 && (entry.kind !== 'read' || entry.mark === undefined)) {
-        state.entry = undefined;
-      }
-    }
+    // (A shape's entry left empty goes when the key is next read: see `state`.)
+    if (entry.kind === 'exclusive') state.entry = undefined;
+    else entry.holders.delete(token);
     // A fair lock tells the head of its queue; every other release, every waiter's process.
     if (!shape.fair) return { released: true, announce: [releaseChannel(name)] };
     return { released: true, announce: this.headOf(state, name) };
@@ -252,13 +247,11 @@ export class InMemoryLockStore {
     // Only a writer (a plain or fair lock) marks read locks; a reader or a semaphore's caller
     // leaves nothing behind.
     if (kindOf(shape) !== 'exclusive') return [];
-    if (entry?.kind === 'read') {
-      entry.mark = undefined;
-      if (entry.holders.size === 0) state.entry = undefined;
-    }
+    if (entry?.kind === 'read') entry.mark = undefined;
     if (!shape.fair) return [];
     state.queue.delete(token);
-    return state.entry ? [] : this.headOf(state, name);
+    // (Read again: a read lock's entry left with neither readers nor mark is gone.)
+    return this.state(name).entry ? [] : this.headOf(state, name);
   }
 
   /** @internal Whether anything holds the key (a writer's mark on it counts, as in Redis). */
@@ -324,9 +317,9 @@ export class InMemoryLockStore {
       holders: last === undefined ? 0 : last.kind === 'exclusive' ? 1 : last.holders.size,
       ttlLeft: last ? msLeft(lastExpiry(last) ?? now, now) : 0,
       fence,
-      // (As in Redis: the apps queued for the key count only while a plain lock or nothing holds it.)
+      // (As in Redis: the queued waiters count only while a plain lock or nothing holds it.)
       waiting:
-        mark + state.queue.size + (last && last.kind !== 'exclusive' ? 0 : state.processes.size),
+        mark + (last && last.kind !== 'exclusive' ? 0 : state.queue.size + state.processes.size),
       token: last?.kind === 'exclusive' ? last.token : '',
     };
   }
