@@ -259,3 +259,24 @@ export function firstInLine(
   if (!holding) return state.waiters[0]?.subscription;
   return state.callers.find((caller) => caller.inLine);
 }
+
+/**
+ * Takes the heir of a release out of the line (see `firstInLine`), or none: nobody waits, the
+ * first in line takes no handoffs, or this process's turn (`turn` ms from its first handoff, the
+ * module's `handoffTurn`) is over. In that last case the release frees the lock and this process
+ * yields it (`state.yielding`, see `ReleaseNotifier.takeHeir`).
+ */
+export function takeHeir(state: ChannelState, holding: boolean, turn: number): Heir | undefined {
+  const heir = firstInLine(state, holding);
+  const now = performance.now();
+  const turnOver =
+    turn === 0 || (state.turnStarted !== undefined && now - state.turnStarted >= turn);
+  if (!heir?.claim || turnOver) {
+    state.yielding = heir !== undefined && turnOver;
+    state.turnStarted = undefined;
+    return undefined;
+  }
+  state.turnStarted ??= now;
+  heir.reserve();
+  return heir as Heir;
+}

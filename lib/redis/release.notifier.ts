@@ -4,8 +4,8 @@ import type { HandoffClaim, ReleaseSubscription } from '../interfaces/lock-backe
 import { DEFAULT_HANDOFF_TURN } from '../options/defaults.js';
 import {
   ChannelSubscription,
-  firstInLine,
   newChannelState,
+  takeHeir,
   type ChannelState,
   type Heir,
 } from './channel.subscription.js';
@@ -109,19 +109,7 @@ export class ReleaseNotifier {
    */
   takeHeir(channel: string, holding: boolean): Heir | undefined {
     const state = this.channels.get(channel);
-    if (!state) return undefined;
-    const heir = firstInLine(state, holding);
-    const now = performance.now();
-    const turnOver =
-      this.turn === 0 || (state.turnStarted !== undefined && now - state.turnStarted >= this.turn);
-    if (!heir?.claim || turnOver) {
-      state.yielding = heir !== undefined && turnOver;
-      state.turnStarted = undefined;
-      return undefined;
-    }
-    state.turnStarted ??= now;
-    heir.reserve();
-    return heir as Heir;
+    return state && takeHeir(state, holding, this.turn);
   }
 
   /**

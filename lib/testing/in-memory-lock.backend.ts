@@ -16,8 +16,8 @@ import { DEFAULT_DRIFT_FACTOR } from '../options/defaults.js';
 import type { ResolvedModuleOptions } from '../options/module-options.js';
 import {
   ChannelSubscription,
-  firstInLine,
   newChannelState,
+  takeHeir,
   type ChannelState,
   type Heir,
 } from '../redis/channel.subscription.js';
@@ -121,7 +121,9 @@ export class InMemoryLockBackend implements LockBackend {
     if (keep > 0) return this.store.extend(name, token, keep, shape);
     const channel = releaseChannel(name);
     // (The store answers at once: a live lease holds the lock where the release lands.)
-    const heir = shape === PLAIN ? this.takeHeir(channel, holding(lease, 0)) : undefined;
+    const state = this.channels.get(channel)?.state;
+    const heir =
+      state && shape === PLAIN ? takeHeir(state, holding(lease, 0), this.turn) : undefined;
     if (heir) return this.handOff(key, token, heir);
     const { released, announce } = this.store.release(name, token, shape);
     const heard = this.store.publish(announce);
@@ -154,28 +156,6 @@ export class InMemoryLockBackend implements LockBackend {
     const handoff = { fence, fenceLimit: fence, validity: this.validity(ttl), sentAt };
     heir.grant(handoff, () => void this.release(key, heirToken));
     return true;
-  }
-
-  /**
-   * The first waiter of `channel` if it takes handoffs and this app's turn (`handoffTurn` from
-   * its first handoff) is not over; else the release frees the lock, and when the turn is over,
-   * this app's waiters hold back for the other apps' (see `ReleaseNotifier.takeHeir`).
-   */
-  private takeHeir(channel: string, holding: boolean): Heir | undefined {
-    const state = this.channels.get(channel)?.state;
-    if (!state) return undefined;
-    const heir = firstInLine(state, holding);
-    const now = performance.now();
-    const turnOver =
-      this.turn === 0 || (state.turnStarted !== undefined && now - state.turnStarted >= this.turn);
-    if (!heir?.claim || turnOver) {
-      state.yielding = heir !== undefined && turnOver;
-      state.turnStarted = undefined;
-      return undefined;
-    }
-    state.turnStarted ??= now;
-    heir.reserve();
-    return heir as Heir;
   }
 
   isLocked(key: string): Promise<boolean> {
