@@ -714,8 +714,11 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     await direct[1].del(`lock:{${key}}`);
     await next.extend(2_000);
     assert.ok(await eventually(async () => (await direct[1].get(`lock:{${key}}`)) === next.token));
-    const pttl = await direct[1].pttl(`lock:{${key}}`);
+    // The lease left is read before PTTL is sent: read after its reply, it had shrunk by the
+    // round trip (a loaded gate run: "the copy lives 1959 ms, the lease 1928 ms"), and a copy
+    // that truly outlives the lease still shows (by the gap, less the round trip).
     const lease = next.expiresAt - performance.now();
+    const pttl = await direct[1].pttl(`lock:{${key}}`);
     assert.ok(pttl <= lease + 5, `the copy lives ${pttl} ms, the lease ${lease.toFixed(0)} ms`);
     await next.release();
   });
