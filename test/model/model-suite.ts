@@ -19,6 +19,12 @@ const STEPS = Number(process.env.MODEL_STEPS ?? 40);
 const SEED = process.env.MODEL_SEED === undefined ? undefined : Number(process.env.MODEL_SEED);
 
 /**
+ * Longest a sequence may take, its settling included: its steps are each bounded by seconds (the
+ * longest a 30 s lease, which no step waits out), so one that runs past this has hung.
+ */
+const SEQUENCE_LIMIT_MS = 120_000;
+
+/**
  * Seeds whose first random sequence runs on every gate run, whatever `MODEL_RUNS` says: a fixed
  * part of the suite, so that a run of the gate never covers less than they do.
  */
@@ -91,12 +97,34 @@ export function modelSuite(
         leaders: [],
       };
       drive(model, real);
+      // Where the sequence is: a step or the settling that never ends is a call of the library's
+      // that never settled, said with the sequence (printed at once: the file's own timeout would
+      // otherwise end the run without the sequence that hung).
+      let at = 'starting';
+      const steps = [...sequence].map((step) => ({
+        check: (m: Readonly<Model>) => step.check(m),
+        run: async (m: Model, r: Real) => {
+          at = `step ${step.toString()}`;
+          await step.run(m, r);
+        },
+        toString: () => step.toString(),
+      }));
+      let timer: NodeJS.Timeout | undefined;
+      const hung = new Promise<never>((_, reject) => {
+        timer = setTimeout(() => {
+          const message = `a sequence never settled: at ${at} after ${SEQUENCE_LIMIT_MS / 1_000} s; the sequence: ${steps.map(String).join(', ')}`;
+          console.error(message);
+          reject(new Error(message));
+        }, SEQUENCE_LIMIT_MS);
+      });
       try {
-        await fc.asyncModelRun(() => ({ model, real }), sequence);
+        await Promise.race([fc.asyncModelRun(() => ({ model, real }), steps), hung]);
       } finally {
         try {
-          await settle(model, real);
+          at = 'settle';
+          await Promise.race([settle(model, real), hung]);
         } finally {
+          clearTimeout(timer);
           stalls.stop();
           totals.sequences++;
           totals.steps += [...sequence].length;
