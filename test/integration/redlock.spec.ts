@@ -508,12 +508,17 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     assert.equal(await lock.release(), true);
     // Kept: another app cannot take it while the hold lasts, and every node's copy runs out by then.
     assert.equal(await other.locks.tryAcquire(key), null, 'taken before holdAtLeast was up');
-    let kept = 0;
-    for (const client of direct) {
-      const left = await client.pttl(`lock:{${key}}`);
-      assert.ok(left <= 800, `a copy kept ${left} ms for an 800 ms hold`);
-      if (left > 0) kept++;
-    }
+    // The release resolves once a majority answered: a slower node's write lands a moment later
+    // (a loaded CI run read one node before it: "a copy kept 4994 ms for an 800 ms hold").
+    let lefts: number[] = [];
+    assert.ok(
+      await eventually(async () => {
+        lefts = await Promise.all(direct.map((client) => client.pttl(`lock:{${key}}`)));
+        return lefts.every((left) => left <= 800);
+      }, 500),
+      `copies kept ${lefts.join(', ')} ms for an 800 ms hold`,
+    );
+    const kept = lefts.filter((left) => left > 0).length;
     assert.ok(kept >= 3, `kept on ${kept} of ${NODES} nodes`);
     const taken = await other.locks.acquire(key, { acquireTimeout: 5_000 });
     assert.ok(performance.now() - grantedAt >= 790, 'taken before holdAtLeast was up');
