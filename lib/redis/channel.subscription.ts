@@ -280,3 +280,35 @@ export function takeHeir(state: ChannelState, holding: boolean, turn: number): H
   heir.reserve();
   return heir as Heir;
 }
+
+/**
+ * A release was announced on `state`'s channel: its first waiter tries, at once, or `holdBack` ms
+ * later when this process yields the lock (see `takeHeir`).
+ */
+export function announced(state: ChannelState, holdBack: number): void {
+  state.seen++;
+  if (!state.yielding) return void state.waiters[0]?.wake();
+  state.yielding = false;
+  clearTimeout(state.deferred);
+  state.deferred = setTimeout(() => {
+    state.deferred = undefined;
+    state.waiters[0]?.wake();
+  }, holdBack);
+}
+
+/**
+ * The yielding release of `state`'s channel is done: if no other process heard it
+ * (`othersWaiting` false), this process's first waiter tries now instead of holding back; if its
+ * message has not come yet, it wakes that waiter at once when it does (`alone`).
+ */
+export function endYield(state: ChannelState, othersWaiting: boolean): void {
+  if (othersWaiting) return;
+  if (state.deferred) {
+    clearTimeout(state.deferred);
+    state.deferred = undefined;
+    state.waiters[0]?.wake();
+  } else if (state.yielding) {
+    state.yielding = false;
+    state.alone = true;
+  }
+}

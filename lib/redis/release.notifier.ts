@@ -3,7 +3,9 @@ import type { Cluster, Redis } from 'ioredis';
 import type { HandoffClaim, ReleaseSubscription } from '../interfaces/lock-backend.interface.js';
 import { DEFAULT_HANDOFF_TURN } from '../options/defaults.js';
 import {
+  announced,
   ChannelSubscription,
+  endYield,
   newChannelState,
   takeHeir,
   type ChannelState,
@@ -118,15 +120,7 @@ export class ReleaseNotifier {
    */
   endYield(channel: string, othersWaiting: boolean): void {
     const state = this.channels.get(channel);
-    if (!state || othersWaiting) return;
-    if (state.deferred) {
-      clearTimeout(state.deferred);
-      state.deferred = undefined;
-      state.waiters[0]?.wake();
-    } else if (state.yielding) {
-      state.yielding = false;
-      state.alone = true;
-    }
+    if (state) endYield(state, othersWaiting);
   }
 
   /** Whether callers in this process are already waiting on `channel`. */
@@ -233,14 +227,7 @@ export class ReleaseNotifier {
       if (message === state.lastMessage) return;
       state.lastMessage = message;
     }
-    state.seen++;
-    if (!state.yielding) return void state.waiters[0]?.wake();
-    state.yielding = false;
-    clearTimeout(state.deferred);
-    state.deferred = setTimeout(() => {
-      state.deferred = undefined;
-      state.waiters[0]?.wake();
-    }, holdBack);
+    announced(state, holdBack);
   }
 
   /**

@@ -15,7 +15,9 @@ import { PLAIN } from '../options/checks.js';
 import { DEFAULT_DRIFT_FACTOR } from '../options/defaults.js';
 import type { ResolvedModuleOptions } from '../options/module-options.js';
 import {
+  announced,
   ChannelSubscription,
+  endYield,
   newChannelState,
   takeHeir,
   type ChannelState,
@@ -138,10 +140,8 @@ export class InMemoryLockBackend implements LockBackend {
    */
   private endYield(channel: string, heard: number): void {
     const state = this.channels.get(channel)?.state;
-    if (!state?.deferred || heard > 1) return;
-    clearTimeout(state.deferred);
-    state.deferred = undefined;
-    state.waiters[0]?.wake();
+    // (This app's own listener heard it too.)
+    if (state) endYield(state, heard > 1);
   }
 
   /** Passes the lock to `heir` in one step of the store (see `InProcessHandoff.handOff`). */
@@ -206,16 +206,7 @@ export class InMemoryLockBackend implements LockBackend {
     if (!watched) {
       const state = newChannelState(Promise.resolve());
       // A release: the first waiter tries, unless this app yields it (see `takeHeir`).
-      const unsubscribe = this.store.subscribe(channel, () => {
-        state.seen++;
-        if (!state.yielding) return void state.waiters[0]?.wake();
-        state.yielding = false;
-        clearTimeout(state.deferred);
-        state.deferred = setTimeout(() => {
-          state.deferred = undefined;
-          state.waiters[0]?.wake();
-        }, YIELD_MS);
-      });
+      const unsubscribe = this.store.subscribe(channel, () => announced(state, YIELD_MS));
       this.channels.set(channel, (watched = { state, unsubscribe }));
     }
     const { state } = watched;
