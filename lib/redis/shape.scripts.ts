@@ -203,6 +203,14 @@ if readers - (mine and 1 or 0) == 0 then
   else
     redis.call('DEL', KEYS[1])
   end
+elseif mine then
+  -- The hash lives as long as its longest field left (the released reader's no longer counts).
+  local keep = 0
+  for i = 1, #fields, 2 do
+    local other = tonumber(fields[i + 1])
+    if fields[i] ~= ARGV[1] and other > keep then keep = other end
+  end
+  redis.call('PEXPIRE', KEYS[1], keep - now)
 end
 if not mine then return 0 end${ANNOUNCE(publish, 'ARGV[2]', 'ARGV[3]')}
 `;

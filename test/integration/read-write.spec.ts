@@ -62,6 +62,16 @@ describe("read/write locks (mode: 'read')", () => {
     assert.equal(await env.locks.isLocked(key), false, 'no key left once its reader ran out');
   });
 
+  it('a release of the longest reader: the key lives no longer than the readers left', async () => {
+    const key = uniqueKey('doc');
+    const longest = await env.locks.acquire(key, { ...read, ttl: 30_000 });
+    const left = await env.locks.acquire(key, { ...read, ttl: 300 });
+    assert.equal(await longest.release(), true);
+    const ttl = await env.redis.pttl(`lock:{${key}}`);
+    assert.ok(ttl > 0 && ttl <= 300, `the key lives ${ttl} ms, as its reader left`);
+    await left.release();
+  });
+
   it('never lets a writer overlap anyone, while readers do overlap each other (control: without the lock both rules break)', async () => {
     const key = uniqueKey('doc');
     let readers = 0;
