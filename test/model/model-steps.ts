@@ -1030,6 +1030,9 @@ class StopLeaderStep extends Step {
     const term = leader.term;
     const what = `${this.toString()}: ${leader.key}`;
     if (this.inside && term?.active) {
+      // The term's lock is released as stop() is called (the work runs on): not when the body,
+      // which awaits this call, returns (a release after the lease's end, if the stop is slow).
+      if (term.held) term.held.releasedAt ??= performance.now();
       await model.bounded(what, 2 * model.commandTimeout, () =>
         term.run(() => leader.leadership.stop()),
       );
