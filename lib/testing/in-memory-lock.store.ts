@@ -111,7 +111,8 @@ export class InMemoryLockStore {
       entry.expiresAt = resent ? now + ttl : Math.max(entry.expiresAt, now + ttl);
     } else {
       state.entry = { kind: 'exclusive', token, expiresAt: now + ttl };
-      state.queue.delete(token);
+      // (A fair grant takes its waiter out of the queue; a plain one leaves the queue as it is.)
+      if (shape.fair) state.queue.delete(token);
     }
     const kept = renewed && own ? state.ownFences.get(token) : undefined;
     if (kept !== undefined) return kept;
