@@ -26,6 +26,7 @@ import {
   type Held,
   type Model,
   type Shape,
+  internals,
 } from './model-state.js';
 
 /**
@@ -1190,6 +1191,16 @@ class ForceStep extends Step {
     const what = this.toString();
     const force: Force = { key, from: performance.now() };
     model.forces.push(force);
+    // The app's own holders of the key as the force is sent, but a lock passed on in the app whose
+    // token write is on its way (that write is its check): the force checks each before it returns.
+    const ownHolders = model.held.filter(
+      (held) =>
+        held.app === app &&
+        !held.view &&
+        held.keys.includes(key) &&
+        held.releasedAt === undefined &&
+        !(internals(held.lock).handleOf?.(key) ?? internals(held.lock)).swap,
+    );
     // One script, then a check of the app's own holders of the key (one more round trip); in
     // Redlock mode each is bounded by two rounds.
     const rounds = model.deployment.shapes ? 2 : 4;
@@ -1209,6 +1220,7 @@ class ForceStep extends Step {
       ),
     );
     force.until = performance.now();
+    if (force.fence !== undefined) checkForcedOwnTold(model, force, ownHolders, what);
     if (force.fence !== undefined) {
       // Nothing it freed holds the key any more (a majority of nodes in Redlock mode), unless its
       // own token took the key again since.
@@ -1229,6 +1241,37 @@ class ForceStep extends Step {
       }
     }
     await model.check();
+  }
+}
+
+/**
+ * The holders of the app that forced `force` (as it was sent) that it freed are told by the time
+ * `forceRelease()` returns: it checks them with Redis before returning. Not asked where that check
+ * may go unanswered (a slow link, a stalled machine, a force that itself took over half of
+ * `commandTimeout`): a holder then learns at its next extension (see `Model.checkFreedTold`).
+ */
+function checkForcedOwnTold(model: Model, force: Force, holders: Held[], what: string): void {
+  const slow =
+    model.latencyMs > 0 ||
+    model.stalls.stalled() > 100 ||
+    force.until! - force.from > model.commandTimeout / 2;
+  if (slow) return;
+  for (const held of holders) {
+    if (held.app.closing || held.releasedAt !== undefined || held.lock.signal.aborted) continue;
+    if (held.lock.fences[force.key] > force.fence!) continue;
+    // Its own token took the key again since: still held, by the same holder.
+    const again = model.held.some(
+      (other) =>
+        other !== held &&
+        !other.view &&
+        other.lock.token === held.lock.token &&
+        other.keys.includes(force.key) &&
+        other.lock.fences[force.key] > force.fence!,
+    );
+    if (again) continue;
+    model.violations.push(
+      `${what}: #${held.id} ${held.what}, of the forcing app, freed (fence ${held.lock.fences[force.key]}, force ${force.fence}) and not told when forceRelease() returned`,
+    );
   }
 }
 
