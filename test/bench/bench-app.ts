@@ -39,7 +39,10 @@ class MinimumLockController implements OnModuleInit {
   ) {}
 
   async onModuleInit(): Promise<void> {
-    this.lock = await CONTENDERS[0].create(this.redis.client);
+    this.lock = await CONTENDERS[0].create({
+      client: this.redis.client,
+      nodes: [this.redis.client],
+    });
   }
 
   @Post(':sku/purchase-minimum')

@@ -8,10 +8,20 @@ export const READY = 'ready';
 
 export type Workload = 'sequential' | 'concurrent' | 'hot' | 'idle' | 'memory' | 'waiters' | 'keys';
 
+/**
+ * Where a run's Redis is: one server (every workload but the sections below), three independent
+ * masters (the Redlock section: Redlock libraries and ours with `nodes`), or a Cluster of three
+ * masters (the Cluster section).
+ */
+export type Topology = 'single' | 'redlock' | 'cluster';
+
 export interface BenchJob {
   contender: string;
   workload: Workload;
+  topology: Topology;
+  /** The server's port; the Redlock nodes', or the Cluster masters' (the first is `port`). */
   port: number;
+  ports: number[];
   /** This process's index among the processes of the run. */
   proc: number;
   pairs: number;

@@ -6,7 +6,7 @@
  * Usage: node bench-worker.js '<BenchJob as JSON>'
  */
 import 'reflect-metadata';
-import { Redis } from 'ioredis';
+import { Cluster, Redis } from 'ioredis';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { READY, type BenchJob, type BenchResult, type SectionRecord } from './bench-protocol.js';
 import { CONTENDERS, type Held } from './contenders.js';
@@ -24,11 +24,27 @@ Redis.prototype.sendCommand = function (this: Redis, ...args: Parameters<Redis['
 
 const contender = CONTENDERS.find((c) => c.name === job.contender);
 if (!contender) throw new Error(`no contender ${job.contender}`);
-const client = new Redis(job.port, '127.0.0.1', { connectionName: LOCK_CONNECTION });
-const data = new Redis(job.port, '127.0.0.1');
-for (const connection of [client, data]) connection.on('error', () => {});
-await Promise.all([client.ping(), data.ping()]);
-const locker = await contender.create(client);
+const lockOptions = { connectionName: LOCK_CONNECTION };
+/**
+ * The lock's connections (one server's; the Redlock nodes'; a Cluster client whose node
+ * connections carry the lock's name), the data's (the hot key's counter, `INFO`), and one to
+ * each server for its `INFO` (the Redis CPU a run cost is every server's).
+ */
+const nodes =
+  job.topology === 'redlock'
+    ? job.ports.map((port) => new Redis(port, '127.0.0.1', lockOptions))
+    : job.topology === 'single'
+      ? [new Redis(job.port, '127.0.0.1', lockOptions)]
+      : [];
+const cluster = (redisOptions = {}): Cluster =>
+  new Cluster([{ host: '127.0.0.1', port: job.port }], { redisOptions });
+const client = job.topology === 'cluster' ? cluster(lockOptions) : nodes[0];
+const data = job.topology === 'cluster' ? cluster() : new Redis(job.port, '127.0.0.1');
+const servers = job.ports.map((port) => new Redis(port, '127.0.0.1'));
+const connections = [client, data, ...nodes, ...servers];
+for (const connection of connections) connection.on('error', () => {});
+await Promise.all(connections.map((connection) => connection.ping()));
+const locker = await contender.create({ client, nodes: nodes.length > 0 ? nodes : [] });
 const now = (): number => Number(process.hrtime.bigint()) / 1e6;
 process.stdout.write(`${READY}\n`);
 // The runner gone without a word: stop.
@@ -67,8 +83,7 @@ await new Promise<void>((resolve) =>
   process.stdout.write(`${JSON.stringify(result)}\n`, () => resolve()),
 );
 await locker.close();
-client.disconnect();
-data.disconnect();
+for (const connection of connections) connection.disconnect();
 process.exit(0);
 
 /** Workload 1: one client acquires and releases one free key, `pairs` times in a row. */
@@ -341,9 +356,11 @@ async function keys(): Promise<BenchResult> {
  * what that run cost Redis, scripts, parsing and replies included.
  */
 async function redisCpuMs(): Promise<number> {
-  const info = await data.info('cpu');
-  const field = (name: string): number => Number(new RegExp(`${name}:([\\d.]+)`).exec(info)![1]);
-  return (field('used_cpu_user') + field('used_cpu_sys')) * 1_000;
+  const infos = await Promise.all(servers.map((server) => server.info('cpu')));
+  const field = (info: string, name: string): number =>
+    Number(new RegExp(`${name}:([\\d.]+)`).exec(info)![1]);
+  const cpu = infos.map((info) => field(info, 'used_cpu_user') + field(info, 'used_cpu_sys'));
+  return cpu.reduce((sum, ms) => sum + ms, 0) * 1_000;
 }
 
 function cpuMs(since: NodeJS.CpuUsage): number {

@@ -8,7 +8,7 @@ import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { it } from 'node:test';
-import { CONTENDERS } from './contenders.js';
+import { CONTENDERS, type Contender } from './contenders.js';
 
 const runner = fileURLToPath(new URL('./run-bench.js', import.meta.url));
 const scriptCost = fileURLToPath(new URL('./run-script-cost.js', import.meta.url));
@@ -31,7 +31,10 @@ it('a smoke run of `npm run bench` covers every workload and contender, with no 
   assert.equal(code, 0, output.slice(-2_000));
 
   const report = output.slice(output.indexOf('# Benchmark report'));
-  for (const section of ['1.', '2.', '3a.', '3b.', '4.', '6.', '7.', '8.', '9.', '5.']) {
+  for (const section of [
+    ...['1.', '2.', '3a.', '3b.', '4.', '6.', '7.', '8.', '9.', '5.'],
+    ...['R1.', 'R2.', 'R3.', 'R4.', 'R5.', 'C1.', 'C2.', 'C3.'],
+  ]) {
     assert.match(report, new RegExp(`^### ${section.replace('.', '\\.')} `, 'm'), section);
   }
   for (const contender of CONTENDERS) {
@@ -62,6 +65,31 @@ it('a smoke run of `npm run bench` covers every workload and contender, with no 
   assert.equal(scaleRows('8.').length, 4);
   for (const row of scaleRows('8.')) assert.equal(row.split('|').at(-2)!.trim(), '0.00', row);
   assert.equal(scaleRows('9.').length, 4);
+  // The Redlock and Cluster sections: every contender that runs there, the hot key kept exclusive.
+  const sectionRows = (number: string): string[] =>
+    report
+      .split('\n### ')
+      .filter((section) => section.startsWith(`${number} `))
+      .flatMap((section) => section.split('\n'))
+      .filter((line) => /^\| .+ \| [\d.]+ \(\d/.test(line));
+  const on = (topology: 'redlock' | 'cluster'): Contender[] =>
+    CONTENDERS.filter((c) => c.topologies?.includes(topology) && !c.retryVariant);
+  for (const number of ['R3.', 'R4.']) {
+    assert.deepEqual(
+      sectionRows(number).map((row) => row.split('|')[1].trim()),
+      on('redlock').map((c) => c.name),
+      number,
+    );
+    for (const row of sectionRows(number)) assert.equal(row.split('|')[3].trim(), '0.00', row);
+  }
+  for (const number of ['C2.', 'C3.']) {
+    assert.deepEqual(
+      sectionRows(number).map((row) => row.split('|')[1].trim()),
+      on('cluster').map((c) => c.name),
+      number,
+    );
+    for (const row of sectionRows(number)) assert.equal(row.split('|')[3].trim(), '0.00', row);
+  }
   // Workload 5: the three routes on both key patterns, every request answered.
   const httpRows = report
     .split('\n')

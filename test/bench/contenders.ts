@@ -5,10 +5,10 @@
  * when created, so that a run's fresh process loads only its own (ours alone takes ~0.4 s).
  */
 import { randomUUID } from 'node:crypto';
-import type { Redis } from 'ioredis';
+import type { Cluster, Redis } from 'ioredis';
 import type { Lock as UniversalLock } from 'redlock-universal';
 import type { LockService } from '../../lib/index.js';
-import type { Workload } from './bench-protocol.js';
+import type { Topology, Workload } from './bench-protocol.js';
 
 /** A held lock: give it back with release(). */
 export interface Held {
@@ -21,29 +21,45 @@ export interface Locker {
   close(): Promise<void>;
 }
 
+/** The lock's connections in a worker (each counted, see bench-worker.ts). */
+export interface Connections {
+  /** One Redis; on the Cluster section, a Cluster client. */
+  client: Redis | Cluster;
+  /** The Redlock section's independent masters (elsewhere the one client). */
+  nodes: Redis[];
+}
+
 export interface Contender {
   name: string;
   /** A library's second configuration, with a ~10 ms retry: differs from the defaults only when waiting. */
   retryVariant?: boolean;
   /** Run only in these workloads (a variant that differs only there). */
   workloads?: readonly Workload[];
-  create(client: Redis): Promise<Locker>;
+  /** Where it runs (default: one server only). */
+  topologies?: readonly Topology[];
+  create(connections: Connections): Promise<Locker>;
 }
 
-/** Our `LockService` on `client`, its log silenced as the other libraries' are. */
-async function lockService(client: Redis): Promise<LockService> {
+/**
+ * Our `LockService` on the client (in the Redlock section, on the nodes), its log silenced as the
+ * other libraries' are.
+ */
+async function lockService({ client, nodes }: Connections): Promise<LockService> {
   const [{ Logger }, { LockService }] = await Promise.all([
     import('@nestjs/common'),
     import('../../lib/index.js'),
   ]);
   Logger.overrideLogger(false);
-  return new LockService({ client, keyPrefix: 'nrl:' });
+  return new LockService(
+    nodes.length > 1 ? { nodes, keyPrefix: 'nrl:' } : { client, keyPrefix: 'nrl:' },
+  );
 }
 
 /** The hand-written minimum: SET NX PX, a 10 ms poll, compare-and-delete by EVALSHA. */
 const minimum: Contender = {
   name: 'hand-written minimum',
-  async create(client) {
+  topologies: ['single', 'cluster'],
+  async create({ client }) {
     client.defineCommand('benchRelease', {
       numberOfKeys: 1,
       lua: "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
@@ -70,8 +86,9 @@ const minimum: Contender = {
 
 const ours: Contender = {
   name: 'nestjs-redis-lock',
-  async create(client) {
-    const locks = await lockService(client);
+  topologies: ['single', 'redlock', 'cluster'],
+  async create(connections) {
+    const locks = await lockService(connections);
     return {
       acquire: (key, ttl, waitMs) => locks.acquire(key, { ttl, acquireTimeout: waitMs }),
       close: () => locks.onApplicationShutdown(),
@@ -83,8 +100,8 @@ const ours: Contender = {
 const oursObserved: Contender = {
   name: 'nestjs-redis-lock (events subscribed)',
   workloads: ['sequential', 'concurrent'],
-  async create(client) {
-    const locks = await lockService(client);
+  async create(connections) {
+    const locks = await lockService(connections);
     let events = 0;
     const subscription = locks.events.subscribe(() => void events++);
     return {
@@ -101,8 +118,8 @@ const oursObserved: Contender = {
 const oursFair: Contender = {
   name: 'nestjs-redis-lock (fair)',
   workloads: ['hot'],
-  async create(client) {
-    const locks = await lockService(client);
+  async create(connections) {
+    const locks = await lockService(connections);
     return {
       acquire: (key, ttl, waitMs) =>
         locks.acquire(key, { ttl, acquireTimeout: waitMs, fair: true }),
@@ -113,7 +130,8 @@ const oursFair: Contender = {
 
 const redisSemaphore: Contender = {
   name: 'redis-semaphore',
-  async create(client) {
+  topologies: ['single', 'cluster'],
+  async create({ client }) {
     const { Mutex } = await import('redis-semaphore');
     return {
       async acquire(key, ttl, waitMs) {
@@ -131,10 +149,11 @@ function sesame(retry: 'defaults' | '10 ms'): Contender {
   return {
     name: `@sesamecare-oss/redlock (${retry})`,
     retryVariant: retry === '10 ms',
-    async create(client) {
+    topologies: ['single', 'redlock'],
+    async create({ nodes }) {
       const { Redlock: SesameRedlock } = await import('@sesamecare-oss/redlock');
       const base = retry === 'defaults' ? {} : { retryDelay: 10, retryJitter: 5 };
-      const redlock = new SesameRedlock([client], base);
+      const redlock = new SesameRedlock(nodes, base);
       return {
         async acquire(key, ttl, waitMs) {
           const delay = retry === 'defaults' ? 200 : 10;
@@ -156,11 +175,12 @@ function redlock4(retry: 'defaults' | '10 ms'): Contender {
   return {
     name: `redlock 4 (${retry})`,
     retryVariant: retry === '10 ms',
-    async create(client) {
+    topologies: ['single', 'redlock'],
+    async create({ nodes }) {
       const { default: Redlock4 } = await import('redlock');
       const options =
         retry === 'defaults' ? {} : { retryDelay: 10, retryJitter: 5, retryCount: -1 };
-      const redlock = new Redlock4([client as never], options);
+      const redlock = new Redlock4(nodes as never[], options);
       redlock.on('clientError', () => {});
       return {
         async acquire(key, ttl) {
@@ -177,22 +197,20 @@ function universal(retry: 'defaults' | '10 ms'): Contender {
   return {
     name: `redlock-universal (${retry})`,
     retryVariant: retry === '10 ms',
-    async create(client) {
-      const { createLock, IoredisAdapter } = await import('redlock-universal');
-      const adapter = IoredisAdapter.from(client);
+    topologies: ['single', 'redlock'],
+    async create({ nodes }) {
+      const { createLock, createRedlock, IoredisAdapter } = await import('redlock-universal');
+      const adapters = nodes.map((node) => IoredisAdapter.from(node));
       return {
         async acquire(key, ttl, waitMs) {
           // A lock object is bound to its key: one per acquisition (a cache would grow per key).
+          // On several nodes its Redlock, on one its single-server lock.
+          const retries =
+            retry === 'defaults' ? {} : { retryDelay: 10, retryAttempts: Math.ceil(waitMs / 10) };
           const lock: UniversalLock =
-            retry === 'defaults'
-              ? createLock({ adapter, key: `universal:${key}`, ttl })
-              : createLock({
-                  adapter,
-                  key: `universal:${key}`,
-                  ttl,
-                  retryDelay: 10,
-                  retryAttempts: Math.ceil(waitMs / 10),
-                });
+            adapters.length > 1
+              ? createRedlock({ adapters, key: `universal:${key}`, ttl, ...retries })
+              : createLock({ adapter: adapters[0], key: `universal:${key}`, ttl, ...retries });
           const handle = await lock.acquire();
           return { release: () => lock.release(handle) };
         },
@@ -211,7 +229,7 @@ const baseline: Contender | undefined =
     ? undefined
     : {
         name: 'nestjs-redis-lock (baseline build)',
-        async create(client) {
+        async create({ client }) {
           const [{ Logger }, { LockService: Baseline }] = await Promise.all([
             import('@nestjs/common'),
             import(process.env.BENCH_BASELINE!) as Promise<typeof import('../../lib/index.js')>,
@@ -235,7 +253,7 @@ const turns: Contender[] = (process.env.BENCH_TURNS ?? '')
   .map((turn) => ({
     name: `nestjs-redis-lock (handoffTurn ${Number(turn)})`,
     workloads: ['hot'],
-    async create(client) {
+    async create({ client }) {
       const [{ Logger }, { LockService }] = await Promise.all([
         import('@nestjs/common'),
         import('../../lib/index.js'),

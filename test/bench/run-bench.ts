@@ -4,7 +4,9 @@
  * round, every run in fresh processes), and prints and writes a markdown report of medians and of
  * ratios to the hand-written minimum (medians of per-round ratios: the machine is shared and noisy).
  *
- * Options: --rounds N (3; the scaling workloads 2 unless it is given), --only a,b (contenders whose name contains one of these), --workloads a,b (all),
+ * Options: --rounds N (3; the scaling workloads 2 unless it is given), --only a,b (contenders whose
+ * name contains one of these; `--only redlock` or `--only cluster` alone: that section alone, every
+ * contender of it), --workloads a,b (all),
  * --report <path> (test/bench/REPORT.md, and chart.svg beside it; `-` for none), --smoke (every
  * workload at a tiny size, runs of 0.3 s and HTTP loads of 1 s: checks that the benchmark works,
  * measures nothing; `test/bench/bench.spec.ts` runs it). `BENCH_BASELINE=<another build's
@@ -17,14 +19,15 @@ import { writeMarkdown } from '../support/markdown.js';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
-import { Redis } from 'ioredis';
+import { Cluster, Redis } from 'ioredis';
 import { percentile } from '../chaos/chaos-checker.js';
-import { startRedis } from '../support/redis-server.js';
+import { startCluster, startRedis, type RedisServer } from '../support/redis-server.js';
 import {
   READY,
   type BenchJob,
   type BenchResult,
   type SectionRecord,
+  type Topology,
   type Workload,
 } from './bench-protocol.js';
 import { renderChart, renderScaleChart } from './bench-chart.js';
@@ -67,6 +70,10 @@ interface WorkloadPlan {
   contenders?: readonly string[];
   /** Runs in at most this many rounds. */
   rounds?: number;
+  /** Where it runs (default: one server): the Redlock and Cluster sections. */
+  topology?: Topology;
+  /** What its ratios are to (default: the hand-written minimum). */
+  baseline?: string;
 }
 
 /**
@@ -98,7 +105,11 @@ const scale = (plan: Omit<WorkloadPlan, 'group' | 'contenders' | 'rounds'>): Wor
   rounds: values.rounds === undefined ? SCALE_ROUNDS : undefined,
 });
 
-const PLANS: WorkloadPlan[] = [
+/** The Redlock section's ratios are to the Redlock library the others would pick first. */
+const REDLOCK_BASELINE = '@sesamecare-oss/redlock (defaults)';
+
+/** Workloads 1–4 on one server, which the Redlock and Cluster sections run again. */
+const PLANS_ONE_SERVER: WorkloadPlan[] = [
   {
     id: 'sequential',
     title: '1. Sequential acquire + release of one free key, 1 client, 5,000 pairs',
@@ -138,6 +149,10 @@ const PLANS: WorkloadPlan[] = [
     // them as well as longer windows did (5 s until stop 18), for 10 contenders × rounds.
     job: { pairs: 0, durationMs: 2_000, workers: 50, thinkMs: 0 },
   },
+];
+
+const PLANS: WorkloadPlan[] = [
+  ...PLANS_ONE_SERVER,
   {
     id: 'memory',
     title:
@@ -175,7 +190,43 @@ const PLANS: WorkloadPlan[] = [
       job: { pairs, durationMs: 0, workers: 100, thinkMs: 0 },
     }),
   ),
+  ...sectionPlans('redlock', 'R', 'Redlock, 3 independent masters', REDLOCK_BASELINE, [
+    'sequential',
+    'concurrent',
+    'hot-0',
+    'hot-5',
+    'idle',
+  ]),
+  ...sectionPlans('cluster', 'C', 'Cluster, 3 masters', BASELINE, ['concurrent', 'hot-0', 'hot-5']),
 ];
+
+/**
+ * The Redlock and Cluster sections: workloads of one server's list (`ids`), on that topology,
+ * with its contenders, their ratios to `baseline`; hot keys 5 s, so that the whole run stays near
+ * its 35 minutes. Selected with `--workloads redlock` (or `cluster`), or `--only` the same.
+ */
+function sectionPlans(
+  topology: Topology,
+  letter: string,
+  where: string,
+  baseline: string,
+  ids: string[],
+): WorkloadPlan[] {
+  return ids.map((id, i) => {
+    const plan = PLANS_ONE_SERVER.find((p) => p.id === id)!;
+    const hot = plan.workload === 'hot';
+    const title = plan.title.replace(/^\d+[a-z]?\. /, '').replace(/, 10 s$/, ', 5 s');
+    return {
+      ...plan,
+      id: `${topology}-${id}`,
+      title: `${letter}${i + 1}. ${where}: ${title} (ratios to ${baseline})`,
+      job: hot ? { ...plan.job, durationMs: 5_000 } : plan.job,
+      group: topology,
+      topology,
+      baseline,
+    };
+  });
+}
 
 /** Workload 5: the sample app's purchase route, locked and unlocked, under autocannon. */
 type HttpRoute = 'purchase-unlocked' | 'purchase' | 'purchase-minimum';
@@ -205,9 +256,13 @@ const HTTP_TITLE = `5. \`@WithLock\` overhead: the sample app's \`POST /products
 /** The figures of one run of one contender on one workload. */
 type Figures = Record<string, number>;
 
+/** `--only redlock` / `--only cluster`: that section alone (see the options). */
+const SECTIONS: readonly string[] = ['redlock', 'cluster'];
+const onlySection = SECTIONS.includes(values.only ?? '') ? values.only : undefined;
 const wanted = (id: string, group?: string): boolean =>
-  values.workloads === undefined ||
-  values.workloads.split(',').some((name) => name === id || name === group);
+  (onlySection === undefined || group === onlySection) &&
+  (values.workloads === undefined ||
+    values.workloads.split(',').some((name) => name === id || name === group));
 /** A smoke run takes the smallest size of each scaling workload only (it measures nothing). */
 const SMOKE_SCALE = ['instances-2-5', 'waiters-10', 'keys-1000'];
 const plans = PLANS.filter(
@@ -220,7 +275,9 @@ const httpResults = new Map<string, Figures[]>();
 const contenders = CONTENDERS.filter(
   (c) =>
     c.name === BASELINE ||
+    c.name === REDLOCK_BASELINE ||
     values.only === undefined ||
+    onlySection !== undefined ||
     values.only.split(',').some((text) => c.name.includes(text)),
 );
 /**
@@ -228,20 +285,69 @@ const contenders = CONTENDERS.filter(
  * (workloads 1, 2 and 6) it runs the same code, so it is not run again there.
  */
 const runs = (plan: WorkloadPlan, contender: Contender): boolean =>
+  on(plan, contender) &&
+  // (A smoke run's sections leave the retry variants out: a Redlock library polling every 10 ms
+  // can wait out a lock's TTL, 10 s, and a smoke run measures nothing.)
+  !(values.smoke && plan.topology !== undefined && contender.retryVariant === true) &&
   (plan.contenders !== undefined
     ? plan.contenders.includes(contender.name)
     : contender.retryVariant !== true || plan.workload === 'hot' || plan.workload === 'idle') &&
   (contender.workloads === undefined || contender.workloads.includes(plan.workload));
+/** Whether `contender` runs on `plan`'s topology at all (its section's table lists only those). */
+function on(plan: WorkloadPlan, contender: Contender): boolean {
+  return (contender.topologies ?? ['single']).includes(plan.topology ?? 'single');
+}
+
+/** Where a run goes: its servers' ports (the first the one to connect to), emptied before each run. */
+interface Lane {
+  readonly ports: number[];
+  /** Empties every server. */
+  flush(): Promise<void>;
+  /** The hot-key workload's counter. */
+  counter(): Promise<number>;
+  stop(): Promise<void>;
+}
+const serverLane = (servers: RedisServer[]): Lane => {
+  const admins = servers.map((server) => new Redis(server.port, server.host));
+  return {
+    ports: servers.map((server) => server.port),
+    flush: async () => void (await Promise.all(admins.map((admin) => admin.flushall()))),
+    counter: async () => Number(await admins[0].get('counter')),
+    stop: async () => {
+      for (const admin of admins) admin.disconnect();
+      await Promise.all(servers.map((server) => server.stop()));
+    },
+  };
+};
 const server = await startRedis();
 const admin = new Redis(server.port, server.host);
 /**
  * Where runs go: one Redis. A smoke run measures nothing, so its runs go two at a time (one per
  * core), each lane on a Redis of its own.
  */
-const lanes = [{ server, admin }];
-if (values.smoke) {
-  const second = await startRedis();
-  lanes.push({ server: second, admin: new Redis(second.port, second.host) });
+const lanes = [serverLane([server])];
+if (values.smoke && plans.some((plan) => plan.topology === undefined)) {
+  lanes.push(serverLane([await startRedis()]));
+}
+/** The Redlock section's three masters and the Cluster section's Cluster, if asked for. */
+const sectionLanes = new Map<Topology, Lane>();
+if (plans.some((plan) => plan.topology === 'redlock')) {
+  sectionLanes.set('redlock', serverLane(await Promise.all([0, 1, 2].map(() => startRedis()))));
+}
+if (plans.some((plan) => plan.topology === 'cluster')) {
+  const fixture = await startCluster(3);
+  const masters = fixture.nodes.map((node) => new Redis(node.port, node.host));
+  const cluster = new Cluster([{ host: '127.0.0.1', port: fixture.nodes[0].port }]);
+  sectionLanes.set('cluster', {
+    ports: fixture.nodes.map((node) => node.port),
+    flush: async () => void (await Promise.all(masters.map((master) => master.flushall()))),
+    counter: async () => Number(await cluster.get('counter')),
+    stop: async () => {
+      cluster.disconnect();
+      for (const master of masters) master.disconnect();
+      await fixture.stop();
+    },
+  });
 }
 /** results[plan][contender] = figures of each round */
 const results = new Map<string, Map<string, Figures[]>>();
@@ -261,10 +367,8 @@ try {
     if (runHttp) await timed('http', () => httpRound(round));
   }
 } finally {
-  for (const lane of lanes) {
-    lane.admin.disconnect();
-    await lane.server.stop();
-  }
+  admin.disconnect();
+  for (const lane of [...lanes, ...sectionLanes.values()]) await lane.stop();
 }
 const report = render((performance.now() - started) / 1_000);
 console.log(`\n${report}`);
@@ -322,13 +426,14 @@ async function runPlan(round: number, plan: WorkloadPlan): Promise<void> {
     const order = contenders
       .map((_, i) => contenders[(i + shift) % contenders.length])
       .filter((c) => runs(plan, c));
+    const planLanes = plan.topology ? [sectionLanes.get(plan.topology)!] : lanes;
     await Promise.all(
-      lanes.map(async (lane, l) => {
-        for (let i = l; i < order.length; i += lanes.length) {
+      planLanes.map(async (lane, l) => {
+        for (let i = l; i < order.length; i += planLanes.length) {
           const contender = order[i];
-          await lane.admin.flushall();
-          const outputs = await runOnce(plan, contender.name, lane.server.port);
-          const figures = measure(plan, outputs, Number(await lane.admin.get('counter')));
+          await lane.flush();
+          const outputs = await runOnce(plan, contender.name, lane.ports);
+          const figures = measure(plan, outputs, await lane.counter());
           const byContender = results.get(plan.id) ?? new Map<string, Figures[]>();
           byContender.set(contender.name, [...(byContender.get(contender.name) ?? []), figures]);
           results.set(plan.id, byContender);
@@ -344,13 +449,15 @@ async function runPlan(round: number, plan: WorkloadPlan): Promise<void> {
 async function runOnce(
   plan: WorkloadPlan,
   contender: string,
-  port: number,
+  ports: number[],
 ): Promise<BenchResult[]> {
   const children = Array.from({ length: plan.processes }, (_, proc) => {
     const job: BenchJob = {
       contender,
       workload: plan.workload,
-      port,
+      topology: plan.topology ?? 'single',
+      port: ports[0],
+      ports,
       proc,
       ...sized(plan.job),
     };
@@ -546,7 +653,7 @@ function summarize(
   field: string,
 ): { median: number; ratio: number } {
   const own = results.get(plan.id)!.get(contender)!;
-  const base = results.get(plan.id)!.get(BASELINE)!;
+  const base = results.get(plan.id)!.get(plan.baseline ?? BASELINE)!;
   return {
     median: median(own.map((f) => f[field])),
     ratio: median(own.map((f, i) => f[field] / base[i][field])),
@@ -606,7 +713,7 @@ function took(id: string): string {
 function render(seconds: number): string {
   const sections = plans.map((plan) => {
     const rows = contenders
-      .filter((c) => !plan.contenders || runs(plan, c))
+      .filter((c) => on(plan, c) && (!plan.contenders || runs(plan, c)))
       .map((c) => {
         if (!runs(plan, c)) {
           const why = c.retryVariant
@@ -731,6 +838,9 @@ compare-and-delete \`EVALSHA\`, \`randomUUID\` tokens). Commands are counted on 
 Redis CPU is the server's own CPU time (\`INFO cpu\`, user + system) during a run, per pair: what the lock costs Redis.
 A handoff gap is the time from the end of one critical section to the start of the next, whichever worker runs it; it is
 split by whether the next section ran in the same process as the last or in the other one.
+The R sections run on three independent masters (ours with \`nodes\`, the Redlock libraries on the same three clients),
+the C sections on a Cluster of three masters (every contender on an ioredis \`Cluster\` client, keys across slots), their
+Redis CPU summed over the servers; each section's ratios are to the contender its title names.
 
 ${sections.join('\n')}`;
 }
