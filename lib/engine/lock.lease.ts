@@ -49,6 +49,10 @@ export abstract class Lease implements HeldLease {
   private extendTimer: NodeJS.Timeout | undefined;
   private lastExtendError: unknown;
   private confirmed: number;
+  /** See `stopWatchdog`. */
+  private watchdogStopped = false;
+  /** See `whenLost`. */
+  private lossListeners: Set<() => void> | undefined;
 
   constructor(
     readonly key: string,
@@ -117,6 +121,22 @@ export abstract class Lease implements HeldLease {
   /** Whether a watchdog keeps the lease. */
   get extendsItself(): boolean {
     return this.autoExtend;
+  }
+
+  /**
+   * The watchdog extends the lease no more (an extension on its way still counts): the lease runs
+   * out at its expiry unless released first. For a lock on several keys one of which was lost.
+   */
+  stopWatchdog(): void {
+    this.watchdogStopped = true;
+    clearTimeout(this.extendTimer);
+    this.extendTimer = undefined;
+  }
+
+  /** Calls `listener` once if the lease is lost (not if it is released); returns how to stop. */
+  whenLost(listener: () => void): () => void {
+    (this.lossListeners ??= new Set()).add(listener);
+    return () => void this.lossListeners?.delete(listener);
   }
 
   /** Whether the lock is held still, its lease not run out (which is declared lost if it has). */
@@ -207,6 +227,7 @@ export abstract class Lease implements HeldLease {
   }
 
   private scheduleExtension(delay: number): void {
+    if (this.watchdogStopped) return;
     this.extendTimer = setTimeout(() => void this.autoExtendOnce(), delay);
     this.extendTimer.unref();
   }
@@ -269,6 +290,9 @@ export abstract class Lease implements HeldLease {
       events.emit({ type: 'lost', key: this.key, fence: this.fence, heldMs, reason });
     }
     this.end(this.lossError(reason, cause));
+    const listeners = this.lossListeners;
+    this.lossListeners = undefined;
+    for (const listener of listeners ?? []) listener();
   }
 
   /** How the module shows keys (its `logKeys`). */

@@ -1,5 +1,5 @@
 import type { Lock } from '../interfaces/lock.interface.js';
-import type { LockHandle, LockOwnerHooks } from './lock.handle.js';
+import { LockHandle, type LockOwnerHooks } from './lock.handle.js';
 import type { LockReentry } from './lock.reentry.js';
 
 /** A lock on one key a call chain may hold: its own, or a re-entry of one its caller holds. */
@@ -9,12 +9,16 @@ export type KeyHold = LockHandle | LockReentry;
  * A lock on several keys at once (`acquire(['acct:1', 'acct:2'])`): one lock per key, all with
  * the same owner token, taken one after another in one global order (see `LockService`) and held
  * together. Each key keeps its own lease, fence, watchdog and release; this handle only joins
- * them: its `signal` aborts when any of them is lost, `release()` and `extend()` act on all.
+ * them: its `signal` aborts when any of them is lost, `release()` and `extend()` act on all. A key
+ * lost ends the lock: the watchdogs of the keys it took stop then, so each lapses at its TTL unless
+ * released first (a lost lock keeps nothing alive, even if its holder never releases it).
  */
 export class MultiKeyLock implements Lock {
   readonly keys: readonly string[];
   readonly fences: Readonly<Record<string, number>>;
   private joinedSignal: AbortSignal | undefined;
+  /** Stops listening for its keys' losses (see the constructor). */
+  private readonly unlisten: (() => void)[] = [];
 
   /** `handles` in lock order; at least two. */
   constructor(private readonly handles: readonly KeyHold[]) {
@@ -22,6 +26,12 @@ export class MultiKeyLock implements Lock {
     this.fences = Object.freeze(
       Object.fromEntries(handles.map((handle) => [handle.key, handle.fence])),
     );
+    // (A key re-entered from the caller's hold is that hold's: its watchdog stays its own.)
+    const own = handles.filter((handle) => handle instanceof LockHandle);
+    if (own.some((handle) => handle.extendsItself)) {
+      const stop = (): void => own.forEach((handle) => handle.stopWatchdog());
+      this.unlisten = own.map((handle) => handle.whenLost(stop));
+    }
   }
 
   get key(): string {
@@ -71,17 +81,30 @@ export class MultiKeyLock implements Lock {
    * longer ours; rejects with the first failure only after every release has been tried.
    */
   async release(): Promise<boolean> {
+    this.stopListening();
     return every(this.handles.map((handle) => handle.release()));
   }
 
   /** Gives back every key after no work ran: see `LockHandle.undo`. */
   async undo(): Promise<boolean> {
+    this.stopListening();
     return every(this.handles.map((handle) => handle.undo()));
   }
 
-  /** Extends every key. Rejects (`LockLostError`) if any is no longer ours, after trying all. */
+  /**
+   * Extends every key. Rejects (`LockLostError`) if any is no longer ours, after trying all; at
+   * once, extending none, if one is known lost already.
+   */
   async extend(ttl?: number): Promise<void> {
+    // (A lease that ran out unobserved counts as lost here.)
+    for (const handle of this.handles) if (handle instanceof LockHandle) handle.stillHeld();
+    const lost = this.lossReason;
+    if (lost) throw lost;
     await every(this.handles.map((handle) => handle.extend(ttl).then(() => true)));
+  }
+
+  private stopListening(): void {
+    for (const unlisten of this.unlisten.splice(0)) unlisten();
   }
 }
 

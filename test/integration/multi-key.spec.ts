@@ -377,6 +377,32 @@ describe('several keys at once (acquire([a, b]))', () => {
     assert.equal(await env.locks.isLocked(a), false);
   });
 
+  it('a key lost stops the other keys’ watchdogs: each lapses at its TTL, never released', async () => {
+    const [a, b] = pair();
+    const ttl = 600;
+    const lock = await env.locks.acquire([a, b], { ttl, autoExtend: true });
+    const signal = lock.signal;
+    await env.redis.del(`lock:{${a}}`); // lost, as an eviction or a failover would lose it
+    // The watchdog's next extension of `a` (every ttl / 3) finds it gone.
+    assert.ok(await eventually(() => signal.aborted, 2 * ttl), 'the loss of a was never noticed');
+    const lostAt = performance.now();
+    const stalls = watchStalls();
+    // `b`, held by nobody any more, is extended no more: gone within its TTL, with no release.
+    assert.ok(
+      await eventually(async () => (await stored(b)) === null, 3 * ttl),
+      `b kept alive by its watchdog: PTTL ${await env.redis.pttl(`lock:{${b}}`)} ms`,
+    );
+    assertWithin(performance.now() - lostAt, ttl, stalls, 'b lapsing after the loss');
+    stalls.stop();
+    // And extend() of the lost lock extends nothing.
+    const other = await env.locks.acquire(b, { ttl: 10_000 });
+    await assert.rejects(lock.extend(5_000), LockLostError);
+    assert.ok((await env.redis.pttl(`lock:{${b}}`)) <= 10_000);
+    assert.equal(await lock.release(), false);
+    assert.equal(await stored(b), other.token, 'the release of the lost lock left the new holder');
+    await other.release();
+  });
+
   it('wakes a waiter on one of the keys when the set is released', async () => {
     const [a, b] = pair();
     const waiter = await startNonPollingApp({ connection: env.server.url });

@@ -59,6 +59,8 @@ export interface Held {
   unconfirmed: boolean;
   /** The TTL it was granted with (ms). */
   readonly ttl: number;
+  /** When the model first saw its `signal` aborted (a check after a step). */
+  lostSeenAt?: number;
 }
 
 /**
@@ -83,6 +85,7 @@ interface Internals {
   /** Of one key's hold: why its lease ended early, and when it runs out. */
   readonly lossReason?: Error;
   readonly expiresAt?: number;
+  readonly leaseTtl?: number;
   handleOf?(key: string): Internals | undefined;
 }
 export const internals = (lock: Lock): Internals => lock as unknown as Internals;
@@ -273,6 +276,7 @@ export class Model {
   live(held: Held, key: string, now = performance.now()): boolean {
     const handle = internals(held.lock).handleOf?.(key) ?? internals(held.lock);
     const released = held.view && handle.ended !== undefined ? handle.ended : handle.released;
+    if (!released && held.lock.signal.aborted) held.lostSeenAt ??= now;
     if (released || held.lock.signal.aborted || held.lock.expiresAt <= now) return false;
     return (
       held.view ||
@@ -290,18 +294,23 @@ export class Model {
 
   /**
    * A key of a lock on several keys that another key's loss ended (its `signal` aborted): each key
-   * keeps its own lease and watchdog until the lock is released (see `MultiKeyLock`), so Redis
-   * holds this one for it meanwhile, and that is no lock left behind.
+   * keeps its own lease until the lock is released or the lease runs out (see `MultiKeyLock`), so
+   * Redis may hold this one meanwhile, and that is no lock left behind; but its watchdog stops at
+   * the loss, so the lease ends within a TTL of when the model saw the loss, never later.
    */
   private keyLeased(held: Held, key: string, now: number): boolean {
     if (held.view || held.keys.length < 2) return false;
     const handle = internals(held.lock).handleOf?.(key);
-    return (
-      handle !== undefined &&
-      !handle.released &&
-      handle.lossReason === undefined &&
-      (handle.expiresAt ?? 0) > now
-    );
+    if (handle === undefined || handle.released || handle.lossReason !== undefined) return false;
+    const expiresAt = handle.expiresAt ?? 0;
+    const ttl = Math.max(held.ttl, handle.leaseTtl ?? 0);
+    if (held.lostSeenAt !== undefined && expiresAt > held.lostSeenAt + ttl + 1) {
+      this.violations.push(
+        `#${held.id} ${held.what}: ${key} kept alive after the lock was lost (lease until ${(expiresAt - held.lostSeenAt).toFixed(0)} ms after the loss was seen, TTL ${ttl})`,
+      );
+      held.lostSeenAt = undefined; // said once
+    }
+    return expiresAt > now;
   }
 
   /** Never two live holders, nor two live branches of one hold, on any key. */
@@ -479,6 +488,7 @@ export class Model {
       }
     });
     this.checkFreedTold(now);
+    for (const held of this.held) for (const key of held.keys) this.keyLeased(held, key, now);
     this.assertClean();
   }
 
