@@ -133,9 +133,13 @@ export abstract class Lease implements HeldLease {
     this.extendTimer = undefined;
   }
 
-  /** Calls `listener` once if the lease is lost (not if it is released); returns how to stop. */
+  /**
+   * Calls `listener` once when the lease is lost (at once if it is; never if it is released);
+   * returns how to stop listening.
+   */
   whenLost(listener: () => void): () => void {
-    (this.lossListeners ??= new Set()).add(listener);
+    if (this.state === 'lost') listener();
+    else (this.lossListeners ??= new Set()).add(listener);
     return () => void this.lossListeners?.delete(listener);
   }
 

@@ -87,6 +87,8 @@ export class LockReentry implements Lock, ReentryLevel {
   ended = false;
   /** Why the hold ended while this view was still inside, if it did. */
   private cutShort: LockLostError | undefined;
+  /** See `whenLost`. */
+  private lossListeners: Set<() => void> | undefined;
   private controller: AbortController | undefined;
 
   constructor(private readonly hold: ReentrantHold) {}
@@ -188,6 +190,24 @@ export class LockReentry implements Lock, ReentryLevel {
     if (this.ended || this.cutShort) return;
     this.cutShort = reason;
     this.controller?.abort(reason);
+    const listeners = this.lossListeners;
+    this.lossListeners = undefined;
+    for (const listener of listeners ?? []) listener();
+  }
+
+  /**
+   * Calls `listener` once when the hold ends while this view is inside (lost, or released by its
+   * outer holder: see `cut`), at once if it has; returns how to stop listening.
+   */
+  whenLost(listener: () => void): () => void {
+    if (this.cutShort) listener();
+    else (this.lossListeners ??= new Set()).add(listener);
+    return () => void this.lossListeners?.delete(listener);
+  }
+
+  /** Whether the hold is still held and this view not cut short (see `LockHandle.stillHeld`). */
+  stillHeld(): boolean {
+    return this.hold.stillHeld() && this.cutShort === undefined;
   }
 
   /** Ends this view: whether the lock was still held, once; `false` after. Redis is not asked. */

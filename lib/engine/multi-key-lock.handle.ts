@@ -26,11 +26,13 @@ export class MultiKeyLock implements Lock {
     this.fences = Object.freeze(
       Object.fromEntries(handles.map((handle) => [handle.key, handle.fence])),
     );
-    // (A key re-entered from the caller's hold is that hold's: its watchdog stays its own.)
+    // Any key lost (a key re-entered from the caller's hold too: that hold lost or released while
+    // this lock is inside) stops the watchdogs of the keys it took itself (a re-entered key's
+    // watchdog is its outer hold's, which goes on).
     const own = handles.filter((handle) => handle instanceof LockHandle);
     if (own.some((handle) => handle.extendsItself)) {
       const stop = (): void => own.forEach((handle) => handle.stopWatchdog());
-      this.unlisten = own.map((handle) => handle.whenLost(stop));
+      this.unlisten = handles.map((handle) => handle.whenLost(stop));
     }
   }
 
@@ -97,7 +99,7 @@ export class MultiKeyLock implements Lock {
    */
   async extend(ttl?: number): Promise<void> {
     // (A lease that ran out unobserved counts as lost here.)
-    for (const handle of this.handles) if (handle instanceof LockHandle) handle.stillHeld();
+    for (const handle of this.handles) handle.stillHeld();
     const lost = this.lossReason;
     if (lost) throw lost;
     await every(this.handles.map((handle) => handle.extend(ttl).then(() => true)));

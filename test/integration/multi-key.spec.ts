@@ -403,6 +403,56 @@ describe('several keys at once (acquire([a, b]))', () => {
     await other.release();
   });
 
+  for (const how of ['lost', 'released'] as const) {
+    it(`a re-entered key whose outer hold is ${how} stops the watchdogs of the keys the lock took`, async () => {
+      const [a, b] = pair();
+      const ttl = 300;
+      let inner: Lock | undefined;
+      await env.locks.using(
+        a,
+        async () => {
+          // Nested: re-enters a, takes b itself; never released.
+          inner = await env.locks.acquire([a, b], { ttl, autoExtend: true });
+          if (how === 'lost') {
+            const signal = inner.signal;
+            await env.redis.del(`lock:{${a}}`); // the outer hold's watchdog finds it gone
+            assert.ok(await eventually(() => signal.aborted, 2 * ttl), 'a’s loss never noticed');
+          }
+        },
+        { ttl, autoExtend: true },
+      );
+      // The outer section is over (a released, or lost): the inner lock is lost with it.
+      assert.equal(inner!.signal.aborted, true);
+      const endedAt = performance.now();
+      const stalls = watchStalls();
+      assert.ok(
+        await eventually(async () => (await stored(b)) === null, 3 * ttl),
+        `b kept alive by its watchdog: PTTL ${await env.redis.pttl(`lock:{${b}}`)} ms`,
+      );
+      assertWithin(performance.now() - endedAt, ttl, stalls, 'b lapsing after the outer end');
+      stalls.stop();
+      assert.equal(await inner!.release(), false);
+    });
+  }
+
+  it('extend() of a lock whose re-entered key ran out unobserved extends none of its keys', async () => {
+    const [a, b] = pair();
+    await env.locks.using(
+      a,
+      async () => {
+        await sleep(200);
+        // Re-enters a (its 400 ms lease), takes b with the default TTL.
+        const inner = await env.locks.acquire([a, b]);
+        await sleep(250); // a's lease over, unobserved; b's not
+        const before = await env.redis.pttl(`lock:{${b}}`);
+        await assert.rejects(inner.extend(600_000), LockLostError);
+        assert.ok((await env.redis.pttl(`lock:{${b}}`)) <= before, 'b was extended');
+        assert.equal(await inner.release(), false);
+      },
+      { ttl: 400, autoExtend: false },
+    );
+  });
+
   it('wakes a waiter on one of the keys when the set is released', async () => {
     const [a, b] = pair();
     const waiter = await startNonPollingApp({ connection: env.server.url });
