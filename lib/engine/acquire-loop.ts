@@ -216,11 +216,15 @@ export class AcquireLoop {
       if (!handle && joined && opts.acquireTimeout > 0 && (shape.fair || shape === PLAIN)) {
         // A waiter that gives up leaves nothing: a fair one leaves the queue at once (the next in
         // line is told), a writer takes back its mark on read locks, its process the queue of
-        // waiting processes. Once its last attempt is answered: one still on its way (a reply
-        // given up on; one sent again after NOSCRIPT, as after a restart) would queue it, or mark
-        // it, again behind the give-up.
+        // waiting processes. Once its last attempt is answered, and the undo of a grant it got too
+        // late: one still on its way (a reply given up on; one sent again after NOSCRIPT, as after
+        // a restart) would queue it, or mark it, again behind the give-up, and so would that
+        // undo's release, which puts the process back in the queue while callers of it wait (see
+        // NAME_NEXT; this one still counted when it was sent).
         const leave = (): Promise<void> => backend.giveUp(key, token, shape);
-        (sent ? sent.then(leave, leave) : leave()).catch(() => {
+        const before = [sent, replies.undosOf(key)].filter((pending) => pending !== undefined);
+        const after = before.length > 0 ? Promise.allSettled(before).then(leave) : leave();
+        after.catch(() => {
           // Its place, or its mark, lapses by itself within the queue's stay.
         });
       }

@@ -33,6 +33,7 @@ import { startRedis, type RedisServer } from '../support/redis-server.js';
 import {
   ACQUIRE_SCRIPT,
   ACQUIRE_UNRESERVED_SCRIPT,
+  DROP_MARK_SCRIPT,
   FENCE_STRIDE,
   HANDOFF_SCRIPT,
   HANDOFF_UNRESERVED_SCRIPT,
@@ -1206,6 +1207,37 @@ describe('waiting for a held lock', () => {
       process.off('unhandledRejection', onUnhandled);
       await app.close();
       await proxy.close();
+    }
+  });
+
+  it('a waiter whose last grant came too late leaves the queue of waiting processes, also when Redis lost the release script (found by the model suite)', async () => {
+    // A server of its own: its scripts are flushed.
+    const own = await startRedis();
+    const apps = await Promise.all([0, 1].map(() => startLockModule({ connection: own.url })));
+    const admin = new Redis(own.port, '127.0.0.1');
+    try {
+      const key = uniqueKey();
+      const turns = `lock:{${key}}:turns`;
+      await apps[0].locks.acquire(key, { ttl: 150 }); // runs out by itself
+      // Redis forgets its scripts (a restart); another instance's give-up loaded its own again.
+      await admin.script('FLUSH');
+      await admin.script('LOAD', DROP_MARK_SCRIPT);
+      const waiting = apps[1].locks.acquire(key, { ttl: 150, acquireTimeout: 300 });
+      assert.ok(await eventually(async () => (await admin.exists(turns)) === 1), 'never queued');
+      // Redis stops for everyone: the waiter's last attempt, sent at its deadline, is granted
+      // after its 150 ms lease, so it is undone (a release, which takes the NOSCRIPT detour),
+      // and the waiter gives up. The release must not put its process back in the queue after
+      // the give-up took it out.
+      await admin.client('PAUSE', '700');
+      await assert.rejects(waiting, LockAcquireTimeoutError);
+      assert.ok(
+        await eventually(async () => (await admin.exists(turns)) === 0, 2_000),
+        `the process stayed queued: ${JSON.stringify(await admin.zrange(turns, '0', '-1'))}`,
+      );
+    } finally {
+      admin.disconnect();
+      await Promise.all(apps.map((app) => app.close()));
+      await own.stop();
     }
   });
 
