@@ -114,6 +114,12 @@ export class AcquireLoop {
     /** Whether an attempt that may wait was sent: what a refused caller has to take back. */
     let askedToWait = false;
     let handoff: Handoff | undefined;
+    /**
+     * The last grant came after its lease (see below): Redis may hold the key for this call's
+     * token still, and keeps it for the call's next attempt, which renews it, or for its undo when
+     * the call ends without the lock (`late` then: what to undo it after, a token write in flight).
+     */
+    let late: { after?: Promise<unknown> } | undefined;
     try {
       if (queueFirst) {
         refused = opts.counted ? this.parts.waiters.enter(key) : undefined;
@@ -141,18 +147,19 @@ export class AcquireLoop {
         }
         if (attempt.acquired && sentAt + attempt.validity <= performance.now()) {
           // Granted, but the answer came after the lease it grants had run out (a slow link, a
-          // stalled process): no use to the caller, and Redis lets the key go any moment. Undone
-          // (not with the caller's own token, which may hold the lock already), and counted as a
-          // failed attempt: the caller never gets a lock whose lease is over.
-          // A lock passed on in the process is released after its own token write, still in
-          // flight: sent before it, the release would find the predecessor's token and leave the
-          // heir's lock in Redis for its TTL.
-          if (opts.token === undefined) {
-            const swap = handoff?.swap;
-            const release = (): Promise<boolean> => backend.release(key, token, shape);
-            replies.undoing([key], swap ? swap.then(release, release) : release());
-          }
+          // stalled process): no use to the caller, and Redis lets the key go any moment. Counted
+          // as a failed attempt: the caller never gets a lock whose lease is over. Not undone
+          // while the call goes on: its next attempt, at once, renews the key with a lease of its
+          // own (the same token), where an undo of it, re-sent after NOSCRIPT behind that attempt
+          // or behind a hand-over to this call, would delete the lock the call then holds. Undone
+          // if the call ends without the lock (see `finally`; never the caller's own token, which
+          // may hold the lock already). A lock passed on in the process has its own token write
+          // still in flight: the next attempt, or the undo, goes after it, else it would find the
+          // predecessor's token.
+          late = opts.token === undefined ? { after: handoff?.swap } : undefined;
           attempt = TOO_LATE;
+        } else {
+          late = undefined;
         }
         if (attempt.acquired) {
           handle = holdGranted(this.parts, key, token, attempt, sentAt, opts, handoff);
@@ -183,6 +190,12 @@ export class AcquireLoop {
         if (remaining <= 0) {
           return this.timedOut(key, started, opts, mode, attempt, ownToken !== undefined);
         }
+        if (late) {
+          // Try again at once (see above), once its token write, if any, is answered.
+          if (late.after) await within(late.after, commandTimeout, signals).catch(ignoreDeadline);
+          handoff = undefined;
+          continue;
+        }
         if (!subscription) {
           // Subscribe, then try again at once: a release between the failed attempt and the
           // subscription would otherwise go unnoticed until the timer. A subscription that is
@@ -206,6 +219,10 @@ export class AcquireLoop {
     } catch (error) {
       throw this.waitEnded(key, opts.signal, error);
     } finally {
+      if (late && !handle) {
+        const release = (): Promise<boolean> => backend.release(key, token, shape);
+        replies.undoing([key], late.after ? late.after.then(release, release) : release());
+      }
       if (waiting) this.parts.waiters.leave(key);
       subscription?.dispose(handle !== undefined, shape.mode === 'read');
       // A caller `maxWaiters` refused takes back only what it joined: its own place in a fair

@@ -4,6 +4,7 @@ import { after, before, describe, it } from 'node:test';
 import { Test } from '@nestjs/testing';
 import { Redis } from 'ioredis';
 import {
+  LockAcquireTimeoutError,
   LockArgumentError,
   LockBackendError,
   LockLostError,
@@ -22,6 +23,7 @@ import {
   waitingCallers,
   type LockModuleFixture,
 } from '../support/lock-module.js';
+import { FaultProxy } from '../support/fault-proxy.js';
 import { monitorRedis } from '../support/redis-monitor.js';
 import {
   ACQUIRE_OWN_TOKEN_REDLOCK_SCRIPT,
@@ -1007,6 +1009,131 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
       servers[3].signal('SIGCONT');
       if (!closed) await third.close();
       await held.release();
+    }
+  });
+
+  it('a refusal says the key is busy and when to try again: the least TTL the nodes that refused have left (found by mutation testing)', async () => {
+    const key = uniqueKey();
+    const held = await other.locks.acquire(key, { ttl: 30_000 });
+    assert.ok(await eventually(async () => (await holders(key, held.token)) === NODES));
+    // Each node's copy with a TTL of its own: the refusal names the least of them.
+    for (const [i, client] of direct.entries())
+      await client.pexpire(`lock:{${key}}`, 2_000 + i * 5_000);
+    const error = await locks.acquire(key, { acquireTimeout: 0 }).catch((e: unknown) => e);
+    assert.ok(error instanceof LockAcquireTimeoutError, String(error));
+    assert.equal(error.busy, true);
+    const retryAfter = error.retryAfterMs;
+    assert.ok(
+      retryAfter !== undefined && retryAfter > 1_000 && retryAfter <= 2_000,
+      `retryAfterMs ${retryAfter}`,
+    );
+    await held.release();
+  });
+
+  it("re-acquiring with one's own token keeps the fence when the first nodes to answer had lost it: the others' answers are waited for (found by mutation testing)", async () => {
+    const key = uniqueKey();
+    const first = await locks.acquire(key, { token: 'kept', ttl: 30_000 });
+    assert.ok(await eventually(async () => (await holders(key, 'kept')) === NODES));
+    // Nodes 0 and 1 lost the lock and its record (emptied); nodes 2, 3 and 4 hold it. With 3 and
+    // 4 frozen for a moment, the first majority to answer is 0, 1 and 2: one copy of three.
+    for (const i of [0, 1]) await direct[i].del(`lock:{${key}}`, `lock:{${key}}:fence`);
+    for (const i of [3, 4]) servers[i].signal('SIGSTOP');
+    const thaw = setTimeout(() => {
+      for (const i of [3, 4]) servers[i].signal('SIGCONT');
+    }, 100);
+    try {
+      const again = await locks.acquire(key, { token: 'kept', ttl: 30_000 });
+      assert.equal(
+        again.fence,
+        first.fence,
+        'a new fence for a token that holds the lock on a majority',
+      );
+      assert.equal(await again.release(), true);
+    } finally {
+      clearTimeout(thaw);
+      for (const i of [3, 4]) servers[i].signal('SIGCONT');
+    }
+  });
+
+  it('an extension that finds the lock gone on a majority writes no copy back anywhere (found by mutation testing)', async () => {
+    const key = uniqueKey();
+    const lock = await locks.acquire(key, { ttl: 30_000 });
+    assert.ok(await eventually(async () => (await holders(key, lock.token)) === NODES));
+    for (const i of [0, 1, 2]) await direct[i].del(`lock:{${key}}`);
+    await assert.rejects(lock.extend(30_000), LockLostError);
+    await sleep(200); // a copy written back would have landed by now
+    assert.equal(
+      await holders(key, lock.token, [0, 1, 2].values()),
+      0,
+      'a lost lock was written back',
+    );
+    assert.equal(await lock.release(), false);
+  });
+
+  it('keeps no record of attempts or write-backs once they are over (found by mutation testing)', async () => {
+    const backend = (
+      locks as unknown as {
+        engine: { backend: { attempts: Map<string, number>; writeBacks: Map<string, unknown> } };
+      }
+    ).engine.backend;
+    const key = uniqueKey();
+    for (let i = 0; i < 3; i++) await (await locks.acquire(key)).release();
+    // A refused attempt (undone nowhere: it got no copy), and one with copies on a minority.
+    const held = await other.locks.acquire(key, { ttl: 30_000 });
+    // (Granted once a majority answered: the others' copies may still be on their way.)
+    assert.ok(await eventually(async () => (await holders(key, held.token)) === NODES));
+    assert.equal(await locks.tryAcquire(key), null);
+    for (const i of [0, 1]) await direct[i].del(`lock:{${key}}`);
+    assert.equal(await locks.tryAcquire(key), null);
+    await held.release();
+    // An extension that writes a copy back.
+    const lock = await locks.acquire(key, { ttl: 30_000 });
+    assert.ok(await eventually(async () => (await holders(key, lock.token)) === NODES));
+    await direct[0].del(`lock:{${key}}`);
+    await lock.extend(30_000);
+    assert.ok(await eventually(async () => (await direct[0].get(`lock:{${key}}`)) === lock.token));
+    await lock.release();
+    assert.ok(
+      await eventually(() => backend.attempts.size === 0 && backend.writeBacks.size === 0, 2_000),
+      `left: ${backend.attempts.size} attempts, ${backend.writeBacks.size} write-backs`,
+    );
+  });
+
+  it('no lock from a second round a majority refuses: the copies its first round left on a minority are undone, and the call tries again (found by mutation testing)', async () => {
+    // Three nodes behind a 150 ms/way link: their grants land 300 ms after the attempt, the
+    // second round's raise 150 ms after that. In between, the copies there are deleted (lost,
+    // as a restart loses them): the raise finds the token no longer holding on a majority.
+    const proxies = await Promise.all(
+      [2, 3, 4].map((i) => FaultProxy.start(() => servers[i].port)),
+    );
+    const slow = await startLockModule({
+      nodes: [
+        ...servers.slice(0, 2).map((server) => server.url),
+        ...proxies.map((proxy) => `redis://127.0.0.1:${proxy.port}`),
+      ],
+    });
+    try {
+      await slow.locks.isLocked(uniqueKey()); // connected, before the latency
+      for (const proxy of proxies) proxy.setLatency(150);
+      const key = uniqueKey();
+      const pending = slow.locks.acquire(key, { ttl: 10_000, acquireTimeout: 5_000 });
+      // The copies on the slow nodes exist from ~150 ms to the raise at ~450 ms.
+      assert.ok(
+        await eventually(async () => (await direct[2].exists(`lock:{${key}}`)) === 1, 1_000),
+        'the first grant never reached node 2',
+      );
+      await sleep(100);
+      for (const i of [2, 3, 4]) await direct[i].del(`lock:{${key}}`);
+      const lock = await pending;
+      assert.ok(
+        (await holders(key, lock.token)) >= 3,
+        `a lock held on ${await holders(key, lock.token)} node(s) of five`,
+      );
+      await lock.release();
+    } finally {
+      for (const proxy of proxies) proxy.setLatency(0);
+      await slow.close();
+      await Promise.all(proxies.map((proxy) => proxy.close()));
     }
   });
 

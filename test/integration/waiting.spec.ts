@@ -1241,6 +1241,59 @@ describe('waiting for a held lock', () => {
     }
   });
 
+  it('a grant that came after its lease is not undone while the call goes on: an undo sent again after NOSCRIPT would delete the lock its next attempt renews (found by a helper: two live holders)', async () => {
+    const own = await startRedis();
+    const proxy = await FaultProxy.start(() => own.port);
+    const options = { commandTimeout: 500, defaults: { retryInterval: 5_000 } };
+    const slow = await startLockModule({
+      ...options,
+      connection: `redis://127.0.0.1:${proxy.port}`,
+    });
+    const others = await Promise.all(
+      [0, 1, 2].map(() => startLockModule({ ...options, connection: own.url })),
+    );
+    const admin = new Redis(own.port, '127.0.0.1');
+    try {
+      await slow.locks.isLocked(uniqueKey()); // connected
+      proxy.setLatency(10);
+      const key = uniqueKey();
+      const first = await others[0].locks.acquire(key, { ttl: 10_000 });
+      const waiting = slow.locks.acquire(key, { ttl: 300, acquireTimeout: 4_000 });
+      await sleep(300); // refused, subscribed, asleep (its poll is 5 s away)
+      proxy.setLatency(200);
+      const released = performance.now();
+      await first.release(); // its attempt goes out, and is answered after its 300 ms lease
+      await sleep(5);
+      await (await others[1].locks.acquire(key, { ttl: 5_000 })).release(); // heard on its way: it tries again at once
+      // Redis forgets its scripts; another instance loaded the acquisition's again.
+      await sleep(500 - (performance.now() - released));
+      await admin.script('FLUSH');
+      await admin.script('LOAD', ACQUIRE_SCRIPT);
+      await sleep(590 - (performance.now() - released));
+      proxy.setLatency(10);
+      const lock = await waiting;
+      // It holds the key in Redis for as long as its lease runs, and nobody else gets it.
+      const stalls = watchStalls();
+      while (performance.now() < lock.expiresAt - 20 - stalls.slack() && !lock.signal.aborted) {
+        assert.equal(await admin.get(`lock:{${key}}`), lock.token, 'the holder’s key was deleted');
+        assert.equal(
+          await others[2].locks.tryAcquire(key, { ttl: 1_000 }),
+          null,
+          'two live holders',
+        );
+        await sleep(10);
+      }
+      stalls.stop();
+      await lock.release();
+    } finally {
+      admin.disconnect();
+      await slow.close();
+      await Promise.all(others.map((app) => app.close()));
+      await proxy.close();
+      await own.stop();
+    }
+  });
+
   it('after a wait, the lock is unsubscribed: no channel stays open', async () => {
     const key = uniqueKey();
     const held = await holder.acquire(key);
