@@ -12,7 +12,11 @@ import {
   type Leadership,
 } from '../../lib/index.js';
 import { RELEASE_FAIR_SCRIPT, RELEASE_FAIR_SHARDED_SCRIPT } from '../../lib/redis/fair.scripts.js';
-import { DROP_MARK_SCRIPT } from '../../lib/redis/lock.scripts.js';
+import {
+  ACQUIRE_SCRIPT,
+  ACQUIRE_UNRESERVED_SCRIPT,
+  DROP_MARK_SCRIPT,
+} from '../../lib/redis/lock.scripts.js';
 import * as lockScriptsOf from '../../lib/redis/lock.scripts.js';
 import * as shapeScriptsOf from '../../lib/redis/shape.scripts.js';
 import * as fairScriptsOf from '../../lib/redis/fair.scripts.js';
@@ -182,6 +186,8 @@ abstract class Step implements fc.AsyncCommand<Model, Real> {
 
 /** The scripts a waiter's give-up runs (see `FlushScriptsStep`). */
 const GIVE_UP_SCRIPTS = [RELEASE_FAIR_SCRIPT, RELEASE_FAIR_SHARDED_SCRIPT, DROP_MARK_SCRIPT];
+/** The plain lock's acquisitions: what another instance's attempt loads again. */
+const ACQUIRE_SCRIPTS = [ACQUIRE_SCRIPT, ACQUIRE_UNRESERVED_SCRIPT];
 
 /**
  * Every script the library runs, loaded on every server as each sequence begins (see
@@ -613,13 +619,14 @@ class StallStep extends Step {
  * Redis forgets its scripts (as after a restart or a failover): they are loaded again. With
  * `reload`, another instance's give-ups (a fair waiter leaving the queue, a writer's mark dropped)
  * have loaded theirs again already, while an attempt still takes the `NOSCRIPT` detour; with
+ * `reload: 'acquire'`, another instance's acquisitions have, while a release takes it; with
  * `slow`, slot 0's link is slow from then on (150 ms each way, as while clients reconnect after a
  * failover), so that what it sends next is on that detour for a while.
  */
 class FlushScriptsStep extends Step {
   readonly kind = 'flush';
   constructor(
-    readonly reload = false,
+    readonly reload: boolean | 'acquire' = false,
     readonly slow = false,
   ) {
     super();
@@ -631,7 +638,9 @@ class FlushScriptsStep extends Step {
     return model.deployment.faults;
   }
   async run(model: Model, real: Real): Promise<void> {
-    await real.deployment.flushScripts(this.reload ? GIVE_UP_SCRIPTS : []);
+    await real.deployment.flushScripts(
+      this.reload === 'acquire' ? ACQUIRE_SCRIPTS : this.reload ? GIVE_UP_SCRIPTS : [],
+    );
     model.scriptsFlushed = true;
     if (this.slow) {
       real.deployment.latency(150);
@@ -1422,7 +1431,12 @@ const STEPS: [fc.Arbitrary<Step>, number][] = [
   [fc.constantFrom(10, 100, 320).map((ms) => new SleepStep(ms)), 2],
   [fc.constantFrom(0, 0, 150).map((ms) => new LatencyStep(ms)), 1],
   [fc.constantFrom(100, 400).map((ms) => new StallStep(ms)), 1],
-  [fc.tuple(fc.boolean(), fc.boolean()).map((args) => new FlushScriptsStep(...args)), 2],
+  [
+    fc
+      .tuple(fc.constantFrom(false, true, 'acquire' as const), fc.boolean())
+      .map((args) => new FlushScriptsStep(...args)),
+    2,
+  ],
   [fc.boolean().map((allowed) => new ChannelsStep(allowed)), 1],
   [
     fc
