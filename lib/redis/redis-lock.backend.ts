@@ -387,8 +387,11 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
     } else if (shape === PLAIN) {
       this.batcher?.beforeSend();
       const lockKey = this.layout.lockKey(key);
-      // The last caller of this process to give up takes it out of the queue of waiting processes.
-      const leaving = this.hasWaiters(key) ? [] : [this.processId];
+      // The last caller of this process that takes turns (see NAME_NEXT) to give up takes it out
+      // of the queue of waiting processes: a reader, a semaphore's or a fair caller waiting still
+      // never takes turns, and would not take it out again.
+      const turns = this.notifier.takesTurns(this.layout.releaseChannel(lockKey));
+      const leaving = turns ? [] : [this.processId];
       await this.commands.redisLockDropMark(lockKey, this.layout.turnsKey(lockKey), ...leaving);
     }
   }

@@ -206,6 +206,26 @@ describe("read/write locks (mode: 'read')", () => {
     assert.deepEqual(await env.redis.keys(`lock:{${key}}*`), []);
   });
 
+  it('a writer that gives up while a reader of its process waits takes the process out of the queue of waiting processes (found by a helper)', async () => {
+    const key = uniqueKey('doc');
+    const app = await startNonPollingApp({ connection: env.server.url, fenceRetention: 0 });
+    try {
+      const held = await env.other.locks.acquire(key, { ttl: 30_000 });
+      const writer = app.locks.acquire(key, { acquireTimeout: 500 });
+      const reader = app.locks.acquire(key, { ...read, acquireTimeout: 30_000 });
+      await assert.rejects(writer, LockAcquireTimeoutError);
+      const turns = `lock:{${key}}:turns`;
+      assert.ok(
+        await eventually(async () => (await env.redis.exists(turns)) === 0, 2_000),
+        'the process stayed queued with only a reader of it waiting',
+      );
+      await held.release();
+      await (await reader).release();
+    } finally {
+      await app.close();
+    }
+  });
+
   it('a plain lock is a writer; semaphores and read locks on one key exclude each other', async () => {
     const key = uniqueKey('doc');
     const reader = await env.locks.acquire(key, read);
