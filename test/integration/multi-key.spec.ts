@@ -37,6 +37,18 @@ describe('several keys at once (acquire([a, b]))', () => {
   };
   const stored = (key: string): Promise<string | null> => env.redis.get(`lock:{${key}}`);
 
+  /** `key` is gone from Redis within `ttl` from now (and what the machine added), unreleased. */
+  async function lapsesWithin(key: string, ttl: number, what: string): Promise<void> {
+    const from = performance.now();
+    const stalls = watchStalls();
+    assert.ok(
+      await eventually(async () => (await stored(key)) === null, 3 * ttl),
+      `${key} kept alive by its watchdog: PTTL ${await env.redis.pttl(`lock:{${key}}`)} ms`,
+    );
+    assertWithin(performance.now() - from, ttl, stalls, what);
+    stalls.stop();
+  }
+
   it('locks every key with one token, lists them in lock order, and gives each its own fence', async () => {
     const [a, b] = pair();
     const earlier = await env.locks.acquire(b);
@@ -385,15 +397,8 @@ describe('several keys at once (acquire([a, b]))', () => {
     await env.redis.del(`lock:{${a}}`); // lost, as an eviction or a failover would lose it
     // The watchdog's next extension of `a` (every ttl / 3) finds it gone.
     assert.ok(await eventually(() => signal.aborted, 2 * ttl), 'the loss of a was never noticed');
-    const lostAt = performance.now();
-    const stalls = watchStalls();
     // `b`, held by nobody any more, is extended no more: gone within its TTL, with no release.
-    assert.ok(
-      await eventually(async () => (await stored(b)) === null, 3 * ttl),
-      `b kept alive by its watchdog: PTTL ${await env.redis.pttl(`lock:{${b}}`)} ms`,
-    );
-    assertWithin(performance.now() - lostAt, ttl, stalls, 'b lapsing after the loss');
-    stalls.stop();
+    await lapsesWithin(b, ttl, 'b lapsing after the loss');
     // And extend() of the lost lock extends nothing.
     const other = await env.locks.acquire(b, { ttl: 10_000 });
     await assert.rejects(lock.extend(5_000), LockLostError);
@@ -423,14 +428,7 @@ describe('several keys at once (acquire([a, b]))', () => {
       );
       // The outer section is over (a released, or lost): the inner lock is lost with it.
       assert.equal(inner!.signal.aborted, true);
-      const endedAt = performance.now();
-      const stalls = watchStalls();
-      assert.ok(
-        await eventually(async () => (await stored(b)) === null, 3 * ttl),
-        `b kept alive by its watchdog: PTTL ${await env.redis.pttl(`lock:{${b}}`)} ms`,
-      );
-      assertWithin(performance.now() - endedAt, ttl, stalls, 'b lapsing after the outer end');
-      stalls.stop();
+      await lapsesWithin(b, ttl, 'b lapsing after the outer end');
       assert.equal(await inner!.release(), false);
     });
   }
