@@ -79,7 +79,7 @@ export class AcquireLoop {
     const chained = findChainLock(this.parts.hooks, key);
     if (chained) return this.reenter(key, chained, opts, given, mode, ownToken);
 
-    const token = opts.token ?? ownToken ?? freshToken();
+    let token = opts.token ?? ownToken ?? freshToken();
     const started = performance.now();
     const deadline = started + opts.acquireTimeout;
     let subscription: ReleaseSubscription | undefined;
@@ -114,12 +114,8 @@ export class AcquireLoop {
     /** Whether an attempt that may wait was sent: what a refused caller has to take back. */
     let askedToWait = false;
     let handoff: Handoff | undefined;
-    /**
-     * The last grant came after its lease (see below): Redis may hold the key for this call's
-     * token still, and keeps it for the call's next attempt, which renews it, or for its undo when
-     * the call ends without the lock (`late` then: what to undo it after, a token write in flight).
-     */
-    let late: { after?: Promise<unknown> } | undefined;
+    /** The undo of a grant that came too late (see below), while the call's token is the same. */
+    let undoing: Promise<unknown> | undefined;
     try {
       if (queueFirst) {
         refused = opts.counted ? this.parts.waiters.enter(key) : undefined;
@@ -137,6 +133,12 @@ export class AcquireLoop {
           sentAt = handoff.sentAt;
         } else {
           this.throwIfStopped(key, opts.signal);
+          if (undoing) {
+            // After the undo of this token's late grant (see below).
+            const signalsNow = [opts.signal, this.parts.stopping];
+            await within(undoing, commandTimeout, signalsNow).catch(ignoreDeadline);
+            undoing = undefined;
+          }
           if (queueFirst) attempt = QUEUED;
           else {
             askedToWait ||= mayWait;
@@ -147,19 +149,30 @@ export class AcquireLoop {
         }
         if (attempt.acquired && sentAt + attempt.validity <= performance.now()) {
           // Granted, but the answer came after the lease it grants had run out (a slow link, a
-          // stalled process): no use to the caller, and Redis lets the key go any moment. Counted
-          // as a failed attempt: the caller never gets a lock whose lease is over. Not undone
-          // while the call goes on: its next attempt, at once, renews the key with a lease of its
-          // own (the same token), where an undo of it, re-sent after NOSCRIPT behind that attempt
-          // or behind a hand-over to this call, would delete the lock the call then holds. Undone
-          // if the call ends without the lock (see `finally`; never the caller's own token, which
-          // may hold the lock already). A lock passed on in the process has its own token write
-          // still in flight: the next attempt, or the undo, goes after it, else it would find the
-          // predecessor's token.
-          late = opts.token === undefined ? { after: handoff?.swap } : undefined;
+          // stalled process): no use to the caller, and Redis lets the key go any moment. Undone
+          // at once (its release wakes the waiters elsewhere; not with the caller's own token,
+          // which may hold the lock already), and counted as a failed attempt: the caller never
+          // gets a lock whose lease is over.
+          // A lock passed on in the process is released after its own token write, still in
+          // flight: sent before it, the release would find the predecessor's token and leave the
+          // heir's lock in Redis for its TTL.
+          // The undo may be sent again after NOSCRIPT (Redis lost its scripts), behind what the
+          // call sends next: with the same token, it would delete the lock that next attempt, or
+          // a hand-over to the call, then gives it. So a call whose token is its own making goes
+          // on with a fresh one (a hand-over takes the new one too); any other sends its next
+          // attempt once the undo is answered.
+          if (opts.token === undefined) {
+            const swap = handoff?.swap;
+            const late = token;
+            const release = (): Promise<boolean> => backend.release(key, late, shape);
+            undoing = swap ? swap.then(release, release) : release();
+            replies.undoing([key], undoing);
+            if (claim && ownToken === undefined) {
+              token = claim.token = freshToken();
+              undoing = undefined;
+            }
+          }
           attempt = TOO_LATE;
-        } else {
-          late = undefined;
         }
         if (attempt.acquired) {
           handle = holdGranted(this.parts, key, token, attempt, sentAt, opts, handoff);
@@ -190,12 +203,6 @@ export class AcquireLoop {
         if (remaining <= 0) {
           return this.timedOut(key, started, opts, mode, attempt, ownToken !== undefined);
         }
-        if (late) {
-          // Try again at once (see above), once its token write, if any, is answered.
-          if (late.after) await within(late.after, commandTimeout, signals).catch(ignoreDeadline);
-          handoff = undefined;
-          continue;
-        }
         if (!subscription) {
           // Subscribe, then try again at once: a release between the failed attempt and the
           // subscription would otherwise go unnoticed until the timer. A subscription that is
@@ -219,10 +226,6 @@ export class AcquireLoop {
     } catch (error) {
       throw this.waitEnded(key, opts.signal, error);
     } finally {
-      if (late && !handle) {
-        const release = (): Promise<boolean> => backend.release(key, token, shape);
-        replies.undoing([key], late.after ? late.after.then(release, release) : release());
-      }
       if (waiting) this.parts.waiters.leave(key);
       subscription?.dispose(handle !== undefined, shape.mode === 'read');
       // A caller `maxWaiters` refused takes back only what it joined: its own place in a fair

@@ -1241,7 +1241,7 @@ describe('waiting for a held lock', () => {
     }
   });
 
-  it('a grant that came after its lease is not undone while the call goes on: an undo sent again after NOSCRIPT would delete the lock its next attempt renews (found by a helper: two live holders)', async () => {
+  it('a call whose grant came after its lease goes on with a fresh token: the undo, sent again after NOSCRIPT, cannot delete the lock its next attempt gets (found by a helper: two live holders)', async () => {
     const own = await startRedis();
     const proxy = await FaultProxy.start(() => own.port);
     const options = { commandTimeout: 500, defaults: { retryInterval: 5_000 } };
@@ -1291,6 +1291,31 @@ describe('waiting for a held lock', () => {
       await Promise.all(others.map((app) => app.close()));
       await proxy.close();
       await own.stop();
+    }
+  });
+
+  it('a caller whose every grant comes after its lease does not keep the key from others: each undo wakes them (found by a helper)', async () => {
+    const proxy = await FaultProxy.start(() => server.port);
+    const slow = await startLockModule({
+      connection: `redis://127.0.0.1:${proxy.port}`,
+      commandTimeout: 2_000,
+    });
+    const fast = await startNonPollingApp({ connection: server.url });
+    try {
+      await slow.locks.isLocked(uniqueKey()); // connected
+      proxy.setLatency(300); // a 600 ms round trip against a 598 ms TTL: every grant too late
+      const key = uniqueKey();
+      const starved = slow.locks.acquire(key, { ttl: 598, acquireTimeout: 4_000 });
+      await sleep(700);
+      // Woken by a release (it never polls): an undo of the slow caller's late grant.
+      const lock = await fast.locks.acquire(key, { ttl: 2_000, acquireTimeout: 3_000 });
+      await lock.release();
+      await assert.rejects(starved, LockAcquireTimeoutError);
+    } finally {
+      proxy.setLatency(0);
+      await slow.close();
+      await fast.close();
+      await proxy.close();
     }
   });
 
