@@ -1305,12 +1305,18 @@ describe('waiting for a held lock', () => {
       await slow.locks.isLocked(uniqueKey()); // connected
       proxy.setLatency(300); // a 600 ms round trip against a 598 ms TTL: every grant too late
       const key = uniqueKey();
-      const starved = slow.locks.acquire(key, { ttl: 598, acquireTimeout: 4_000 });
+      const gone = new AbortController();
+      const starved = slow.locks.acquire(key, {
+        ttl: 598,
+        acquireTimeout: 4_000,
+        signal: gone.signal,
+      });
       await sleep(700);
       // Woken by a release (it never polls): an undo of the slow caller's late grant.
       const lock = await fast.locks.acquire(key, { ttl: 2_000, acquireTimeout: 3_000 });
       await lock.release();
-      await assert.rejects(starved, LockAcquireTimeoutError);
+      gone.abort(new Error('done'));
+      await assert.rejects(starved, LockAcquireAbortedError);
     } finally {
       proxy.setLatency(0);
       await slow.close();
