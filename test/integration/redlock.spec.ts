@@ -1016,15 +1016,18 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     const key = uniqueKey();
     const held = await other.locks.acquire(key, { ttl: 30_000 });
     assert.ok(await eventually(async () => (await holders(key, held.token)) === NODES));
-    // Each node's copy with a TTL of its own: the refusal names the least of them.
-    for (const [i, client] of direct.entries())
-      await client.pexpire(`lock:{${key}}`, 2_000 + i * 5_000);
+    // Each node's copy with a TTL of its own: the refusal names the least TTL among the nodes
+    // whose refusals decided it (any three of five, whichever answer first). Three copies end
+    // within 3 s, two after 12 s: any three nodes include a short one, so the least is at most
+    // 3 s, where the most would be 12 s unless the first three were exactly the short ones.
+    const ttls = [2_000, 2_500, 3_000, 12_000, 17_000];
+    for (const [i, client] of direct.entries()) await client.pexpire(`lock:{${key}}`, ttls[i]);
     const error = await locks.acquire(key, { acquireTimeout: 0 }).catch((e: unknown) => e);
     assert.ok(error instanceof LockAcquireTimeoutError, String(error));
     assert.equal(error.busy, true);
     const retryAfter = error.retryAfterMs;
     assert.ok(
-      retryAfter !== undefined && retryAfter > 1_000 && retryAfter <= 2_000,
+      retryAfter !== undefined && retryAfter > 1_000 && retryAfter <= 3_000,
       `retryAfterMs ${retryAfter}`,
     );
     await held.release();
@@ -1100,8 +1103,8 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
   });
 
   it('no lock from a second round a majority refuses: the copies its first round left on a minority are undone, and the call tries again (found by mutation testing)', async () => {
-    // Three nodes behind a 150 ms/way link: their grants land 300 ms after the attempt, the
-    // second round's raise 150 ms after that. In between, the copies there are deleted (lost,
+    // Three nodes behind a 300 ms/way link: their grants land 600 ms after the attempt, the
+    // second round's raise 300 ms after that. In between, the copies there are deleted (lost,
     // as a restart loses them): the raise finds the token no longer holding on a majority.
     const proxies = await Promise.all(
       [2, 3, 4].map((i) => FaultProxy.start(() => servers[i].port)),
@@ -1111,18 +1114,19 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
         ...servers.slice(0, 2).map((server) => server.url),
         ...proxies.map((proxy) => `redis://127.0.0.1:${proxy.port}`),
       ],
+      commandTimeout: 3_000, // replies queue behind each other on a 600 ms round trip
     });
     try {
       await slow.locks.isLocked(uniqueKey()); // connected, before the latency
-      for (const proxy of proxies) proxy.setLatency(150);
+      for (const proxy of proxies) proxy.setLatency(300);
       const key = uniqueKey();
       const pending = slow.locks.acquire(key, { ttl: 10_000, acquireTimeout: 5_000 });
-      // The copies on the slow nodes exist from ~150 ms to the raise at ~450 ms.
+      // The copies on the slow nodes exist from ~300 ms to the raise at ~900 ms.
       assert.ok(
         await eventually(async () => (await direct[2].exists(`lock:{${key}}`)) === 1, 1_000),
         'the first grant never reached node 2',
       );
-      await sleep(100);
+      await sleep(150);
       for (const i of [2, 3, 4]) await direct[i].del(`lock:{${key}}`);
       const lock = await pending;
       assert.ok(
