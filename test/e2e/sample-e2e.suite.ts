@@ -159,8 +159,10 @@ export function sampleAppSuite(adapterName: keyof typeof ADAPTERS): void {
         for (const controller of controllers) controller.abort();
         assert.deepEqual(new Set(await Promise.all(requests)), new Set(['gone']));
         assert.ok(await eventually(() => !backend.hasWaiters(key), 10_000), 'the waits end');
-        // With their clients, not at the route's 2 s acquireTimeout.
-        assertWithin(performance.now() - gone, 0, watch, 'the end of the waits');
+        // With their clients, not at the route's 2 s acquireTimeout: the server has 20 closed
+        // connections to notice and the test polls every 10 ms (a bound of 0 failed in CI at 109 ms
+        // for a measured slack of 103), so a tenth of the deadline.
+        assertWithin(performance.now() - gone, 200, watch, 'the end of the waits');
         watch.stop();
       } finally {
         await held.release();
