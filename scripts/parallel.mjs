@@ -1,8 +1,9 @@
 #!/usr/bin/env node
-// `node scripts/parallel.mjs <npm script> ...`: runs the named npm scripts side by side (lint and
-// the test build read the sources and write nothing the other reads), prints each one's output in
-// one piece as it ends, and exits 1 if any failed. `npm test` uses it to save the ~20 s the two
-// took one after the other.
+// `node scripts/parallel.mjs <npm script> ...`: runs the named npm scripts side by side (the linters
+// and the test build read the sources and write nothing another reads), prints each one's output
+// in one piece as it ends, and exits 1 if any failed. `npm test` runs ESLint, the other checks and
+// the test build so: ~35 s on two cores instead of the ~55 s of lint (one after the other) beside
+// the build.
 import { spawn } from 'node:child_process';
 
 const names = process.argv.slice(2);
