@@ -44,7 +44,7 @@ const servers = job.ports.map((port) => new Redis(port, '127.0.0.1'));
 const connections = [client, data, ...nodes, ...servers];
 for (const connection of connections) connection.on('error', () => {});
 await Promise.all(connections.map((connection) => connection.ping()));
-const locker = await contender.create({ client, nodes: nodes.length > 0 ? nodes : [] });
+const locker = await contender.create({ client, nodes });
 const now = (): number => Number(process.hrtime.bigint()) / 1e6;
 process.stdout.write(`${READY}\n`);
 // The runner gone without a word: stop.

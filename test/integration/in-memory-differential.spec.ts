@@ -330,11 +330,31 @@ class Announcements {
     return new Announcements(subscriber, client);
   }
 
-  /** Every channel announced on since the last call. */
+  /**
+   * Every channel announced on since the last call. Bounded: a marker that never comes back (the
+   * subscriber's connection lost) fails the step with a message instead of hanging the file.
+   */
   async take(): Promise<string[]> {
-    const marked = new Promise<void>((resolve) => (this.marked = resolve));
-    await this.client.publish(MARKER, String(++this.markers));
-    await marked;
+    let timer: NodeJS.Timeout | undefined;
+    const marked = new Promise<void>((resolve, reject) => {
+      this.marked = resolve;
+      timer = setTimeout(
+        () =>
+          reject(
+            new Error(
+              `marker ${this.markers} not heard back within ${MARKER_WAIT_MS} ms: the test's subscriber is ${this.subscriber.status}`,
+            ),
+          ),
+        MARKER_WAIT_MS,
+      );
+    });
+    try {
+      await this.client.publish(MARKER, String(++this.markers));
+      await marked;
+    } finally {
+      clearTimeout(timer);
+      this.marked = undefined;
+    }
     return this.heard.splice(0);
   }
 
@@ -343,6 +363,7 @@ class Announcements {
   }
 }
 const MARKER = 'diff:marker';
+const MARKER_WAIT_MS = 5_000;
 
 describe('the in-memory store answers as the Redis scripts do (fast-check, side by side)', () => {
   let server: RedisServer;

@@ -438,16 +438,17 @@ describe('several keys at once (acquire([a, b]))', () => {
     await env.locks.using(
       a,
       async () => {
-        await sleep(200);
-        // Re-enters a (its 400 ms lease), takes b with the default TTL.
+        // Re-enters a (its 1 s lease, at once: a loaded machine cannot make it lapse first), takes
+        // b with the default TTL (30 s).
         const inner = await env.locks.acquire([a, b]);
-        await sleep(250); // a's lease over, unobserved; b's not
+        await sleep(1_100); // a's lease over, unobserved; b's not
         const before = await env.redis.pttl(`lock:{${b}}`);
+        assert.equal(await env.redis.exists(`lock:{${a}}`), 0, 'a ran out');
         await assert.rejects(inner.extend(600_000), LockLostError);
         assert.ok((await env.redis.pttl(`lock:{${b}}`)) <= before, 'b was extended');
         assert.equal(await inner.release(), false);
       },
-      { ttl: 400, autoExtend: false },
+      { ttl: 1_000, autoExtend: false },
     );
   });
 

@@ -1103,9 +1103,10 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
   });
 
   it('no lock from a second round a majority refuses: the copies its first round left on a minority are undone, and the call tries again (found by mutation testing)', async () => {
-    // Three nodes behind a 300 ms/way link: their grants land 600 ms after the attempt, the
-    // second round's raise 300 ms after that. In between, the copies there are deleted (lost,
-    // as a restart loses them): the raise finds the token no longer holding on a majority.
+    // Three nodes whose replies are held: their grants are made, and deleted (lost, as a restart
+    // loses them) before the call hears of them. Its first round then has a majority whose fences
+    // differ (each node's own counter), so it sends the second round, the raise, which finds the
+    // token no longer holding on a majority. No timing: the order is the test's.
     const proxies = await Promise.all(
       [2, 3, 4].map((i) => FaultProxy.start(() => servers[i].port)),
     );
@@ -1114,20 +1115,22 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
         ...servers.slice(0, 2).map((server) => server.url),
         ...proxies.map((proxy) => `redis://127.0.0.1:${proxy.port}`),
       ],
-      commandTimeout: 3_000, // replies queue behind each other on a 600 ms round trip
     });
     try {
-      await slow.locks.isLocked(uniqueKey()); // connected, before the latency
-      for (const proxy of proxies) proxy.setLatency(300);
+      // Connected, the acquisition's script loaded on every node (a NOSCRIPT held back would
+      // keep the grant from running), before the replies are held.
+      await (await slow.locks.acquire(uniqueKey())).release();
+      for (const proxy of proxies) proxy.holdReplies();
       const key = uniqueKey();
       const pending = slow.locks.acquire(key, { ttl: 10_000, acquireTimeout: 5_000 });
-      // The copies on the slow nodes exist from ~300 ms to the raise at ~900 ms.
-      assert.ok(
-        await eventually(async () => (await direct[2].exists(`lock:{${key}}`)) === 1, 1_000),
-        'the first grant never reached node 2',
-      );
-      await sleep(150);
+      for (const i of [2, 3, 4]) {
+        assert.ok(
+          await eventually(async () => (await direct[i].exists(`lock:{${key}}`)) === 1, 1_000),
+          `the first grant never reached node ${i}`,
+        );
+      }
       for (const i of [2, 3, 4]) await direct[i].del(`lock:{${key}}`);
+      for (const proxy of proxies) proxy.heal();
       const lock = await pending;
       assert.ok(
         (await holders(key, lock.token)) >= 3,
@@ -1135,7 +1138,7 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
       );
       await lock.release();
     } finally {
-      for (const proxy of proxies) proxy.setLatency(0);
+      for (const proxy of proxies) proxy.heal();
       await slow.close();
       await Promise.all(proxies.map((proxy) => proxy.close()));
     }

@@ -11,6 +11,10 @@ export class FaultProxy {
   private readonly pairs = new Set<[Socket, Socket]>();
   private latencyMs = 0;
   private stalled = false;
+  /** Holds only what Redis sends back (see `holdReplies`). */
+  private repliesHeld = false;
+  /** The client end of every connection: where replies go. */
+  private readonly clients = new WeakSet<Socket>();
   /** Chunks held back while stalled, in order, with the socket each is for. */
   private held: { to: Socket; chunk: Buffer }[] = [];
   /** Chunks waiting out the latency, per destination socket, oldest first. */
@@ -46,8 +50,18 @@ export class FaultProxy {
     this.delayed.clear();
   }
 
+  /**
+   * Holds every reply until `heal()`, while commands still reach Redis and run: a client that
+   * waits for its answers while what it asked for is done, for a test to change meanwhile.
+   * (Replies already waiting out a latency still go.)
+   */
+  holdReplies(): void {
+    this.repliesHeld = true;
+  }
+
   heal(): void {
     this.stalled = false;
+    this.repliesHeld = false;
     const held = this.held;
     this.held = [];
     for (const { to, chunk } of held) if (!to.destroyed) to.write(chunk);
@@ -89,6 +103,7 @@ export class FaultProxy {
   private accept(client: Socket): void {
     const upstream = new Socket();
     const pair: [Socket, Socket] = [client, upstream];
+    this.clients.add(client);
     this.pairs.add(pair);
     const end = (): void => {
       this.pairs.delete(pair);
@@ -103,7 +118,7 @@ export class FaultProxy {
   }
 
   private forward(to: Socket, chunk: Buffer): void {
-    if (this.stalled) {
+    if (this.stalled || (this.repliesHeld && this.clients.has(to))) {
       this.held.push({ to, chunk });
       return;
     }
