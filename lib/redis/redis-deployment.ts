@@ -54,8 +54,11 @@ export abstract class RedisDeployment {
    * a release names the process whose waiters try next.
    */
   protected readonly processId = randomBytes(8).toString('base64url');
-  /** Writes that closing must not cut off (see `close`): releases, and what they orphaned. */
-  protected readonly writes = new InFlight();
+  /**
+   * Writes that closing must not cut off (see `close`): releases, and what they orphaned. A
+   * release is tagged with its key, for a give-up of that key to wait for it (see `leave`).
+   */
+  protected readonly writes = new InFlight<string | undefined>();
   private readonly stopWatchingLosses: () => void;
 
   /** See `LockBackend.explain`. */

@@ -201,6 +201,7 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
       keep > 0
         ? this.keepFor(key, token, shape, lease, keep)
         : this.releaseNow(key, token, shape, lease, message),
+      key,
     );
   }
 
@@ -385,6 +386,11 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
     if (shape.fair) {
       await this.fair.release(this.layout.lockKey(key), token, false, '');
     } else if (shape === PLAIN) {
+      // A release of the key from this process still on its way (a holder's, sent while this
+      // caller still waited: it puts the process at the back of the queue) goes first. After
+      // NOSCRIPT it is sent again, behind what was sent meanwhile, and would put the process
+      // back after this give-up took it out: queued, and named next, with nobody waiting.
+      await this.writes.of(key);
       this.batcher?.beforeSend();
       const lockKey = this.layout.lockKey(key);
       // The last caller of this process that takes turns (see NAME_NEXT) to give up takes it out

@@ -1241,6 +1241,60 @@ describe('waiting for a held lock', () => {
     }
   });
 
+  it('a waiter that gives up as a holder of its process releases leaves the queue of waiting processes, also when Redis lost the release script (found by a helper)', async () => {
+    // A server of its own: its scripts are flushed.
+    const own = await startRedis();
+    const proxy = await FaultProxy.start(() => own.port);
+    const other = await startLockModule({ connection: own.url });
+    // Every release names the next process (handoffTurn 0): no direct hand-over in the process.
+    const app = await startNonPollingApp({
+      connection: `redis://127.0.0.1:${proxy.port}`,
+      handoffTurn: 0,
+    });
+    const admin = new Redis(own.port, '127.0.0.1');
+    try {
+      const key = uniqueKey();
+      const turns = `lock:{${key}}:turns`;
+      const held = await app.locks.acquire(key, { ttl: 30_000 });
+      const gone = new AbortController();
+      const waiting = app.locks.acquire(key, { acquireTimeout: 30_000, signal: gone.signal });
+      // Another process queued too, so that the release has someone to name.
+      const elsewhere = other.locks.acquire(key, { acquireTimeout: 30_000 });
+      assert.ok(
+        await eventually(async () => (await admin.zcard(turns)) === 2),
+        `never both queued: ${JSON.stringify(await admin.zrange(turns, '0', '-1'))}`,
+      );
+      // Redis forgets its scripts (a restart); another instance's give-up loaded its own again.
+      await admin.script('FLUSH');
+      await admin.script('LOAD', DROP_MARK_SCRIPT);
+      // The release, sent while its process's waiter still waits, puts the process at the back of
+      // the queue; through a 100 ms/way link it reaches Redis at ~100 ms and, after NOSCRIPT, at
+      // ~300. The give-up sent at ~30 ms (at Redis ~130) must not be overtaken by it: the process
+      // would stay queued with nobody of it waiting, ahead of others.
+      proxy.setLatency(100);
+      const released = held.release();
+      await sleep(30);
+      gone.abort(new Error('gone'));
+      await assert.rejects(waiting, LockAcquireAbortedError);
+      assert.equal(await released, true);
+      proxy.setLatency(0);
+      // The release named the other process and took it out of the queue, and the give-up (on
+      // its way still) takes this one out: nobody is left there.
+      const next = await elsewhere;
+      assert.ok(
+        await eventually(async () => (await admin.exists(turns)) === 0, 2_000),
+        `the process stayed queued with nobody of it waiting (the next release would name it): ${JSON.stringify(await admin.zrange(turns, '0', '-1'))}`,
+      );
+      await next.release();
+    } finally {
+      admin.disconnect();
+      await other.close();
+      await app.close();
+      await proxy.close();
+      await own.stop();
+    }
+  });
+
   it('a call whose grant came after its lease goes on with a fresh token: the undo, sent again after NOSCRIPT, cannot delete the lock its next attempt gets (found by a helper: two live holders)', async () => {
     const own = await startRedis();
     const proxy = await FaultProxy.start(() => own.port);

@@ -83,8 +83,11 @@ export interface Deployment {
   /** The servers `pauseNode` and `restartNode` pick from. */
   readonly nodes: number;
   /**
-   * Starts a sequence: `variant` (its number) picks what varies from one to the next, the
-   * apps' clients with an ioredis `keyPrefix` of their own or without.
+   * Starts a sequence: `variant` (its number) picks what varies from one to the next: the
+   * apps' clients with an ioredis `keyPrefix` of their own or without (odd variants), and slot 0's
+   * app handing a released lock to its own waiters for the default turn or never (`handoffTurn`
+   * 0: every release names the next process, variants 2 and 3 of every 4; not in Redlock mode,
+   * which passes nothing on in a process).
    */
   begin(variant: number): void;
   /** What the sequence's clients prefix keys with (the library's keys are under it). */
@@ -309,6 +312,15 @@ abstract class Linked implements Deployment {
 
   begin(variant: number): void {
     this.clientPrefix = variant % 2 === 1 ? this.prefix : '';
+    this.turn = variant % 4 >= 2 ? { handoffTurn: 0 } : {};
+  }
+
+  /** Slot 0's `handoffTurn` in this sequence (see `Deployment.begin`). */
+  private turn: { handoffTurn?: number } = {};
+
+  /** What `slot`'s app takes of the sequence's variant. */
+  protected variantOf(slot: number): { handoffTurn?: number } {
+    return slot === 0 ? this.turn : {};
   }
 
   get stalled(): boolean {
@@ -365,7 +377,11 @@ class Standalone extends Linked {
     const port = slot === 0 ? this.link.proxies[0].port : this.server.port;
     const keyPrefix = this.clientPrefix || undefined;
     const connection = { host: '127.0.0.1', port, keyPrefix };
-    return appOf(slot, generation, { connection, commandTimeout: this.commandTimeout });
+    return appOf(slot, generation, {
+      connection,
+      commandTimeout: this.commandTimeout,
+      ...this.variantOf(slot),
+    });
   }
 
   owner(key: string): Promise<string[]> {
@@ -434,6 +450,7 @@ class Redlock extends Linked {
       port: slot === 0 && i === 0 ? this.link.proxies[0].port : server.port,
       keyPrefix: this.clientPrefix || undefined,
     }));
+    // No handoffTurn: Redlock passes nothing on in a process (the option is refused with nodes).
     return appOf(slot, generation, { nodes, commandTimeout: this.commandTimeout });
   }
 
@@ -537,7 +554,7 @@ class ClusterOfThree extends Linked {
             { natMap, keyPrefix },
           )
         : new Cluster(this.startupNodes, { keyPrefix });
-    const options = { client, commandTimeout: this.commandTimeout };
+    const options = { client, commandTimeout: this.commandTimeout, ...this.variantOf(slot) };
     return appOf(slot, generation, options, () => client.disconnect());
   }
 

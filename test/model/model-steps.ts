@@ -476,24 +476,31 @@ class AbortStep extends Step {
   }
 }
 
-/** Releases a holder (a lock, a view, a section's hold from outside), maybe twice. */
+/**
+ * Releases a holder (a lock, a view, a section's hold from outside), maybe twice; in the
+ * `background`, the next steps go on while it is on its way (as a request's `finally` releases
+ * while the app serves others): a waiter of its app giving up, another release, a fault.
+ */
 class ReleaseStep extends Step {
   readonly kind = 'release';
   constructor(
     readonly pick: number,
     readonly twice: boolean,
+    readonly background = false,
   ) {
     super();
   }
   get args() {
-    return [this.pick, this.twice];
+    return this.background ? [this.pick, this.twice, true] : [this.pick, this.twice];
   }
   override check(model: Readonly<Model>): boolean {
     return model.held.length > 0;
   }
   async run(model: Model): Promise<void> {
     const held = model.held[this.pick % model.held.length];
-    await release(model, held, this.toString(), this.twice ? 2 : 1);
+    const released = release(model, held, this.toString(), this.twice ? 2 : 1);
+    if (this.background) model.pending.push(released);
+    else await released;
     await model.check();
   }
 }
@@ -504,6 +511,8 @@ async function release(model: Model, held: Held, what: string, times = 1): Promi
   for (let i = 0; i < times; i++) {
     // A lock its app's shutdown did not release (lost before), released after: no connection.
     const afterClose = held.app.closedAt !== undefined;
+    // Counted as it is called: a release in the background may answer after a later one.
+    const nth = held.releases++;
     const answer = await model.bounded(what, 2 * model.commandTimeout, () =>
       held.lock.release().catch((error: unknown) => error),
     );
@@ -515,9 +524,9 @@ async function release(model: Model, held: Held, what: string, times = 1): Promi
     } else if (answer instanceof Error) {
       model.violations.push(`${what}: release of #${held.id} failed with ${String(answer)}`);
     }
-    if (held.releases++ > 0 && answer !== false) {
+    if (nth > 0 && answer !== false) {
       model.violations.push(
-        `release ${held.releases} of #${held.id} (${held.view ? 'a view' : 'a lock'}) answered ${String(answer)}`,
+        `release ${nth + 1} of #${held.id} (${held.view ? 'a view' : 'a lock'}) answered ${String(answer)}`,
       );
     }
   }
@@ -1425,7 +1434,12 @@ const STEPS: [fc.Arbitrary<Step>, number][] = [
       .map((args) => new AcquireStep(...args)),
     4,
   ],
-  [fc.tuple(fc.nat(), fc.boolean()).map((args) => new ReleaseStep(...args)), 3],
+  [
+    fc
+      .tuple(fc.nat(), fc.boolean(), fc.constantFrom(false, false, true))
+      .map((args) => new ReleaseStep(...args)),
+    3,
+  ],
   [fc.nat().map((pick) => new AbortStep(pick)), 1],
   [fc.tuple(fc.nat(), fc.constantFrom(150, 1_000)).map((args) => new ExtendStep(...args)), 1],
   [fc.constantFrom(10, 100, 320).map((ms) => new SleepStep(ms)), 2],

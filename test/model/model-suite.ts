@@ -11,8 +11,8 @@ import { ALL_SCRIPTS, drive, replay, settle, steps, type Real } from './model-st
  * `MODEL_RUNS` random sequences (default 12) of up to `MODEL_STEPS` steps (default 40), after
  * every kept sequence of `model-corpus.json` (each one that found a bug, replayed as it is);
  * `MODEL_SEED` replays one random run (fast-check prints the seed, and the shrunk sequence as
- * JSON lines to keep in the corpus), `MODEL_PATH` with it the failing run's path (it alone, then its
- * shrinking). `MODEL_SHRINK=0` stops at the first failure.
+ * JSON lines to keep in the corpus, with the `variant` its failure names), `MODEL_PATH` with it the
+ * failing run's path (it alone, then its shrinking). `MODEL_SHRINK=0` stops at the first failure.
  */
 const RUNS = process.env.MODEL_RUNS === undefined ? undefined : Number(process.env.MODEL_RUNS);
 const STEPS = Number(process.env.MODEL_STEPS ?? 40);
@@ -34,6 +34,8 @@ const FIXED_SEEDS = [1, 2, 3, 4, 5, 6];
 interface Kept {
   readonly found: string;
   readonly steps: readonly (readonly unknown[])[];
+  /** The variant it found it in (see `Deployment.begin`); else its number in the run. */
+  readonly variant?: number;
 }
 const corpus = JSON.parse(
   readFileSync(new URL('../../../test/model/model-corpus.json', import.meta.url), 'utf8'),
@@ -76,8 +78,11 @@ export function modelSuite(
     });
 
     const totals = { sequences: 0, steps: 0, grants: 0, views: 0, freed: 0 };
-    async function runSequence(sequence: Iterable<fc.AsyncCommand<Model, Real>>): Promise<void> {
-      deployment.begin(totals.sequences);
+    async function runSequence(
+      sequence: Iterable<fc.AsyncCommand<Model, Real>>,
+      variant = totals.sequences,
+    ): Promise<void> {
+      deployment.begin(variant);
       await deployment.flushScripts(ALL_SCRIPTS);
       const stalls = watchStalls();
       logs.lines.length = 0;
@@ -119,6 +124,9 @@ export function modelSuite(
       });
       try {
         await Promise.race([fc.asyncModelRun(() => ({ model, real }), steps), hung]);
+      } catch (error) {
+        // What a kept sequence needs besides its steps to find it again.
+        throw new Error(`(variant ${variant}) ${String(error)}`, { cause: error });
       } finally {
         try {
           at = 'settle';
@@ -137,7 +145,7 @@ export function modelSuite(
 
     it(`replays the ${corpus.length} kept sequences`, async () => {
       for (const kept of corpus) {
-        await runSequence(kept.steps.map(replay)).catch((error: unknown) => {
+        await runSequence(kept.steps.map(replay), kept.variant).catch((error: unknown) => {
           throw new Error(`kept sequence (${kept.found}) failed: ${String(error)}`, {
             cause: error,
           });
@@ -147,7 +155,7 @@ export function modelSuite(
 
     const property = fc.asyncProperty(
       fc.commands(steps, { maxCommands: STEPS, size: 'max' }),
-      runSequence,
+      (sequence) => runSequence(sequence),
     );
     const options = {
       endOnFailure: process.env.MODEL_SHRINK === '0',
