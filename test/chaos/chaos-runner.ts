@@ -383,10 +383,14 @@ async function runSession(
   // The workers' traffic runs through the fault proxies in this process: when its event loop
   // stands still, so does every lock's link to Redis (see Call.starved).
   const stalls = stallRecorder();
-  /** Whether the worker's (`worstTick`) or this process's event loop stood still while a lease ran. */
-  const starvedLease = (section: Section, abortAt: number, worstTick: number): boolean =>
-    stalls.overlap(section.enter - profile.ttl, abortAt) ||
-    Math.max(worstTick, stalls.worst(section.enter - profile.ttl, abortAt)) > STARVED_TICK_MS;
+  /**
+   * Whether the worker's (`worstTick`) or this process's event loop stood still while a lease ran;
+   * records on the section how long at most (`Section.stall`).
+   */
+  const starvedLease = (section: Section, abortAt: number, worstTick: number): boolean => {
+    section.stall = Math.max(worstTick, stalls.worst(section.enter - profile.ttl, abortAt));
+    return stalls.overlap(section.enter - profile.ttl, abortAt) || section.stall > STARVED_TICK_MS;
+  };
 
   const spawnWorker = (slot: number): Worker => {
     const config: WorkerConfig = {

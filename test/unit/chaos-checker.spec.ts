@@ -105,6 +105,21 @@ describe('chaos checker', () => {
     }
   });
 
+  it("a holder whose signal came after its own lease's end by no more than its process stood still: the overlap is counted apart; later than that, or its lease not over, it is an overlap", () => {
+    // Lease over at 90, the other entered at 100, the signal at 130: 40 ms late.
+    const holder = { enter: 0, exit: 200, abortAt: 130, starved: false, leaseEnd: 90 };
+    const late = check(record([{ ...holder, stall: 45 }, { enter: 100 }]));
+    assert.deepEqual([late.overlaps, late.overlapsStarved], [0, 1]);
+    for (const other of [
+      { ...holder, stall: 35 }, // later than the loop stood still: the library's own delay
+      { ...holder, stall: 45, leaseEnd: 110 }, // its lease not over when the other entered
+      { ...holder }, // nothing measured
+    ]) {
+      const figures = check(record([other, { enter: 100 }]));
+      assert.deepEqual([figures.overlaps, figures.overlapsStarved], [1, 0], JSON.stringify(other));
+    }
+  });
+
   it('a killed holder believes until the kill and is not counted as lost', () => {
     assert.equal(
       check(record([{ enter: 0, exit: undefined, killedAt: 90 }, { enter: 100 }])).overlaps,
