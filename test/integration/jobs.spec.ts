@@ -67,24 +67,53 @@ describe('jobs and leaders across three processes', () => {
     // Timers 100 ms apart: each instance's n-th tick is the same fire. A later instance's tick
     // finds the first one's run held for 700 ms: 500 ms of margin for a timer that a loaded
     // machine fires late (with 150 ms apart, 400 ms: a three-lane gate run once ran a fire twice).
-    const instances = [0, 100, 200].map((phase) =>
+    const phases = [0, 100, 200];
+    const instances = phases.map((phase) =>
       start(['jobs', String(server.port), prefix, String(phase), String(FIRES)]),
     );
     started.push(...instances);
+    const begun: { from: number; to: number }[] = [];
     for (const instance of instances) {
       const [code] = await instance.exited;
       assert.equal(code, 0, instance.output);
-      const { errors } = JSON.parse(instance.output.trim().split('\n').at(-1)!) as {
-        errors: string[];
-      };
+      const { errors, initFrom, startedAt } = JSON.parse(
+        instance.output.trim().split('\n').at(-1)!,
+      ) as { errors: string[]; initFrom: number; startedAt: number };
       assert.deepEqual(errors, [], 'no instance logs an error for a skipped fire');
+      begun.push({ from: initFrom, to: startedAt });
     }
+    // What the lock guarantees, however late a loaded machine ran the timers: a run holds the
+    // job for 700 ms, so no two runs across the fleet begin closer than that (10 ms: the
+    // milliseconds of the clock, and a run's own start read after its grant).
+    const at = (await redis.lrange(`${prefix}guarded:at`, 0, -1)).map(Number).sort((a, b) => a - b);
+    const gaps = at.slice(1).map((t, i) => t - at[i]);
+    assert.ok(
+      gaps.every((gap) => gap >= 690),
+      `runs closer than holdAtLeast: ${gaps.join(', ')} ms apart`,
+    );
     const runs = async (job: string): Promise<number[]> => {
       const counts = await redis.hgetall(`${prefix}${job}`);
       return Array.from({ length: FIRES }, (_, i) => Number(counts[i + 1] ?? 0));
     };
     const guarded = await runs('guarded');
-    assert.deepEqual(guarded, Array(FIRES).fill(1), `runs per fire: ${guarded.join(' ')}`);
+    // Once per fire, where the instances' intervals began within the 700 ms the later ones'
+    // ticks need to find the first one's run still held: each began in its `app.init()`, the
+    // test's phase after the barrier; a loaded machine can make one app's init take half a
+    // second longer (seen in CI: a fire ran twice), which is instances' timers further apart
+    // than holdAtLeast, outside what it promises.
+    const offsets = begun.map(({ from, to }, i) => [from - phases[i], to - phases[i]]);
+    const spread =
+      Math.max(...offsets.map(([, to]) => to)) - Math.min(...offsets.map(([from]) => from));
+    if (spread <= 300) {
+      assert.deepEqual(
+        guarded,
+        Array(FIRES).fill(1),
+        `runs per fire: ${guarded.join(' ')} (the intervals began within ${spread} ms of their phases)`,
+      );
+    } else {
+      // Still a job that runs, not one skipped at every fire.
+      assert.ok(at.length >= FIRES / 2, `runs per fire: ${guarded.join(' ')}`);
+    }
     // The control, the same job without holdAtLeast: a 5 ms run is over before the next
     // instance's timer fires, which runs the same fire again.
     const control = await runs('control');
