@@ -229,10 +229,12 @@ export class AcquireLoop {
       if (waiting) this.parts.waiters.leave(key);
       subscription?.dispose(handle !== undefined, shape.mode === 'read');
       // A caller `maxWaiters` refused takes back only what it joined: its own place in a fair
-      // queue, or, when no other caller of this process waits for the key (they keep the
-      // process's place and the writers' mark), the process's place and its mark.
+      // queue, or, when no other caller of this process that takes turns waits for the key (they
+      // keep the process's place and the writers' mark), the process's place and its mark. Not
+      // "no other caller at all": readers waiting never take turns, and would leave the process
+      // queued for good (found by a helper: a writer refused as readers filled the places).
       const joined =
-        refused === undefined || (askedToWait && (shape.fair || !backend.hasWaiters(key)));
+        refused === undefined || (askedToWait && (shape.fair || !backend.takesTurns(key)));
       if (!handle && joined && opts.acquireTimeout > 0 && (shape.fair || shape === PLAIN)) {
         // A waiter that gives up leaves nothing: a fair one leaves the queue at once (the next in
         // line is told), a writer takes back its mark on read locks, its process the queue of

@@ -189,7 +189,8 @@ export class LockHandle extends Lease implements Lock, Linked<LockHandle>, Reent
   /**
    * The release in Redis; before `holdAtLeast` is over, the key's TTL shortened to what remains
    * instead (owner-checked, as an extension is: nothing is deleted, nothing announced, and nothing
-   * passed on to a waiter, which gets the key when it expires).
+   * passed on to a waiter, which finds the key free at its next timed attempt after it lapsed:
+   * by then its pause, from the TTL the key had when it was refused, may end at that TTL).
    */
   private releaseInRedis(): Promise<boolean> {
     const { backend, reply } = this.owner;

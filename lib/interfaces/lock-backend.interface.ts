@@ -221,6 +221,12 @@ export interface LockBackend {
   /** Whether callers in this process already wait for `key` (hold a subscription to it). */
   hasWaiters(key: string): boolean;
   /**
+   * Whether callers in this process that take turns with other processes wait for `key` (a plain
+   * lock's waiters with a token of the library's making: see `watchReleases`' claim): they keep
+   * the process's place in the key's queue of waiting processes.
+   */
+  takesTurns(key: string): boolean;
+  /**
    * Subscribes to releases of `key`; dispose the subscription when done waiting. With a `claim`,
    * a release in this process may hand the lock straight to this waiter (see `wait`). With
    * `turnOf` (a fair waiter's token), to the news that it is that waiter's turn instead.

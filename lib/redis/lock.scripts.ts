@@ -394,8 +394,8 @@ return 1
 const NAME_NEXT = `
 local message = ARGV[3]
 if ARGV[4] and message == '' then
-  if redis.call('EXISTS', KEYS[3]) == 1 then
-    local queued = redis.call('ZRANGE', KEYS[3], 0, 1)
+  local queued = redis.call('ZRANGE', KEYS[3], 0, 1)
+  if queued[1] then
     local next = queued[1]
     if next == ARGV[4] then next = queued[2] end
     if next then

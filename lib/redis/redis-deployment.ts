@@ -182,6 +182,10 @@ export abstract class RedisDeployment {
     return this.notifier.watching && this.notifier.isWatched(this.releaseChannel(key));
   }
 
+  takesTurns(key: string): boolean {
+    return this.notifier.watching && this.notifier.takesTurns(this.releaseChannel(key));
+  }
+
   watchReleases(key: string, claim?: HandoffClaim, turnOf?: string): ReleaseSubscription {
     const channel =
       turnOf === undefined

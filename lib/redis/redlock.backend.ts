@@ -608,6 +608,11 @@ export class RedlockBackend implements LockBackend {
     return this.notifier.watching && this.notifier.isWatched(this.nodes[0].releaseChannel(key));
   }
 
+  /** Nobody takes turns in Redlock mode: its waiters are never handed a lock (see `watchReleases`). */
+  takesTurns(): boolean {
+    return false;
+  }
+
   /** No handoffs in Redlock mode (a release would have to hand over on a majority): `claim` is unused. */
   watchReleases(key: string): ReleaseSubscription {
     return this.notifier.watch(this.nodes[0].releaseChannel(key));

@@ -150,7 +150,7 @@ const ROWS: Row[] = [
     },
   },
   {
-    name: '+ the next process named from the queue (EXISTS): what the library sends',
+    name: '+ the next process named from the queue (ZRANGE): what the library sends',
     async pair(i) {
       const token = freshToken();
       await ours(i, token);

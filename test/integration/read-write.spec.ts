@@ -18,6 +18,7 @@ import {
   uniqueKey,
   waitingCallers,
 } from '../support/lock-module.js';
+import { FaultProxy } from '../support/fault-proxy.js';
 import { monitorRedis } from '../support/redis-monitor.js';
 
 describe("read/write locks (mode: 'read')", () => {
@@ -204,6 +205,44 @@ describe("read/write locks (mode: 'read')", () => {
     // Queued by the writer's release, the process would stay there for its stay (~4 s): no
     // release of a reader takes it out.
     assert.deepEqual(await env.redis.keys(`lock:{${key}}*`), []);
+  });
+
+  it('a writer refused by maxWaiters as a reader of its process took the last place takes the process out of the queue of waiting processes (found by a helper)', async () => {
+    const key = uniqueKey('doc');
+    const turns = `lock:{${key}}:turns`;
+    const proxy = await FaultProxy.start(() => env.server.port);
+    const app = await startNonPollingApp({
+      connection: `redis://127.0.0.1:${proxy.port}`,
+      fenceRetention: 0,
+      maxWaiters: { perKey: 1 },
+    });
+    try {
+      const held = await env.other.locks.acquire(key, { ttl: 30_000 });
+      // A reader's attempt, then 100 ms later a writer's (nobody of the app waits yet: it may
+      // wait), through a 150 ms/way link: the writer's queues the process in Redis; the reader,
+      // refused, takes the one place ~200 ms before the writer's refusal arrives, which then
+      // finds the places full.
+      // Both scripts loaded (a NOSCRIPT detour would cost the reader two more trips).
+      await (await app.locks.acquire(uniqueKey('doc'), read)).release();
+      await (await app.locks.acquire(uniqueKey('doc'))).release();
+      proxy.setLatency(150);
+      const reader = app.locks.acquire(key, { ...read, acquireTimeout: 30_000 });
+      await sleep(100);
+      const writer = app.locks.acquire(key, { acquireTimeout: 30_000 });
+      await assert.rejects(writer, /already wait for this key/);
+      assert.equal(waitingCallers(app.locks, key), 1, 'the reader waits');
+      proxy.setLatency(0);
+      assert.ok(
+        await eventually(async () => (await env.redis.exists(turns)) === 0, 2_000),
+        'the process stayed queued with only a reader of it waiting',
+      );
+      await held.release();
+      await (await reader).release();
+    } finally {
+      proxy.heal();
+      await app.close();
+      await proxy.close();
+    }
   });
 
   it('a writer that gives up while a reader of its process waits takes the process out of the queue of waiting processes (found by a helper)', async () => {
