@@ -22,7 +22,7 @@ import * as shapeScriptsOf from '../../lib/redis/shape.scripts.js';
 import * as fairScriptsOf from '../../lib/redis/fair.scripts.js';
 import * as electionScriptsOf from '../../lib/redis/election.scripts.js';
 import * as inspectScriptsOf from '../../lib/redis/inspect.scripts.js';
-import type { App, Deployment } from './model-deployment.js';
+import { MODEL_MAX_WAITERS, type App, type Deployment } from './model-deployment.js';
 import {
   SEMAPHORE_LIMIT,
   type CallNode,
@@ -1381,28 +1381,43 @@ class CloseAppStep extends Step {
   }
 }
 
-/** A crowd on one key in one app: a dozen callers wait at once (a listener per waiter would warn). */
+/**
+ * A crowd on one key in one app: a dozen callers wait at once (a listener per waiter would warn),
+ * more than `maxWaiters` lets wait. `mixed`: on the read-write key, as many readers as may wait,
+ * then writers (their attempts sent before the readers' answers came: refused by `maxWaiters`
+ * after they queued their process, with only readers of it waiting).
+ */
 class CrowdStep extends Step {
   readonly kind = 'crowd';
   constructor(
     readonly slot: number,
     readonly key: number,
+    readonly mixed = false,
   ) {
     super();
   }
   get args() {
-    return [this.slot, this.key];
+    return this.mixed ? [this.slot, this.key, true] : [this.slot, this.key];
+  }
+  override check(model: Readonly<Model>): boolean {
+    return !this.mixed || model.deployment.shapes;
   }
   async run(model: Model, real: Real): Promise<void> {
     const app = real.apps[this.slot];
-    const key = model.keys[this.key];
+    const key = model.keys[this.mixed ? 3 : this.key];
     const what = this.toString();
     const signal = new AbortController().signal; // shared by the crowd
     await Promise.all(
-      Array.from({ length: 12 }, async () => {
+      Array.from({ length: 12 }, async (_, i) => {
         const node = model.node(undefined);
         const started = performance.now();
-        const options = { ttl: 1_000, acquireTimeout: 60, signal };
+        const reads = this.mixed && i < MODEL_MAX_WAITERS.perKey;
+        const options = {
+          ttl: 1_000,
+          acquireTimeout: 60,
+          signal,
+          ...(reads ? { mode: 'read' as const } : {}),
+        };
         const lock = await model.bounded(what, 60 + 2 * model.commandTimeout, () =>
           app.locks.acquire(key, options).catch((error: unknown) => {
             model.failed(what, error, app, { ms: performance.now() - started, timeout: 60 });
@@ -1410,7 +1425,7 @@ class CrowdStep extends Step {
           }),
         );
         if (!lock) return;
-        const held = model.granted(app, lock, node, 1_000, what);
+        const held = model.granted(app, lock, node, 1_000, what, reads ? 'read' : 'plain');
         await release(model, held, `${what} (release)`);
       }),
     );
@@ -1550,7 +1565,7 @@ const STEPS: [fc.Arbitrary<Step>, number][] = [
   ],
   [
     fc
-      .tuple(fc.integer({ min: 0, max: 1 }), fc.integer({ min: 0, max: 1 }))
+      .tuple(fc.integer({ min: 0, max: 1 }), fc.integer({ min: 0, max: 1 }), fc.boolean())
       .map((args) => new CrowdStep(...args)),
     1,
   ],
