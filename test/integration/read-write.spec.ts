@@ -25,6 +25,15 @@ describe("read/write locks (mode: 'read')", () => {
   const env = twoAppsOnOneRedis({ fenceRetention: 0 });
 
   const read = { mode: 'read' } as const;
+  /** The process left the key's queue of waiting processes (`turns`); then the rest released. */
+  const assertLeftTheQueue = async (turns: string, held: Lock, reader: Promise<Lock>) => {
+    assert.ok(
+      await eventually(async () => (await env.redis.exists(turns)) === 0, 2_000),
+      'the process stayed queued with only a reader of it waiting',
+    );
+    await held.release();
+    await (await reader).release();
+  };
 
   it('readers share the key, each with its own token, lease and greater fence; they exclude writers and writers exclude them', async () => {
     const key = uniqueKey('doc');
@@ -232,12 +241,7 @@ describe("read/write locks (mode: 'read')", () => {
       await assert.rejects(writer, /already wait for this key/);
       assert.equal(waitingCallers(app.locks, key), 1, 'the reader waits');
       proxy.setLatency(0);
-      assert.ok(
-        await eventually(async () => (await env.redis.exists(turns)) === 0, 2_000),
-        'the process stayed queued with only a reader of it waiting',
-      );
-      await held.release();
-      await (await reader).release();
+      await assertLeftTheQueue(turns, held, reader);
     } finally {
       proxy.heal();
       await app.close();
@@ -254,12 +258,7 @@ describe("read/write locks (mode: 'read')", () => {
       const reader = app.locks.acquire(key, { ...read, acquireTimeout: 30_000 });
       await assert.rejects(writer, LockAcquireTimeoutError);
       const turns = `lock:{${key}}:turns`;
-      assert.ok(
-        await eventually(async () => (await env.redis.exists(turns)) === 0, 2_000),
-        'the process stayed queued with only a reader of it waiting',
-      );
-      await held.release();
-      await (await reader).release();
+      await assertLeftTheQueue(turns, held, reader);
     } finally {
       await app.close();
     }
