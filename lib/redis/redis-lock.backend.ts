@@ -217,7 +217,7 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
     if (lease?.swap) await lease.swap.catch(() => undefined);
     const kept = await this.extend(key, token, keep, shape);
     const lockKey = this.layout.lockKey(key);
-    if (shape === PLAIN && !this.notifier.takesTurns(this.layout.releaseChannel(lockKey))) {
+    if (shape === PLAIN && !this.takesTurns(key)) {
       this.batcher?.beforeSend();
       await this.commands.redisLockDropMark(lockKey, this.layout.turnsKey(lockKey), this.processId);
     }
@@ -396,8 +396,7 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
       // The last caller of this process that takes turns (see NAME_NEXT) to give up takes it out
       // of the queue of waiting processes: a reader, a semaphore's or a fair caller waiting still
       // never takes turns, and would not take it out again.
-      const turns = this.notifier.takesTurns(this.layout.releaseChannel(lockKey));
-      const leaving = turns ? [] : [this.processId];
+      const leaving = this.takesTurns(key) ? [] : [this.processId];
       await this.commands.redisLockDropMark(lockKey, this.layout.turnsKey(lockKey), ...leaving);
     }
   }

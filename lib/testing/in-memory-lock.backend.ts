@@ -50,8 +50,6 @@ export class InMemoryLockBackend implements LockBackend {
   /** This app's name among the apps waiting for a key (see `InMemoryLockStore.waitIn`). */
   private readonly processId = randomBytes(8).toString('base64url');
   private readonly channels = new Map<string, Watched>();
-  /** How many callers of this app that take turns wait for each key (see `takesTurns`). */
-  private readonly turnTakers = new Map<string, number>();
 
   constructor(
     private readonly store: InMemoryLockStore,
@@ -202,7 +200,7 @@ export class InMemoryLockBackend implements LockBackend {
   }
 
   takesTurns(key: string): boolean {
-    return (this.turnTakers.get(this.name(key)) ?? 0) > 0;
+    return this.store.waitsIn(this.name(key), this.processId);
   }
 
   watchReleases(key: string, claim?: HandoffClaim, turnOf?: string): ReleaseSubscription {
@@ -217,9 +215,9 @@ export class InMemoryLockBackend implements LockBackend {
     }
     const { state } = watched;
     state.refs++;
-    if (claim) this.takeTurns(name, 1);
+    if (claim) this.store.waitIn(name, this.processId, 1);
     return new ChannelSubscription(state, claim, () => {
-      if (claim) this.takeTurns(name, -1);
+      if (claim) this.store.waitIn(name, this.processId, -1);
       if (--state.refs > 0 || this.channels.get(channel)?.state !== state) return;
       this.channels.delete(channel);
       clearTimeout(state.deferred);
@@ -243,14 +241,6 @@ export class InMemoryLockBackend implements LockBackend {
     }
     this.channels.clear();
     return Promise.resolve();
-  }
-
-  /** A caller that takes turns (see `takesTurns`) begins (1) or ends (-1) its wait for `name`. */
-  private takeTurns(name: string, by: 1 | -1): void {
-    this.store.waitIn(name, this.processId, by);
-    const count = (this.turnTakers.get(name) ?? 0) + by;
-    if (count > 0) this.turnTakers.set(name, count);
-    else this.turnTakers.delete(name);
   }
 
   /** The name of `key` in the store: as in Redis (see `KeyLayout.lockKey`). */

@@ -349,6 +349,11 @@ export class InMemoryLockStore {
     else processes.delete(process);
   }
 
+  /** @internal Whether callers of app `process` wait for the plain lock `name` (see `waitIn`). */
+  waitsIn(name: string, process: string): boolean {
+    return this.keys.get(name)?.processes.has(process) ?? false;
+  }
+
   /** @internal Calls `listener` for each announcement on `channel` until the returned function is called. */
   subscribe(channel: string, listener: Listener): () => void {
     let listeners = this.channels.get(channel);
