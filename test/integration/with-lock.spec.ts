@@ -1,4 +1,5 @@
 import assert from 'node:assert/strict';
+import http from 'node:http';
 import { after, before, describe, it } from 'node:test';
 import {
   Controller,
@@ -358,6 +359,58 @@ describe('@WithLock', () => {
       });
       after(async () => {
         await app?.close();
+      });
+
+      it('requests on one keep-alive connection wait one after another; a hang-up ends the wait of the request on it, not of one on another connection', async () => {
+        const id = String(Math.floor(Math.random() * 1e9));
+        const key = `order:${id}`;
+        // One connection, kept alive between requests.
+        const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
+        const send = (): { request: http.ClientRequest; answer: Promise<number | 'gone'> } => {
+          const request = http.get(`${url}/orders/patient/${id}`, { agent });
+          const answer = new Promise<number | 'gone'>((resolve) => {
+            request.on('response', (response) => {
+              response.resume();
+              response.on('end', () => resolve(response.statusCode ?? 0));
+            });
+            request.on('error', () => resolve('gone'));
+          });
+          return { request, answer };
+        };
+        try {
+          for (let turn = 0; turn < 2; turn++) {
+            const held = await locks.acquire(key, { ttl: 10_000 });
+            const { request, answer } = send();
+            assert.ok(await eventually(() => waitingCallers(locks, key) === 1), 'it waits');
+            assert.equal(request.reusedSocket, turn > 0, 'the same connection each turn');
+            await held.release();
+            assert.equal(await answer, 200, `turn ${turn}: answered once the lock was free`);
+          }
+          const held = await locks.acquire(key, { ttl: 10_000 });
+          try {
+            const { request, answer } = send();
+            const other = fetch(`${url}/orders/patient/${id}`);
+            assert.ok(await eventually(() => waitingCallers(locks, key) === 2), 'both wait');
+            assert.equal(request.reusedSocket, true);
+            const watch = watchStalls();
+            const gone = performance.now();
+            request.destroy();
+            assert.equal(await answer, 'gone');
+            assert.ok(
+              await eventually(() => waitingCallers(locks, key) === 1, 5_000),
+              'the wait of the request whose client hung up ends',
+            );
+            // With the connection, not at the route's 5 s acquireTimeout.
+            assertWithin(performance.now() - gone, 0, watch, 'the end of the wait');
+            watch.stop();
+            await held.release();
+            assert.equal((await other).status, 200, 'the request on another connection goes on');
+          } finally {
+            await held.release();
+          }
+        } finally {
+          agent.destroy();
+        }
       });
 
       for (const order of ['above', 'below'] as const) {
