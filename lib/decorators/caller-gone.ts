@@ -23,8 +23,6 @@ interface Kind {
   readonly transport: string;
   /** The events that say the caller went. */
   readonly events: readonly string[];
-  /** Whether `endpoint` is one of this kind (checked once per endpoint). */
-  readonly accepts: (endpoint: Endpoint) => boolean;
   /** Whether the caller is gone already, before any event. */
   readonly gone: (endpoint: Endpoint) => boolean;
   /** Whether the call was answered (an event that follows an answer is no hang-up). */
@@ -33,39 +31,40 @@ interface Kind {
 
 type Node = Endpoint & {
   destroyed?: boolean;
-  writableFinished?: boolean;
   readyState?: number;
   connected?: boolean;
+  closed?: boolean;
+  headersSent?: boolean;
 };
 
-/** An HTTP/1 connection, which its keep-alive requests share and one hang-up closes. */
+/**
+ * An HTTP/1 connection, which its keep-alive (and pipelined) requests share and one hang-up
+ * closes.
+ */
 const HTTP_CONNECTION: Kind = {
   transport: 'HTTP',
   events: ['close'],
-  accepts: () => true,
   gone: (socket: Node) => socket.destroyed === true,
 };
-/** An HTTP response of its own (an HTTP/2 stream, which the client may cancel alone). */
-const HTTP_RESPONSE: Kind = {
+/** An HTTP/2 request's stream, which the client may cancel alone (or with its session). */
+const HTTP2_STREAM: Kind = {
   transport: 'HTTP',
   events: ['close'],
-  accepts: (response) => 'writableFinished' in response,
-  gone: (response: Node) => response.destroyed === true && !response.writableFinished,
-  // 'close' also follows a response that was sent: only an unfinished one is a hang-up.
-  finished: (response: Node) => response.writableFinished === true,
+  gone: (stream: Node) => stream.destroyed === true || stream.closed === true,
+  // A stream closes after its response too: one that closes before its response began is a
+  // hang-up, whatever its code (a session closed by the client ends a stream with none).
+  finished: (stream: Node) => stream.headersSent === true,
 };
 const WEB_SOCKET: Kind = {
   transport: 'WebSocket',
   // ws: 'close', socket.io: 'disconnect'.
   events: ['close', 'disconnect'],
-  accepts: () => true,
   // ws: CLOSING (2) or CLOSED (3); socket.io: no longer connected.
   gone: (socket: Node) => (socket.readyState ?? 0) >= 2 || socket.connected === false,
 };
 const TCP_CONNECTION: Kind = {
   transport: 'microservice',
   events: ['close'],
-  accepts: () => true,
   gone: (socket: Node) => socket.destroyed === true,
 };
 
@@ -87,17 +86,19 @@ const watching = new WeakMap<object, AbortController>();
  * closing while the work runs, or after) concerns no lock.
  */
 export function callerSignal(context: ExecutionContext): AbortSignal | undefined {
-  // The arguments Nest gives the handler: (request, response) over HTTP, (client, data) over
+  // The arguments Nest gives the handler: (request, response, next) over HTTP, (client, data) over
   // WebSocket, (data, context) from a microservice; read as they are (`switchToHttp()` and the
   // like build an object per call).
   switch (context.getType<string>()) {
     case 'http': {
-      // Fastify's reply wraps Node's response as `raw`; Express's is Node's response.
-      type Response = { socket?: unknown; stream?: unknown } | undefined;
-      const reply = context.getArgByIndex<(Response & { raw?: Response }) | undefined>(1);
-      const response = reply?.raw ?? reply;
-      const connection = response?.stream === undefined ? response?.socket : undefined;
-      return connection ? watch(connection, HTTP_CONNECTION) : watch(response, HTTP_RESPONSE);
+      // The request (Fastify's wraps Node's as `raw`), not the response: a pipelined request's
+      // response has no connection until the ones before it are answered.
+      type Request = { socket?: unknown; stream?: unknown } | undefined;
+      const request = context.getArgByIndex<(Request & { raw?: Request }) | undefined>(0);
+      const node = request?.raw ?? request;
+      return node?.stream !== undefined
+        ? watch(node.stream, HTTP2_STREAM)
+        : watch(node?.socket, HTTP_CONNECTION);
     }
     case 'ws':
       return watch(context.getArgByIndex(0), WEB_SOCKET);
@@ -111,24 +112,29 @@ export function callerSignal(context: ExecutionContext): AbortSignal | undefined
   }
 }
 
-/** The signal of `endpoint`, made (with its one listener) by its first call. */
+/**
+ * The signal of `endpoint`, made (with its one listener) by its first call while its caller is
+ * there; for a caller gone already (a connection closing as its last messages are handled), an
+ * aborted signal and nothing left on the endpoint, however many calls come after.
+ */
 function watch(endpoint: unknown, kind: Kind): AbortSignal | undefined {
-  let controller = watching.get(endpoint as object);
-  if (controller === undefined) {
-    if (!isEndpoint(endpoint) || !kind.accepts(endpoint)) return undefined;
-    const created = (controller = new AbortController());
-    watching.set(endpoint, created);
-    const fire = (): void => {
-      watching.delete(endpoint);
-      for (const event of kind.events) endpoint.off(event, fire);
-      if (!kind.finished?.(endpoint)) created.abort(new CallerGone(kind.transport));
-    };
-    for (const event of kind.events) endpoint.on(event, fire);
+  const watched = watching.get(endpoint as object);
+  if (watched !== undefined) {
+    if (!watched.signal.aborted && kind.gone(endpoint as Endpoint)) {
+      watched.abort(new CallerGone(kind.transport));
+    }
+    return watched.signal;
   }
-  if (!controller.signal.aborted && kind.gone(endpoint as Endpoint)) {
-    watching.delete(endpoint as object);
-    controller.abort(new CallerGone(kind.transport));
-  }
+  if (!isEndpoint(endpoint)) return undefined;
+  if (kind.gone(endpoint)) return AbortSignal.abort(new CallerGone(kind.transport));
+  const controller = new AbortController();
+  watching.set(endpoint, controller);
+  const fire = (): void => {
+    watching.delete(endpoint);
+    for (const event of kind.events) endpoint.off(event, fire);
+    if (!kind.finished?.(endpoint)) controller.abort(new CallerGone(kind.transport));
+  };
+  for (const event of kind.events) endpoint.on(event, fire);
   return controller.signal;
 }
 

@@ -1,5 +1,7 @@
 import assert from 'node:assert/strict';
 import http from 'node:http';
+import http2 from 'node:http2';
+import net from 'node:net';
 import { after, before, describe, it } from 'node:test';
 import {
   Controller,
@@ -279,6 +281,7 @@ class OrdersController {
   @Get('patient/:id')
   @WithLock({ key: 'order:{0}', acquireTimeout: 5_000 })
   async patient(@Param('id') id: string): Promise<string> {
+    ran.push(id);
     return id;
   }
 
@@ -411,6 +414,35 @@ describe('@WithLock', () => {
         } finally {
           agent.destroy();
         }
+      });
+
+      it('pipelined requests on one connection: its hang-up ends the waits of both, and neither handler runs', async () => {
+        const id = String(Math.floor(Math.random() * 1e9));
+        const key = `order:${id}`;
+        const held = await locks.acquire(key, { ttl: 10_000 });
+        try {
+          const { port } = new URL(url);
+          const socket = net.connect(Number(port), '127.0.0.1');
+          socket.on('error', () => {});
+          await new Promise((resolve) => socket.once('connect', resolve));
+          // Two requests in one write: the second's response has no connection of its own yet.
+          const request = `GET /orders/patient/${id} HTTP/1.1\r\nHost: test\r\n\r\n`;
+          socket.write(request + request);
+          assert.ok(await eventually(() => waitingCallers(locks, key) === 2), 'both wait');
+          const watch = watchStalls();
+          const gone = performance.now();
+          socket.destroy();
+          assert.ok(
+            await eventually(() => waitingCallers(locks, key) === 0, 5_000),
+            `the waits end (${waitingCallers(locks, key)} still wait)`,
+          );
+          // With the connection, not at the route's 5 s acquireTimeout.
+          assertWithin(performance.now() - gone, 0, watch, 'the end of the waits');
+          watch.stop();
+        } finally {
+          await held.release();
+        }
+        assert.ok(!ran.includes(id), 'a handler ran for a caller that was gone');
       });
 
       for (const order of ['above', 'below'] as const) {
@@ -601,6 +633,73 @@ describe('@WithLock', () => {
       });
     });
   }
+
+  describe('on HTTP/2 (Fastify)', () => {
+    it('a cancelled stream ends its own wait and no other; a closed session ends the waits of its streams; no handler runs for them', async () => {
+      // h2c (HTTP/2 without TLS, as a proxy in front of the app speaks it).
+      const adapter = new FastifyAdapter({ http2: true } as ConstructorParameters<
+        typeof FastifyAdapter
+      >[0]) as unknown as FastifyAdapter;
+      const app = await bootApp(server, {}, adapter);
+      const locks = app.get(LockService);
+      const id = String(Math.floor(Math.random() * 1e9));
+      const key = `order:${id}`;
+      const origin = (await appUrl(app)).replace('https:', 'http:');
+      const sessions = [http2.connect(origin), http2.connect(origin)];
+      for (const session of sessions) session.on('error', () => {});
+      /** A request on `session`: its status, or 'gone' if its stream closed without one. */
+      const get = (session: http2.ClientHttp2Session) => {
+        const stream = session.request({ ':path': `/orders/patient/${id}` });
+        stream.on('error', () => {});
+        const answer = new Promise<number | 'gone'>((resolve) => {
+          let status: number | undefined;
+          stream.on('response', (headers) => (status = Number(headers[':status'])));
+          stream.resume();
+          stream.on('close', () => resolve(status ?? 'gone'));
+        });
+        return { stream, answer };
+      };
+      try {
+        // Answered at all (h2c), before anything is held.
+        assert.equal(await get(sessions[0]).answer, 200);
+        ran.length = 0;
+        const held = await locks.acquire(key, { ttl: 10_000 });
+        try {
+          const cancelled = get(sessions[0]);
+          const kept = get(sessions[0]);
+          const [cut1, cut2] = [get(sessions[1]), get(sessions[1])];
+          assert.ok(await eventually(() => waitingCallers(locks, key) === 4), 'all four wait');
+          const watch = watchStalls();
+          const gone = performance.now();
+          cancelled.stream.close(http2.constants.NGHTTP2_CANCEL);
+          assert.ok(
+            await eventually(() => waitingCallers(locks, key) === 3, 5_000),
+            'the cancelled stream stops waiting',
+          );
+          sessions[1].destroy();
+          assert.ok(
+            await eventually(() => waitingCallers(locks, key) === 1, 5_000),
+            `the closed session's streams stop waiting (${waitingCallers(locks, key)} wait)`,
+          );
+          // With their streams, not at the route's 5 s acquireTimeout.
+          assertWithin(performance.now() - gone, 0, watch, 'the end of the waits');
+          watch.stop();
+          await held.release();
+          assert.equal(await kept.answer, 200, 'the stream that stayed is answered');
+          assert.deepEqual(
+            await Promise.all([cancelled.answer, cut1.answer, cut2.answer]),
+            ['gone', 'gone', 'gone'],
+          );
+        } finally {
+          await held.release();
+        }
+        assert.deepEqual(ran, [id], 'the handler ran once: for the stream that stayed');
+      } finally {
+        for (const session of sessions) session.destroy();
+        await app.close();
+      }
+    });
+  });
 
   describe('on WebSocket handlers', () => {
     it('locks the handler and answers a timeout with a WsException', async () => {
