@@ -108,6 +108,20 @@ export class Model {
     readonly abort: AbortController;
   }>();
   /**
+   * Per app, the connection its callers that share one wait on (as `@WithLock` handlers share
+   * their keep-alive connection's signal): a hang-up aborts every wait on it, and the holders it
+   * was granted to hold on. A new one once it has aborted.
+   */
+  private readonly connections = new Map<App, AbortController>();
+  connection(app: App): AbortController {
+    let connection = this.connections.get(app);
+    if (!connection || connection.signal.aborted) {
+      connection = new AbortController();
+      this.connections.set(app, connection);
+    }
+    return connection;
+  }
+  /**
    * An app was closed while its link to Redis was cut: what it had sent and never heard back
    * about (an attempt, an undo) reaches Redis when the link heals, after the app is gone, and a
    * lock it grants stays until its TTL. Such keys are not held by anyone the model knows.

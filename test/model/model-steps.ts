@@ -228,11 +228,17 @@ class AcquireStep extends Step {
     readonly holdAtLeast: number,
     /** A waiter's caller that gives up this soon (ms; 0: never), its first attempt on its way. */
     readonly quitAfter = 0,
+    /**
+     * Whether the call waits on its app's shared connection (see `Model.connection`): giving up
+     * (`quitAfter`, an `abort` step) hangs up every wait on it.
+     */
+    readonly connection = false,
   ) {
     super();
   }
   get args() {
     const args = [this.slot, this.keySet, this.ttl, this.wait, this.autoExtend, this.holdAtLeast];
+    if (this.connection) return [...args, this.quitAfter, true];
     return this.quitAfter > 0 ? [...args, this.quitAfter] : args;
   }
   async run(model: Model, real: Real): Promise<void> {
@@ -254,7 +260,8 @@ class AcquireStep extends Step {
     } else {
       const acquireTimeout = this.wait;
       const started = performance.now();
-      const waiter = { app, keys, abort: new AbortController() };
+      const abort = this.connection ? model.connection(app) : new AbortController();
+      const waiter = { app, keys, abort };
       model.waiting.add(waiter);
       const { signal } = waiter.abort;
       const quit = quitting(waiter.abort, this.quitAfter);
@@ -1445,6 +1452,7 @@ const STEPS: [fc.Arbitrary<Step>, number][] = [
         fc.boolean(),
         fc.constantFrom(0, 0, 100, 5_000),
         fc.constantFrom(0, 0, 0, 20),
+        fc.constantFrom(false, false, true),
       )
       .map((args) => new AcquireStep(...args)),
     4,
