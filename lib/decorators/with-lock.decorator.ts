@@ -342,8 +342,7 @@ export function WithLock(
 /** What every call of a `@WithLock` method locks with (its signal aside): the same every call. */
 type CallOptions = {
   [K in 'ttl' | 'acquireTimeout' | 'autoExtend' | 'limit' | 'mode' | 'fair' | 'holdAtLeast']:
-    | AcquireOptions[K]
-    | undefined;
+    AcquireOptions[K] | undefined;
 } & { [SKIP_WHEN_BUSY]: boolean };
 
 /**

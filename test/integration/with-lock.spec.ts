@@ -686,10 +686,11 @@ describe('@WithLock', () => {
           watch.stop();
           await held.release();
           assert.equal(await kept.answer, 200, 'the stream that stayed is answered');
-          assert.deepEqual(
-            await Promise.all([cancelled.answer, cut1.answer, cut2.answer]),
-            ['gone', 'gone', 'gone'],
-          );
+          assert.deepEqual(await Promise.all([cancelled.answer, cut1.answer, cut2.answer]), [
+            'gone',
+            'gone',
+            'gone',
+          ]);
         } finally {
           await held.release();
         }

@@ -37,7 +37,7 @@ describe('a handler caller watch (callerSignal)', () => {
     socket.emit('close');
     assert.equal(signals[0].aborted, true);
     assert.ok(signals[0].reason instanceof CallerGone);
-    assert.equal((signals[0].reason).transport, 'HTTP');
+    assert.equal(signals[0].reason.transport, 'HTTP');
     assert.equal(listeners(socket), 0, 'nothing left on the closed connection');
   });
 
