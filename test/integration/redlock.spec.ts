@@ -12,6 +12,7 @@ import {
   RedisLockConfigurationError,
   RedisLockModule,
   LockService,
+  type Lock,
 } from '../../lib/index.js';
 import {
   eventually,
@@ -1019,8 +1020,9 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     // Each node's copy with a TTL of its own: the refusal names the least TTL among the nodes
     // whose refusals decided it (any three of five, whichever answer first). Three copies end
     // within 3 s, two after 12 s: any three nodes include a short one, so the least is at most
-    // 3 s, where the most would be 12 s unless the first three were exactly the short ones.
-    const ttls = [2_000, 2_500, 3_000, 12_000, 17_000];
+    // 3 s, where the most would be 12 s unless the first three were exactly the short ones: the
+    // last three asked (the first nodes, asked first, mostly answer first).
+    const ttls = [12_000, 17_000, 2_000, 2_500, 3_000];
     for (const [i, client] of direct.entries()) await client.pexpire(`lock:{${key}}`, ttls[i]);
     const error = await locks.acquire(key, { acquireTimeout: 0 }).catch((e: unknown) => e);
     assert.ok(error instanceof LockAcquireTimeoutError, String(error));
@@ -1031,6 +1033,45 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
       `retryAfterMs ${retryAfter}`,
     );
     await held.release();
+  });
+
+  it("a paused minority costs an acquisition no time: a fresh lock, and one's own token taken again (found by mutation testing)", async () => {
+    const key = uniqueKey();
+    const own = await locks.acquire(key, { token: `own-${key}`, ttl: 10_000 });
+    assert.ok(await eventually(async () => (await holders(key, own.token)) === NODES));
+    const fresh = uniqueKey();
+    await pausing([1, 3], async () => {
+      const watch = watchStalls();
+      for (const [what, call] of [
+        ['a fresh lock', () => locks.acquire(fresh)],
+        // Found on the three nodes that answer: a majority, so the other two are not waited for.
+        ['the own token again', () => locks.acquire(key, { token: own.token, ttl: 10_000 })],
+      ] as const) {
+        const started = performance.now();
+        const lock = await call();
+        // Within the machine's measured slack, not at the paused nodes' commandTimeout (1 s).
+        assertWithin(
+          performance.now() - started,
+          0,
+          watch,
+          `${what} with two of five nodes paused`,
+        );
+        await lock.release();
+      }
+      watch.stop();
+    });
+  });
+
+  it('a key left without a TTL on every node (not ours): the refusal is busy and names no time to wait (found by mutation testing)', async () => {
+    const key = uniqueKey();
+    for (const client of direct) await client.set(`lock:{${key}}`, 'stray');
+    try {
+      const error = await locks.acquire(key, { acquireTimeout: 0 }).catch((e: unknown) => e);
+      assert.ok(error instanceof LockAcquireTimeoutError, String(error));
+      assert.deepEqual([error.busy, error.retryAfterMs], [true, undefined]);
+    } finally {
+      for (const client of direct) await client.del(`lock:{${key}}`);
+    }
   });
 
   it("re-acquiring with one's own token keeps the fence when the first nodes to answer had lost it: the others' answers are waited for (found by mutation testing)", async () => {
@@ -1071,6 +1112,45 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
       'a lost lock was written back',
     );
     assert.equal(await lock.release(), false);
+  });
+
+  it('two extensions whose write-backs are on their way: once the first is over, a release still stops the second (found by mutation testing)', async () => {
+    // An app of its own whose replies are bounded by 1 s: the first extension's write-back ends
+    // when node 0 has not answered within it, the second's is still on its way at the release.
+    const commandTimeout = 1_000;
+    const mine = await startLockModule({
+      nodes: servers.map((server) => server.url),
+      commandTimeout,
+    });
+    try {
+      for (let attempt = 1; ; attempt++) {
+        const key = uniqueKey();
+        const lock = await mine.locks.acquire(key, { ttl: 30_000 });
+        assert.ok(await eventually(async () => (await holders(key, lock.token)) === NODES));
+        // Node 0 forgot the lock (as a node restarted empty), and answers once the release is made.
+        await direct[0].del(`lock:{${key}}`);
+        let secondSent = 0;
+        await pausing([0], async () => {
+          const firstSent = performance.now();
+          await lock.extend(); // a majority extends; node 0's "not held" is awaited for its write-back
+          await sleep(600);
+          secondSent = performance.now();
+          await lock.extend();
+          // The first write-back gave node 0 up; the second still waits for its answer.
+          await sleep(Math.max(0, firstSent + commandTimeout + 50 - performance.now()));
+          assert.equal(await lock.release(), true);
+        });
+        // Node 0 answers both extensions now: not held. The second's answer must come within its
+        // bound, or it says nothing of the release (a stalled machine: try again).
+        const answered = performance.now() - secondSent < commandTimeout - 100;
+        await sleep(300); // a copy written back would have landed by now
+        assert.equal(await direct[0].exists(`lock:{${key}}`), 0, 'a copy of a released lock');
+        if (answered) break;
+        assert.ok(attempt < 3, 'node 0 never answered the second extension within its bound');
+      }
+    } finally {
+      await mine.close();
+    }
   });
 
   it('keeps no record of attempts or write-backs once they are over (found by mutation testing)', async () => {
@@ -1130,23 +1210,36 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
       // Connected, the acquisition's script loaded on every node (a NOSCRIPT held back would
       // keep the grant from running), before the replies are held.
       await (await slow.locks.acquire(uniqueKey())).release();
-      for (const proxy of proxies) proxy.holdReplies();
-      const key = uniqueKey();
-      const pending = slow.locks.acquire(key, { ttl: 10_000, acquireTimeout: 5_000 });
-      for (const i of [2, 3, 4]) {
+      // A call that may wait tries again; one that may not fails, saying nobody held the key.
+      for (const acquireTimeout of [5_000, 0]) {
+        for (const proxy of proxies) proxy.holdReplies();
+        const key = uniqueKey();
+        const pending = slow.locks
+          .acquire(key, { ttl: 10_000, acquireTimeout })
+          .catch((error: unknown) => error);
+        for (const i of [2, 3, 4]) {
+          assert.ok(
+            await eventually(async () => (await direct[i].exists(`lock:{${key}}`)) === 1, 1_000),
+            `the first grant never reached node ${i}`,
+          );
+        }
+        for (const i of [2, 3, 4]) await direct[i].del(`lock:{${key}}`);
+        for (const proxy of proxies) proxy.heal();
+        const lock = await pending;
+        if (acquireTimeout === 0) {
+          // No node refused: not busy, and no time to wait for (none was named).
+          assert.ok(lock instanceof LockAcquireTimeoutError, String(lock));
+          assert.deepEqual([lock.busy, lock.retryAfterMs], [false, undefined]);
+          continue;
+        }
+        assert.ok(!(lock instanceof Error), String(lock));
+        const { token } = lock as Lock;
         assert.ok(
-          await eventually(async () => (await direct[i].exists(`lock:{${key}}`)) === 1, 1_000),
-          `the first grant never reached node ${i}`,
+          (await holders(key, token)) >= 3,
+          `a lock held on ${await holders(key, token)} node(s) of five`,
         );
+        await (lock as Lock).release();
       }
-      for (const i of [2, 3, 4]) await direct[i].del(`lock:{${key}}`);
-      for (const proxy of proxies) proxy.heal();
-      const lock = await pending;
-      assert.ok(
-        (await holders(key, lock.token)) >= 3,
-        `a lock held on ${await holders(key, lock.token)} node(s) of five`,
-      );
-      await lock.release();
     } finally {
       for (const proxy of proxies) proxy.heal();
       await slow.close();
