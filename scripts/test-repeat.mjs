@@ -84,6 +84,10 @@ for (const [file, entry] of [...files].sort(([a], [b]) => a.localeCompare(b))) {
     `| ${file} | ${entry.runs} | ${entry.failed} | ${entry.failedBurning} | ${entry.stayed} | ${first} |`,
   );
 }
+// The table cuts each failure at 300 characters: a model sequence's name alone can take that.
+const failed = [...files].filter(([, entry]) => entry.first !== '');
+if (failed.length > 0) console.log('\nFirst failures in full:');
+for (const [file, entry] of failed) console.log(`\n${file} — ${entry.first}`);
 const total = [...files.values()].reduce((sum, e) => sum + e.failed + e.failedBurning, 0);
 console.log(`\n${summaries.join('\n')}\nfailures at the first try: ${total}`);
 process.exitCode = total > 0 ? 1 : 0;
