@@ -301,6 +301,18 @@ describe('re-entrancy', () => {
       await fork;
     });
 
+    it('Promise.all of two calls nested in a nested section: one at a time, in the outer hold', async () => {
+      reset();
+      const key = uniqueKey('acct');
+      await locks.using(key, async (outer) => {
+        // Both forks are nested in a view of the hold: one enters it, the other waits its turn.
+        await locks.using(key, () => Promise.all([debitWith(key, 10), debitWith(key, 20)]));
+        assert.deepEqual(ledger.fences, [outer.fence, outer.fence], 'both ran in the outer hold');
+      });
+      assert.equal(ledger.balance, 70);
+      assert.equal(ledger.mostInside, 1, 'two nested calls were inside at once');
+    });
+
     it('straight nesting, any depth, never waits', async () => {
       const key = uniqueKey();
       // Every nested call with acquireTimeout 0: one that had to wait would throw
@@ -351,13 +363,19 @@ describe('re-entrancy', () => {
     });
 
     it('another shape (limit, read or write, fair) or holdAtLeast is a LockArgumentError naming it; the same one re-enters', async () => {
-      const outers: [string, AcquireOptions, AcquireOptions[]][] = [
-        ['plain', {}, [{ limit: 2 }, { mode: 'read' }, { fair: true }]],
-        ['semaphore', { limit: 2 }, [{}, { limit: 3 }, { mode: 'read' }]],
-        ['read', { mode: 'read' }, [{}, { mode: 'write' }, { fair: true }, { limit: 2 }]],
-        ['fair', { fair: true }, [{}, { mode: 'read' }, { limit: 2 }]],
+      // Each with how the refusal names what the chain holds.
+      const outers: [string, AcquireOptions, AcquireOptions[], string][] = [
+        ['plain', {}, [{ limit: 2 }, { mode: 'read' }, { fair: true }], 'a plain lock'],
+        ['semaphore', { limit: 2 }, [{}, { limit: 3 }, { mode: 'read' }], 'limit 2'],
+        [
+          'read',
+          { mode: 'read' },
+          [{}, { mode: 'write' }, { fair: true }, { limit: 2 }],
+          'a read lock',
+        ],
+        ['fair', { fair: true }, [{}, { mode: 'read' }, { limit: 2 }], 'a fair lock'],
       ];
-      for (const [name, shape, others] of outers) {
+      for (const [name, shape, others, named] of outers) {
         const key = uniqueKey();
         await locks.using(
           key,
@@ -366,7 +384,9 @@ describe('re-entrancy', () => {
               await assert.rejects(
                 locks.using(key, async () => assert.fail('ran'), other),
                 (error) =>
-                  error instanceof LockArgumentError && error.argument === 'limit + mode + fair',
+                  error instanceof LockArgumentError &&
+                  error.argument === 'limit + mode + fair' &&
+                  error.message.includes(`already holds "${key}" with ${named} (`),
                 `${name} outer, nested ${JSON.stringify(other)}`,
               );
             }
@@ -384,6 +404,83 @@ describe('re-entrancy', () => {
           },
           shape,
         );
+      }
+    });
+
+    it('a call nested two deep (in a view) is checked as one nested once: the same options re-enter, others are refused', async () => {
+      const key = uniqueKey();
+      await locks.using(
+        key,
+        async (outer) => {
+          await locks.using(key, async () => {
+            for (const [option, value] of [
+              ['ttl', 5_000],
+              ['autoExtend', true],
+              ['holdAtLeast', 10],
+              ['token', 'someone-else'],
+              ['limit + mode + fair', undefined],
+            ] as const) {
+              const options = value === undefined ? { limit: 2 } : { [option]: value };
+              await assert.rejects(
+                locks.using(key, async () => assert.fail('ran'), options),
+                (error) =>
+                  error instanceof LockArgumentError &&
+                  error.argument === option &&
+                  error.message.includes(key),
+                option,
+              );
+            }
+            const same = { ttl: 3_000, autoExtend: false, holdAtLeast: 0, token: outer.token };
+            await locks.using(key, async (inner) => assert.equal(inner.fence, outer.fence), {
+              ...same,
+              acquireTimeout: 0,
+            });
+          });
+        },
+        { ttl: 3_000, autoExtend: false },
+      );
+    });
+
+    it("a view is its LockService's own: release() and extend() take it, another LockService's refuse it", async () => {
+      const other = await startLockModule({ connection: server.url });
+      try {
+        const key = uniqueKey();
+        await locks.using(key, async (outer) => {
+          const view = await locks.acquire(key);
+          for (const call of [() => other.locks.release(view), () => other.locks.extend(view)]) {
+            await assert.rejects(
+              call(),
+              (error) => error instanceof LockArgumentError && error.argument === 'lock',
+            );
+          }
+          const before = outer.expiresAt;
+          await locks.extend(view, 20_000);
+          assert.ok(outer.expiresAt > before, 'the view did not extend the outer lock');
+          assert.equal(await locks.release(view), true);
+        });
+      } finally {
+        await other.close();
+      }
+    });
+
+    it('several keys nested in a section that holds one of them, failing on another: the view taken is given back, and the next nested call re-enters at once', async () => {
+      const other = await startLockModule({ connection: server.url });
+      const [a, b] = [uniqueKey(), uniqueKey()].sort();
+      const blocker = await other.locks.acquire(b);
+      try {
+        await locks.using(a, async (outer) => {
+          await assert.rejects(
+            locks.acquire([a, b], { acquireTimeout: 50 }),
+            LockAcquireTimeoutError,
+          );
+          // Still inside the view of `a` the failed call took, this one would have to wait.
+          await locks.using(a, async (inner) => assert.equal(inner.fence, outer.fence), {
+            acquireTimeout: 0,
+          });
+        });
+      } finally {
+        await blocker.release();
+        await other.close();
       }
     });
 

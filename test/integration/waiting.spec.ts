@@ -924,6 +924,94 @@ describe('waiting for a held lock', () => {
     }
   });
 
+  it('a first waiter passed the lock in its process while its retry is on its way, and giving up before that retry is answered: the lock passed to it is released for it', async () => {
+    // Through a link slow enough (150 ms each way) to give up while the retry's answer is coming.
+    const proxy = await FaultProxy.start(() => server.port);
+    const app = await startLockModule({
+      connection: `redis://127.0.0.1:${proxy.port}`,
+      defaults: { retryInterval: 300, retryJitter: 0 },
+    });
+    const monitor = await monitorRedis(server.port);
+    try {
+      const key = uniqueKey();
+      // 30 s left, more than half the heir's 30 s: passed on in the process.
+      const held = await app.locks.acquire(key, { ttl: 30_000 });
+      proxy.setLatency(150);
+      const giveUp = new AbortController();
+      const queued = app.locks.acquire(key, {
+        ttl: 30_000,
+        acquireTimeout: 10_000,
+        signal: giveUp.signal,
+      });
+      // Its attempt, its attempt once subscribed, then its next retry reached Redis: the
+      // retry's answer is 150 ms away.
+      const attempts = (): number =>
+        scriptCallsOf(monitor.commands, ACQUIRE_SCRIPT, `lock:{${key}}`).filter(
+          ({ args }) => !args.includes(held.token),
+        ).length;
+      assert.ok(await eventually(() => attempts() >= 2), 'the waiter never went to sleep');
+      const seen = attempts();
+      assert.ok(await eventually(() => attempts() > seen, 3_000), 'the waiter never retried');
+      const released = held.release(); // passed to the waiter at once, in the process
+      await sleep(20);
+      giveUp.abort();
+      await assert.rejects(queued, LockAcquireAbortedError);
+      assert.equal(await released, true);
+      // Its token written over the releaser's, then released for it: the key is free, long
+      // before the heir's 30 s TTL.
+      assert.ok(await eventually(async () => (await redis.exists(`lock:{${key}}`)) === 0, 2_000));
+      await monitor.caughtUp();
+      assert.equal(scriptCalls(monitor.commands, PASS_ON_SCRIPT, `lock:{${key}}`), 1);
+    } finally {
+      monitor.stop();
+      await app.close();
+      await proxy.close();
+    }
+  });
+
+  it('a handoff through Redis that fails: the release rejects with LockBackendError, and the heir tries by itself at once', async () => {
+    const own = await startRedis();
+    const app = await startLockModule({
+      connection: own.url,
+      defaults: { retryInterval: 5_000, retryJitter: 0 },
+    });
+    const direct = new Redis(own.port, '127.0.0.1');
+    const monitor = await monitorRedis(own.port);
+    try {
+      const key = uniqueKey();
+      // Less than half the heir's TTL left: handed over through Redis.
+      const held = await app.locks.acquire(key, { ttl: 5_000 });
+      const queued = app.locks.acquire(key, { ttl: 11_000, acquireTimeout: 10_000 });
+      const attempts = (): number =>
+        scriptCallsOf(monitor.commands, ACQUIRE_SCRIPT, `lock:{${key}}`).filter(
+          ({ args }) => args[0] === 'evalsha' && !args.includes(held.token),
+        ).length;
+      assert.ok(await eventually(() => attempts() >= 2), 'the waiter never went to sleep');
+      // Out of memory: every script that writes fails before its first write.
+      await direct.config('SET', 'maxmemory', '1');
+      const releasedAt = performance.now();
+      await assert.rejects(held.release(), LockBackendError);
+      // Woken, not left to its next retry 5 s away: its own attempt meets the same failure.
+      await assert.rejects(queued, LockBackendError);
+      assert.ok(performance.now() - releasedAt < 2_500, 'the heir slept on');
+      await monitor.caughtUp();
+      assert.equal(
+        scriptCallsOf(monitor.commands, HANDOFF_SCRIPT, `lock:{${key}}`).filter(
+          ({ args }) => args[0] === 'evalsha',
+        ).length,
+        1,
+      );
+      // Nothing changed in Redis: the releaser's token until its TTL.
+      assert.equal(await direct.get(`lock:{${key}}`), held.token);
+    } finally {
+      monitor.stop();
+      await direct.config('SET', 'maxmemory', '0');
+      direct.disconnect();
+      await app.close();
+      await own.stop();
+    }
+  });
+
   it('idle waiters in one process poll as one: an attempt per retryInterval, not one per waiter', async () => {
     const key = uniqueKey();
     const held = await holder.acquire(key, { ttl: 30_000 });
