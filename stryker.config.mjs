@@ -48,7 +48,11 @@ export const GROUPS = {
   },
   leadership: {
     mutate: ['lib/lock.leadership.ts'],
-    tests: ['build/test/integration/leadership.spec.js'],
+    // Shutdown's sweep of every leadership (`stopAll`) is the Nest layer's: nest-providers.
+    tests: [
+      'build/test/integration/leadership.spec.js',
+      'build/test/integration/nest-providers.spec.js',
+    ],
   },
   // RedisLockTestingModule's store: the side-by-side test against the Redis scripts, and the
   // module's own spec (the model suite on it takes 15 s a mutant: `--` it in for a deep run).

@@ -169,7 +169,6 @@ export class Campaign implements Leadership {
   private readonly subject = new Subject<boolean>();
   /** The values `changes` is telling its subscribers, in order (see `change`). */
   private readonly changing: boolean[] = [];
-  private over = false;
   /** The current term's lock, while it runs. */
   private termLock: Lock | undefined;
   /** The current term, from its start until it ends (its signal aborts or its work settles). */
@@ -223,11 +222,6 @@ export class Campaign implements Leadership {
   /** Whether `stop()` or the shutdown has been asked for. */
   get stopping(): boolean {
     return this.stopped !== undefined;
-  }
-
-  /** Whether the campaign is over (stopped, and its last term's work settled). */
-  get ended(): boolean {
-    return this.over;
   }
 
   stop(by: 'stop' | 'shutdown' = 'stop'): Promise<void> {
@@ -361,7 +355,6 @@ export class Campaign implements Leadership {
     // resolves, so that a stopped campaign holds nothing.
     await this.runTerm.undone(this.key);
     this.giveUp('shutdown'); // ended by the engine's shutdown before the module's own stop
-    this.over = true;
     this.subject.complete();
   }
 
