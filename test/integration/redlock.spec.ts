@@ -1153,6 +1153,147 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     }
   });
 
+  it("a release stops its own lock's write-back when an earlier lock of the same own token ended its last one after it began (found by mutation testing)", async () => {
+    // An app of its own whose replies are bounded by 1 s. The first lock's write-back waits for
+    // frozen node 0 and ends at that bound, after the second lock's began on frozen node 1: the
+    // second's release must still stop it.
+    const commandTimeout = 1_000;
+    const mine = await startLockModule({
+      nodes: servers.map((server) => server.url),
+      commandTimeout,
+    });
+    const frozen = new Set<number>();
+    const freeze = (i: number): void => {
+      servers[i].signal('SIGSTOP');
+      frozen.add(i);
+    };
+    const thaw = (): void => {
+      for (const i of frozen) servers[i].signal('SIGCONT');
+      frozen.clear();
+    };
+    try {
+      for (let attempt = 1; ; attempt++) {
+        const key = uniqueKey();
+        const token = `own-${key}`;
+        const first = await mine.locks.acquire(key, { ttl: 30_000, token });
+        assert.ok(await eventually(async () => (await holders(key, token)) === NODES));
+        await direct[0].del(`lock:{${key}}`); // forgotten there, as by a node restarted empty
+        let secondSent = 0;
+        try {
+          freeze(0);
+          const firstSent = performance.now();
+          await first.extend(); // nodes 1–4; node 0's "not held" awaited for its write-back
+          assert.equal(await first.release(), true);
+          const second = await mine.locks.acquire(key, { ttl: 30_000, token, acquireTimeout: 0 });
+          assert.ok(await eventually(async () => (await direct[1].get(`lock:{${key}}`)) === token));
+          await direct[1].del(`lock:{${key}}`);
+          freeze(1);
+          // Halfway through the first write-back's bound: the second's ends well after it.
+          await sleep(Math.max(0, firstSent + commandTimeout / 2 - performance.now()));
+          secondSent = performance.now();
+          await second.extend(); // nodes 2–4; node 1's "not held" awaited for its write-back
+          // The first lock's write-back gives node 0 up; the second's still waits for node 1.
+          await sleep(Math.max(0, firstSent + commandTimeout + 50 - performance.now()));
+          assert.equal(await second.release(), true);
+        } finally {
+          thaw();
+        }
+        // Node 1 answers now: not held. That answer must come within its bound, or it says
+        // nothing of the release (a stalled machine: try again).
+        const answered = performance.now() - secondSent < commandTimeout - 100;
+        await sleep(300); // a copy written back would have landed by now
+        assert.equal(await direct[1].exists(`lock:{${key}}`), 0, 'a copy of a released lock');
+        if (answered) break;
+        assert.ok(attempt < 3, 'node 1 never answered the extension within its bound');
+      }
+    } finally {
+      thaw();
+      await mine.close();
+    }
+  });
+
+  it("a failed attempt with a caller's own token whose undo ends after a later attempt of that token began leaves that attempt's undo to it (found by mutation testing)", async () => {
+    const key = uniqueKey();
+    const token = `own-${key}`;
+    const frozen = new Set<number>();
+    const freeze = (i: number): void => {
+      servers[i].signal('SIGSTOP');
+      frozen.add(i);
+    };
+    const thaw = (i: number): void => {
+      servers[i].signal('SIGCONT');
+      frozen.delete(i);
+    };
+    const held = await other.locks.acquire(key, { ttl: 30_000 });
+    try {
+      // Held on nodes 0–2 only: an attempt takes node 3 (and 4), and fails.
+      assert.ok(await eventually(async () => (await holders(key, held.token)) === NODES));
+      for (const i of [3, 4]) await direct[i].del(`lock:{${key}}`);
+      freeze(4);
+      // The first attempt: its copy on node 3 undone, its answer from node 4 still to come.
+      assert.equal(await locks.tryAcquire(key, { token }), null);
+      assert.ok(await eventually(async () => (await direct[3].exists(`lock:{${key}}`)) === 0));
+      freeze(3);
+      // The second, with the same token: both nodes to come.
+      assert.equal(await locks.tryAcquire(key, { token }), null);
+      // Node 4 answers both: the first attempt's undo is over, after the second began.
+      thaw(4);
+      await sleep(200);
+      // Node 3 grants the second now: its undo must take that copy back.
+      thaw(3);
+      assert.ok(
+        await eventually(async () => (await direct[3].exists(`lock:{${key}}`)) === 0, 2_000),
+        "the second attempt's copy on node 3 was left until its TTL",
+      );
+    } finally {
+      for (const i of [...frozen]) thaw(i);
+      await held.release();
+      // (Node 4 keeps the first attempt's copy, which the second found there as its token's own
+      // and so does not undo: see `undo`. It would run out with its TTL.)
+      await direct[4].del(`lock:{${key}}`);
+    }
+  });
+
+  it("every announcement of a process carries an id of its own, releases' and undos' alike (a waiter takes a repeat for one it heard: found by mutation testing)", async () => {
+    const key = uniqueKey();
+    const freed = uniqueKey();
+    const backendId = (locks as unknown as { engine: { backend: { id: string } } }).engine.backend
+      .id;
+    const monitor = await monitorRedis(servers[3].port);
+    try {
+      // Held on nodes 0–2 only: an attempt of `locks` takes nodes 3 and 4, fails, and undoes them.
+      const held = await other.locks.acquire(key, { ttl: 30_000 });
+      assert.ok(await eventually(async () => (await holders(key, held.token)) === NODES));
+      for (const i of [3, 4]) await direct[i].del(`lock:{${key}}`);
+      const failAndUndo = async (): Promise<void> => {
+        assert.equal(await locks.tryAcquire(key), null);
+        assert.ok(
+          await eventually(async () =>
+            (await Promise.all([3, 4].map((i) => direct[i].exists(`lock:{${key}}`)))).every(
+              (n) => n === 0,
+            ),
+          ),
+          'never undone',
+        );
+      };
+      // Undos and releases, one after another.
+      for (let round = 0; round < 2; round++) {
+        await failAndUndo();
+        await failAndUndo();
+        await (await locks.acquire(freed)).release();
+      }
+      await held.release();
+      await monitor.caughtUp();
+      const messages = monitor.commands
+        .filter(({ args }) => args[0] === 'publish' && args[2].startsWith(`${backendId}:`))
+        .map(({ args }) => args[2]);
+      assert.equal(messages.length, 6, `announcements on node 3: ${messages.join(', ')}`);
+      assert.equal(new Set(messages).size, 6, `repeated: ${messages.join(', ')}`);
+    } finally {
+      monitor.stop();
+    }
+  });
+
   it('keeps no record of attempts or write-backs once they are over (found by mutation testing)', async () => {
     const backend = (
       locks as unknown as {
