@@ -7,14 +7,17 @@ import {
   LockArgumentError,
   LockBackendError,
   LockLostError,
+  type AcquireOptions,
   type Lock,
   type LockEvent,
 } from '../../lib/index.js';
+import { SKIP_WHEN_BUSY } from '../../lib/options/acquire-options.js';
 import {
   eventually,
   sleep,
   startLockModule,
   startNonPollingApp,
+  waitingCallers,
   twoAppsOnOneRedis,
   uniqueKey,
 } from '../support/lock-module.js';
@@ -128,6 +131,7 @@ describe('several keys at once (acquire([a, b]))', () => {
     assert.equal(error.key, b);
     assert.equal(error.acquireTimeout, 300);
     assert.ok(error.waitedMs >= 290, `waited ${error.waitedMs}`);
+    assert.ok(error.waitedMs <= performance.now() - started, `waited ${error.waitedMs}`);
     assertWithin(performance.now() - started, 300, watch, 'acquire([a, b])');
     watch.stop();
     assert.equal(await env.locks.isLocked(a), false, 'the first key was given back');
@@ -248,11 +252,16 @@ describe('several keys at once (acquire([a, b]))', () => {
       await slow.locks.isLocked(uniqueKey()); // a connection, before the latency
       proxy.setLatency(250); // a 500 ms round trip: the reply comes after commandTimeout
       const [a, b] = pair();
+      const stalls = watchStalls();
+      const started = performance.now();
       const error = await slow.locks.acquire([a, b], { ttl: 30_000, acquireTimeout: 0 }).then(
         () => assert.fail('granted with no reply within commandTimeout'),
         (e: unknown) => e,
       );
       assert.ok(error instanceof LockBackendError && error.timedOut, String(error));
+      // At commandTimeout: not tried again key by key.
+      assertWithin(performance.now() - started, 300, stalls, 'the failed one-step attempt');
+      stalls.stop();
       // The grant lands in Redis (both keys, a 30 s TTL), then its undo, a round trip later.
       assert.ok(
         await eventually(async () => (await stored(a)) !== null, 2_000),
@@ -292,6 +301,164 @@ describe('several keys at once (acquire([a, b]))', () => {
       proxy.setLatency(0);
       await slow.close();
       await proxy.close();
+    }
+  });
+
+  it('a several-key call nested in a section that holds one of its keys sends no one-step attempt: it re-enters that key and takes the others (found by mutation testing)', async () => {
+    const [a, b] = pair();
+    const monitor = await monitorRedis(env.server.port);
+    try {
+      await env.locks.using(a, async (outer) => {
+        const lock = await env.locks.acquire([a, b]);
+        assert.equal(lock.fences[a], outer.fence, 'a not re-entered');
+        assert.equal(await lock.release(), true);
+      });
+      await monitor.caughtUp();
+      for (const key of [a, b]) {
+        assert.equal(scriptCalls(monitor.commands, ACQUIRE_ALL_SCRIPT, `lock:{${key}}`), 0, key);
+      }
+    } finally {
+      monitor.stop();
+    }
+  });
+
+  it('a several-key call that finds a key busy reports one event naming it: timeout for tryAcquire, skipped for a job that skips when busy (found by mutation testing)', async () => {
+    const [a, b] = pair();
+    const holder = await env.other.locks.acquire(b, { ttl: 10_000 });
+    const seen: LockEvent[] = [];
+    const subscription = env.locks.events.subscribe((event) => seen.push(event));
+    try {
+      assert.equal(await env.locks.tryAcquire([a, b]), null);
+      // As `@WithLock({ onBusy: 'skip' })` asks.
+      const skipping = { acquireTimeout: 0, [SKIP_WHEN_BUSY]: true } as AcquireOptions;
+      await assert.rejects(env.locks.acquire([a, b], skipping), LockAcquireTimeoutError);
+      assert.deepEqual(
+        seen
+          .filter((event) => event.type === 'timeout' || event.type === 'skipped')
+          .map((event) => `${event.type} ${event.key}`),
+        [`timeout ${b}`, `skipped ${b}`],
+      );
+      assert.equal(await env.locks.isLocked(a), false);
+    } finally {
+      subscription.unsubscribe();
+      await holder.release();
+    }
+  });
+
+  it('a several-key call refused a key by maxWaiters fails at once, as a call for that key alone does (found by mutation testing)', async () => {
+    const full = await startLockModule({ connection: env.server.url, maxWaiters: { perKey: 1 } });
+    const [a, b] = pair();
+    const holder = await env.other.locks.acquire(b, { ttl: 10_000 });
+    const waiting = full.locks.acquire(b, { acquireTimeout: 10_000 });
+    waiting.catch(() => {}); // ends with the app
+    try {
+      assert.ok(await eventually(() => waitingCallers(full.locks, b) === 1), 'never queued');
+      const stalls = watchStalls();
+      const started = performance.now();
+      const error = await full.locks
+        .acquire([a, b], { acquireTimeout: 5_000 })
+        .catch((e: unknown) => e);
+      assert.ok(error instanceof LockAcquireTimeoutError && error.queueFull, String(error));
+      assert.equal(error.key, b);
+      assertWithin(performance.now() - started, 0, stalls, 'refused by maxWaiters');
+      stalls.stop();
+      assert.equal(await env.locks.isLocked(a), false, 'the first key was given back');
+    } finally {
+      await holder.release();
+      await waiting.then((lock) => lock.release()).catch(() => {});
+      await full.close();
+    }
+  });
+
+  it('an abort while waiting for the next key rejects with LockAcquireAbortedError and gives back the keys taken (found by mutation testing)', async () => {
+    const [a, b] = pair();
+    const holder = await env.other.locks.acquire(b, { ttl: 10_000 });
+    try {
+      const controller = new AbortController();
+      const pending = env.locks.acquire([a, b], {
+        acquireTimeout: 10_000,
+        signal: controller.signal,
+      });
+      assert.ok(await eventually(async () => (await stored(a)) !== null), 'a never taken');
+      const stalls = watchStalls();
+      const abortedAt = performance.now();
+      controller.abort(new Error('the client went away'));
+      await assert.rejects(pending, LockAcquireAbortedError);
+      assertWithin(performance.now() - abortedAt, 0, stalls, 'the aborted call');
+      stalls.stop();
+      assert.equal(await stored(a), null, 'the first key was not given back');
+    } finally {
+      await holder.release();
+    }
+  });
+
+  it('a Redis failure while waiting for the next key rejects at once, not after giving back the keys taken, which cannot be reached either (found by mutation testing)', async () => {
+    const proxy = await FaultProxy.start(() => env.server.port);
+    const commandTimeout = 600;
+    const retryInterval = 100;
+    const slow = await startLockModule({
+      connection: `redis://127.0.0.1:${proxy.port}`,
+      commandTimeout,
+      defaults: { retryInterval, retryJitter: 0 },
+    });
+    const [a, b] = pair();
+    const holder = await env.other.locks.acquire(b, { ttl: 10_000 });
+    try {
+      const pending = slow.locks.acquire([a, b], { ttl: 5_000, acquireTimeout: 10_000 });
+      pending.catch(() => {}); // asserted below
+      assert.ok(await eventually(async () => (await stored(a)) !== null), 'a never taken');
+      assert.ok(await eventually(() => waitingCallers(slow.locks, b) === 1), 'never waited for b');
+      const stalls = watchStalls();
+      const stalledAt = performance.now();
+      proxy.stall(); // its next attempt at b gets no answer; nor would a release of a
+      await assert.rejects(pending, LockBackendError);
+      assertWithin(
+        performance.now() - stalledAt,
+        retryInterval + commandTimeout,
+        stalls,
+        'the failed call',
+      );
+      stalls.stop();
+    } finally {
+      proxy.heal();
+      await holder.release();
+      await slow.close();
+      await proxy.close();
+      await env.redis.del(`lock:{${a}}`); // its release did not get through: a 5 s TTL
+    }
+  });
+
+  it('without auto-extension, the wait for the next key gives the keys held back by commandTimeout before the first of their leases ends (found by mutation testing)', async () => {
+    const commandTimeout = 1_000;
+    const own = await startLockModule({ connection: env.server.url, commandTimeout });
+    const [a, b, c] = [uniqueKey('acct'), uniqueKey('acct'), uniqueKey('acct')].sort();
+    // b is free 600 ms after a was taken, c not before the call gives up.
+    const holders = await Promise.all([b, c].map((key) => env.other.locks.acquire(key)));
+    try {
+      const ttl = 3_000;
+      const pending = own.locks.acquire([a, b, c], {
+        ttl,
+        acquireTimeout: 2_800,
+        autoExtend: false,
+      });
+      pending.catch(() => {}); // asserted below
+      assert.ok(await eventually(async () => (await stored(a)) !== null), 'a never taken');
+      const takenBy = performance.now();
+      const stalls = watchStalls();
+      setTimeout(() => void holders[0].release(), 600);
+      // Given back at a's lease's end less commandTimeout (2 s): not at half of what was left
+      // (1.5 s), nor at b's lease's end less commandTimeout (2.6 s), nor kept until its TTL ran
+      // out in Redis (3 s).
+      assert.ok(await eventually(async () => (await stored(a)) === null, 5_000));
+      const gone = performance.now() - takenBy;
+      assert.ok(gone >= ttl - commandTimeout - 150, `given back after ${gone.toFixed(0)} ms`);
+      assertWithin(gone, ttl - commandTimeout, stalls, 'the give-back of a');
+      stalls.stop();
+      await assert.rejects(pending, LockAcquireTimeoutError);
+    } finally {
+      await holders[0].release();
+      await holders[1].release();
+      await own.close();
     }
   });
 
