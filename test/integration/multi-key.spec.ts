@@ -462,6 +462,56 @@ describe('several keys at once (acquire([a, b]))', () => {
     }
   });
 
+  it('a call whose last round found a lease run out says so: its LockAcquireTimeoutError names that key, not busy (found by mutation testing)', async () => {
+    const proxy = await FaultProxy.start(() => env.server.port);
+    const slow = await startLockModule({
+      connection: `redis://127.0.0.1:${proxy.port}`,
+      commandTimeout: 3_000,
+      defaults: { retryInterval: 50, retryJitter: 0 },
+    });
+    try {
+      for (let attempt = 1; ; attempt++) {
+        const [a, b] = pair();
+        const busy = await env.other.locks.acquire(b, { ttl: 10_000 });
+        const taking = slow.locks
+          .acquire([a, b], { ttl: 1_000, acquireTimeout: 1_000, autoExtend: false })
+          .catch((error: unknown) => error);
+        assert.ok(await eventually(async () => (await stored(a)) !== null), 'a never taken');
+        const takenBy = performance.now();
+        assert.ok(await eventually(() => waitingCallers(slow.locks, b) === 1), 'no wait for b');
+        // b is granted at the waiter's next retry after 400 ms (its wait ends at ~500, half a's
+        // lease), but the answer is held until a's lease (~1,000 ms) and the call's
+        // acquireTimeout are over, and b's own (~1,450) is not.
+        await sleep(Math.max(0, takenBy + 400 - performance.now()));
+        proxy.holdReplies();
+        await busy.release();
+        // (A retry Redis ran just before the release, its answer held, has the waiter wait for
+        // that answer instead of retrying: try again.)
+        const retried = await eventually(async () => (await stored(b)) !== null, 400);
+        await sleep(Math.max(0, takenBy + 1_150 - performance.now()));
+        proxy.heal();
+        const error = await taking;
+        if (!retried) {
+          if (!(error instanceof Error)) await (error as Lock).release();
+          assert.ok(attempt < 3, "the waiter's retry never came after the release");
+          continue;
+        }
+        assert.ok(error instanceof LockAcquireTimeoutError, String(error));
+        assert.equal(error.key, a);
+        assert.equal(error.busy, false, 'a lease that ran out reported as a busy key');
+        assert.ok(
+          await eventually(async () => (await stored(a)) === null && (await stored(b)) === null),
+          'a key of the failed call kept',
+        );
+        break;
+      }
+    } finally {
+      proxy.heal();
+      await slow.close();
+      await proxy.close();
+    }
+  });
+
   it('never grants several keys with a lapsed lease: through a 150 ms/way link, a key taken before the busy one ran out', async () => {
     const proxy = await FaultProxy.start(() => env.server.port);
     const slow = await startLockModule({ connection: `redis://127.0.0.1:${proxy.port}` });
