@@ -512,6 +512,27 @@ describe('several keys at once (acquire([a, b]))', () => {
     }
   });
 
+  it('free keys granted in one step as shutdown begins are given back, and the call rejects with RedisLockShutdownError', async () => {
+    const own = await startLockModule({ connection: env.server.url });
+    const [a, b] = pair();
+    let closing: Promise<void> | undefined;
+    // Shutdown begins as the grant is reported (its events come before the lock is returned):
+    // its sweep finds the new locks and ends them, and the call gives them back.
+    const subscription = own.locks.events.subscribe((event) => {
+      if (event.type === 'acquired' && event.key === a)
+        closing ??= own.locks.onApplicationShutdown();
+    });
+    try {
+      await assert.rejects(own.locks.acquire([a, b]), { name: 'RedisLockShutdownError' });
+      await closing;
+      assert.deepEqual([await stored(a), await stored(b)], [null, null], 'a key kept');
+    } finally {
+      subscription.unsubscribe();
+      await closing;
+      await own.close();
+    }
+  });
+
   it('never grants several keys with a lapsed lease: through a 150 ms/way link, a key taken before the busy one ran out', async () => {
     const proxy = await FaultProxy.start(() => env.server.port);
     const slow = await startLockModule({ connection: `redis://127.0.0.1:${proxy.port}` });
