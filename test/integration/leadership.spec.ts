@@ -178,9 +178,14 @@ describe('leadership (lead, @WhileLeader)', { timeout: 90_000 }, () => {
     }
   });
 
-  it('a work that returns ends its term: isLeader and changes turn false until the next term', async () => {
+  it('a work that returns ends its term: isLeader and changes turn false until the next term; its deposed event says how long it led, and nothing warns of a loss', async () => {
     const key = uniqueKey('leader');
     const changes: boolean[] = [];
+    const deposed: LockEvent[] = [];
+    const subscription = apps[0].locks.events.subscribe((event) => {
+      if (event.type === 'deposed' && event.key === key) deposed.push(event);
+    });
+    const began = performance.now();
     let terms = 0;
     const leadership = apps[0].locks.lead(key, async ({ signal }) => {
       if (++terms === 1) return; // the first term's work returns at once
@@ -190,10 +195,26 @@ describe('leadership (lead, @WhileLeader)', { timeout: 90_000 }, () => {
     try {
       assert.ok(await eventually(() => terms === 2 && leadership.isLeader, 5_000));
       assert.deepEqual(changes, [true, false, true]);
+      const [first] = deposed as Extract<LockEvent, { type: 'deposed' }>[];
+      assert.equal(first?.reason, 'settled');
+      assert.ok(
+        first.heldMs >= 0 && first.heldMs <= performance.now() - began,
+        `held ${first.heldMs} ms`,
+      );
     } finally {
+      subscription.unsubscribe();
       await leadership.stop();
     }
     assert.deepEqual(changes, [true, false, true, false]);
+    const lost = logs.capture.lines.filter(
+      ({ level, message }) =>
+        level === 'warn' && message.includes('Lost leadership') && message.includes(key),
+    );
+    assert.deepEqual(
+      lost,
+      [],
+      'a term whose work returned, or that stop() ended, warned of a loss',
+    );
   });
 
   it('followers in one process poll as one: an attempt per retryInterval, not one per follower', async (t) => {
@@ -618,14 +639,42 @@ describe('leadership (lead, @WhileLeader)', { timeout: 90_000 }, () => {
     }
   });
 
+  it('a campaign stays listed among the participants for as long as it runs, past its TTL: it renews its place every third of it (found by mutation testing)', async () => {
+    const key = uniqueKey('leader');
+    const ttl = 300;
+    const [leading, following] = [apps[0], apps[1]].map((app) =>
+      app.locks.lead(key, new Terms().leadUntilAborted(), { ttl }),
+    );
+    try {
+      assert.ok(await eventually(async () => (await apps[2].locks.participants(key)).length === 2));
+      for (let i = 0; i < 4; i++) {
+        await sleep(ttl);
+        assert.deepEqual(
+          await apps[2].locks.participants(key),
+          [leading.id, following.id].sort(),
+          `after ${(i + 1) * ttl} ms`,
+        );
+      }
+    } finally {
+      await Promise.all([leading.stop(), following.stop()]);
+    }
+  });
+
   it('locks.leadership(key) is the running leadership of key, from lead(); undefined once stopped or never started', async () => {
     const key = uniqueKey('leader');
     assert.equal(apps[0].locks.leadership(key), undefined);
     const leadership = apps[0].locks.lead(key, new Terms().leadUntilAborted());
     assert.equal(apps[0].locks.leadership(key), leadership);
     assert.equal(apps[1].locks.leadership(key), undefined, "another service's is not this one's");
-    await leadership.stop();
+    assert.equal(apps[0].locks.leadership(uniqueKey('leader')), undefined, "another key's");
+    const stopping = leadership.stop();
+    assert.equal(apps[0].locks.leadership(key), undefined, 'listed while it stops');
+    await stopping;
     assert.equal(apps[0].locks.leadership(key), undefined);
+    // Nor kept once over (found by mutation testing: a stopped campaign stayed in the service).
+    const campaigns = (apps[0].locks as unknown as { leaderships: { campaigns: Set<unknown> } })
+      .leaderships.campaigns;
+    assert.ok(await eventually(() => campaigns.size === 0), `${campaigns.size} campaigns kept`);
     assert.throws(() => apps[0].locks.leadership(''), LockArgumentError);
   });
 
@@ -1011,6 +1060,44 @@ describe('@WhileLeader', { timeout: 90_000 }, () => {
       );
     }
     assert.doesNotThrow(() => define('k', { ttl: 1_000, id: 'pod-a' }));
+  });
+
+  it("shutdown waits for every leader's work up to the longest TTL, and warns only of the work that did not return (found by mutation testing)", async () => {
+    const [stuckKey, slowKey] = [uniqueKey('leader'), uniqueKey('leader')];
+    const app = await startLockModule({ connection: server.url });
+    const { capture, restore } = LogCapture.install();
+    let release!: () => void;
+    const stuck = new Promise<void>((resolve) => (release = resolve));
+    try {
+      // One work ignores its signal; the other returns 500 ms after it aborts, within its TTL
+      // (1.5 s) but past the other's (300 ms).
+      let slowReturned = false;
+      const leaderships = [
+        app.locks.lead(stuckKey, () => stuck, { ttl: 300 }),
+        app.locks.lead(
+          slowKey,
+          async ({ signal }) => {
+            await new Promise((resolve) =>
+              signal.addEventListener('abort', resolve, { once: true }),
+            );
+            await sleep(500);
+            slowReturned = true;
+          },
+          { ttl: 1_500 },
+        ),
+      ];
+      assert.ok(await eventually(() => leaderships.every((each) => each.isLeader), 5_000));
+      await app.close();
+      assert.ok(slowReturned, 'shutdown did not wait for the work that returned within its TTL');
+      const warned = capture.lines.filter(
+        ({ level, message }) => level === 'warn' && message.includes('did not return'),
+      );
+      assert.equal(warned.length, 1, JSON.stringify(warned));
+      assert.ok(warned[0].message.includes(stuckKey), warned[0].message);
+    } finally {
+      release();
+      restore();
+    }
   });
 
   it('a work that ignores its signal does not hold shutdown past its TTL, and is logged', async () => {
