@@ -154,6 +154,28 @@ describe('leadership (lead, @WhileLeader)', { timeout: 90_000 }, () => {
     assert.deepEqual(failed, [], 'a work that ended because it was stopped was logged as failed');
   });
 
+  it('stop() of a follower waiting for its turn logs nothing: its wait ends, no outage (found by mutation testing)', async () => {
+    const key = uniqueKey('leader');
+    const monitor = await monitorRedis(server.port);
+    const leader = apps[0].locks.lead(key, new Terms().leadUntilAborted());
+    assert.ok(await eventually(() => leader.isLeader));
+    const follower = apps[1].locks.lead(key, new Terms().leadUntilAborted());
+    const from = logs.capture.lines.length;
+    try {
+      // The leader's grant, then the follower's attempt, refused: it waits.
+      const attempts = (): number => scriptCalls(monitor.commands, ACQUIRE_SCRIPT, `lock:{${key}}`);
+      assert.ok(await eventually(() => attempts() >= 2), 'the follower never tried');
+      await follower.stop();
+      const said = logs.capture.lines
+        .slice(from)
+        .filter(({ level, message }) => ['warn', 'error'].includes(level) && message.includes(key));
+      assert.deepEqual(said, []);
+    } finally {
+      monitor.stop();
+      await leader.stop();
+    }
+  });
+
   it('stop() during the pause between terms settles at once, not after the pause', async () => {
     const app = await startLockModule({
       connection: server.url,
