@@ -176,6 +176,30 @@ describe('leadership (lead, @WhileLeader)', { timeout: 90_000 }, () => {
     }
   });
 
+  it('a term whose record for leader() cannot be written leads on and says so (found by mutation testing)', async () => {
+    const key = uniqueKey('leader');
+    // The record's key made a string: the script that writes the term's record fails (WRONGTYPE).
+    await redis.set(`lock:{${key}}:leader`, 'not a record');
+    const from = logs.capture.lines.length;
+    const failed = (): string[] =>
+      logs.capture.lines
+        .slice(from)
+        .filter(
+          ({ level, message }) => level === 'warn' && message.includes('Could not record term'),
+        )
+        .map(({ message }) => message);
+    const leadership = apps[0].locks.lead(key, new Terms().leadUntilAborted(), { ttl: 600 });
+    try {
+      const term = await leadership.elected({ timeout: 5_000 });
+      assert.ok(await eventually(() => failed().length > 0), 'the failed record was not logged');
+      assert.ok(failed()[0].includes(`term ${term.fence}`), failed()[0]);
+      assert.equal(term.signal.aborted, false, 'the term ended for its record');
+    } finally {
+      await leadership.stop();
+      await redis.del(`lock:{${key}}:leader`);
+    }
+  });
+
   it('stop() during the pause between terms settles at once, not after the pause', async () => {
     const app = await startLockModule({
       connection: server.url,
