@@ -91,6 +91,23 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     }
   }
 
+  /** Freezes nodes one at a time (SIGSTOP); `thaw(i)` resumes one, `thaw()` every one still frozen. */
+  function freezer(): { freeze(i: number): void; thaw(i?: number): void } {
+    const frozen = new Set<number>();
+    return {
+      freeze(i) {
+        servers[i].signal('SIGSTOP');
+        frozen.add(i);
+      },
+      thaw(i) {
+        for (const j of i === undefined ? [...frozen] : [i]) {
+          servers[j].signal('SIGCONT');
+          frozen.delete(j);
+        }
+      },
+    };
+  }
+
   /** Crashes the given nodes; `revive()` starts them again, empty, on the same ports. */
   async function crash(indexes: number[]): Promise<{ revive(): Promise<void> }> {
     await Promise.all(indexes.map((i) => servers[i].kill()));
@@ -1162,15 +1179,7 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
       nodes: servers.map((server) => server.url),
       commandTimeout,
     });
-    const frozen = new Set<number>();
-    const freeze = (i: number): void => {
-      servers[i].signal('SIGSTOP');
-      frozen.add(i);
-    };
-    const thaw = (): void => {
-      for (const i of frozen) servers[i].signal('SIGCONT');
-      frozen.clear();
-    };
+    const { freeze, thaw } = freezer();
     try {
       for (let attempt = 1; ; attempt++) {
         const key = uniqueKey();
@@ -1215,15 +1224,7 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
   it("a failed attempt with a caller's own token whose undo ends after a later attempt of that token began leaves that attempt's undo to it (found by mutation testing)", async () => {
     const key = uniqueKey();
     const token = `own-${key}`;
-    const frozen = new Set<number>();
-    const freeze = (i: number): void => {
-      servers[i].signal('SIGSTOP');
-      frozen.add(i);
-    };
-    const thaw = (i: number): void => {
-      servers[i].signal('SIGCONT');
-      frozen.delete(i);
-    };
+    const { freeze, thaw } = freezer();
     const held = await other.locks.acquire(key, { ttl: 30_000 });
     try {
       // Held on nodes 0–2 only: an attempt takes node 3 (and 4), and fails.
@@ -1246,7 +1247,7 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
         "the second attempt's copy on node 3 was left until its TTL",
       );
     } finally {
-      for (const i of [...frozen]) thaw(i);
+      thaw();
       await held.release();
       // (Node 4 keeps the first attempt's copy, which the second found there as its token's own
       // and so does not undo: see `undo`. It would run out with its TTL.)
