@@ -200,6 +200,39 @@ describe('leadership (lead, @WhileLeader)', { timeout: 90_000 }, () => {
     }
   });
 
+  it("a failed write of a term's record whose answer comes after the term ended is not news (found by mutation testing)", async () => {
+    const key = uniqueKey('leader');
+    await redis.set(`lock:{${key}}:leader`, 'not a record'); // its write fails (WRONGTYPE)
+    const proxy = await FaultProxy.start(() => server.port);
+    const slow = await startLockModule({ connection: `redis://127.0.0.1:${proxy.port}` });
+    const from = logs.capture.lines.length;
+    try {
+      await slow.locks.isLocked(uniqueKey()); // a connection, before the latency
+      // The term's record answers 300 ms after it began; the term ends at once (its work stops
+      // the campaign), so the failure comes after the term.
+      let ended!: Promise<void>;
+      const leadership: Leadership = slow.locks.lead(key, async () => {
+        proxy.setLatency(150);
+        ended = leadership.stop();
+        await ended;
+      });
+      assert.ok(await eventually(() => ended !== undefined, 5_000), 'never led');
+      await ended;
+      await sleep(600); // the record's failed answer has come by now
+      const said = logs.capture.lines
+        .slice(from)
+        .filter(
+          ({ level, message }) => level === 'warn' && message.includes('Could not record term'),
+        );
+      assert.deepEqual(said, []);
+    } finally {
+      proxy.setLatency(0);
+      await slow.close();
+      await proxy.close();
+      await redis.del(`lock:{${key}}:leader`);
+    }
+  });
+
   it('stop() during the pause between terms settles at once, not after the pause', async () => {
     const app = await startLockModule({
       connection: server.url,
