@@ -403,11 +403,17 @@ describe('several keys at once (acquire([a, b]))', () => {
     });
     const [a, b] = pair();
     const holder = await env.other.locks.acquire(b, { ttl: 10_000 });
+    const monitor = await monitorRedis(env.server.port);
     try {
       const pending = slow.locks.acquire([a, b], { ttl: 5_000, acquireTimeout: 10_000 });
       pending.catch(() => {}); // asserted below
-      assert.ok(await eventually(async () => (await stored(a)) !== null), 'a never taken');
-      assert.ok(await eventually(() => waitingCallers(slow.locks, b) === 1), 'never waited for b');
+      // Asleep on b: its attempt, and its attempt once subscribed (not still subscribing, which
+      // a stall would hold up for commandTimeout before the attempt's own).
+      assert.ok(
+        await eventually(() => scriptCalls(monitor.commands, ACQUIRE_SCRIPT, `lock:{${b}}`) >= 2),
+        'never waited for b',
+      );
+      monitor.stop();
       const stalls = watchStalls();
       const stalledAt = performance.now();
       proxy.stall(); // its next attempt at b gets no answer; nor would a release of a
@@ -420,6 +426,7 @@ describe('several keys at once (acquire([a, b]))', () => {
       );
       stalls.stop();
     } finally {
+      monitor.stop();
       proxy.heal();
       await holder.release();
       await slow.close();

@@ -1046,9 +1046,14 @@ describe('waiting for a held lock', () => {
     });
     const key = uniqueKey();
     await holder.acquire(key, { ttl: 30_000 });
+    const attempts = await attemptsOn(key);
     try {
       const waiting = app.locks.acquire(key, { acquireTimeout: 5_000 });
-      await queuedIn(app.locks, key, 1);
+      // Asleep: its attempt, and its attempt once subscribed. (Counted as queued once it found the
+      // key held, it may still be subscribing: under load, its attempt once subscribed found the
+      // key already freed, 7 ms after.)
+      await attempts.asleep(2);
+      attempts.stop();
       // The lock goes away with no release message at all, as if the message had been lost.
       const watch = watchStalls();
       const freedAt = performance.now();
@@ -1060,6 +1065,7 @@ describe('waiting for a held lock', () => {
       watch.stop();
       await lock.release();
     } finally {
+      attempts.stop();
       await app.close();
     }
   });
