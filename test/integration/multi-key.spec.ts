@@ -360,7 +360,8 @@ describe('several keys at once (acquire([a, b]))', () => {
         .catch((e: unknown) => e);
       assert.ok(error instanceof LockAcquireTimeoutError && error.queueFull, String(error));
       assert.equal(error.key, b);
-      assertWithin(performance.now() - started, 0, stalls, 'refused by maxWaiters');
+      // A few round trips (its first key taken, the second refused): not its acquireTimeout.
+      assertWithin(performance.now() - started, 500, stalls, 'refused by maxWaiters');
       stalls.stop();
       assert.equal(await env.locks.isLocked(a), false, 'the first key was given back');
     } finally {
@@ -384,7 +385,8 @@ describe('several keys at once (acquire([a, b]))', () => {
       const abortedAt = performance.now();
       controller.abort(new Error('the client went away'));
       await assert.rejects(pending, LockAcquireAbortedError);
-      assertWithin(performance.now() - abortedAt, 0, stalls, 'the aborted call');
+      // The first key given back, one round trip: not the 10 s deadline.
+      assertWithin(performance.now() - abortedAt, 500, stalls, 'the aborted call');
       stalls.stop();
       assert.equal(await stored(a), null, 'the first key was not given back');
     } finally {
@@ -443,6 +445,8 @@ describe('several keys at once (acquire([a, b]))', () => {
     const holders = await Promise.all([b, c].map((key) => env.other.locks.acquire(key)));
     try {
       const ttl = 3_000;
+      const started = performance.now(); // before a's attempt: its lease starts after this
+      const stalls = watchStalls();
       const pending = own.locks.acquire([a, b, c], {
         ttl,
         acquireTimeout: 2_800,
@@ -450,14 +454,12 @@ describe('several keys at once (acquire([a, b]))', () => {
       });
       pending.catch(() => {}); // asserted below
       assert.ok(await eventually(async () => (await stored(a)) !== null), 'a never taken');
-      const takenBy = performance.now();
-      const stalls = watchStalls();
       setTimeout(() => void holders[0].release(), 600);
       // Given back at a's lease's end less commandTimeout (2 s): not at half of what was left
       // (1.5 s), nor at b's lease's end less commandTimeout (2.6 s), nor kept until its TTL ran
       // out in Redis (3 s).
       assert.ok(await eventually(async () => (await stored(a)) === null, 5_000));
-      const gone = performance.now() - takenBy;
+      const gone = performance.now() - started;
       assert.ok(gone >= ttl - commandTimeout - 150, `given back after ${gone.toFixed(0)} ms`);
       assertWithin(gone, ttl - commandTimeout, stalls, 'the give-back of a');
       stalls.stop();
@@ -498,13 +500,14 @@ describe('several keys at once (acquire([a, b]))', () => {
         await sleep(Math.max(0, takenBy + 1_150 - performance.now()));
         proxy.heal();
         const error = await taking;
-        if (!retried) {
-          if (!(error instanceof Error)) await (error as Lock).release();
-          assert.ok(attempt < 3, "the waiter's retry never came after the release");
+        if (!(error instanceof Error)) await (error as Lock).release();
+        // Only a lapse of a can name a (nobody else holds it). A machine too slow for the
+        // timings above ends the call otherwise (b's own lease also over, or the round cut
+        // short before b was freed): try again.
+        if (!retried || !(error instanceof LockAcquireTimeoutError) || error.key !== a) {
+          assert.ok(attempt < 3, `the scenario never happened: ${String(error)}`);
           continue;
         }
-        assert.ok(error instanceof LockAcquireTimeoutError, String(error));
-        assert.equal(error.key, a);
         assert.equal(error.busy, false, 'a lease that ran out reported as a busy key');
         assert.ok(
           await eventually(async () => (await stored(a)) === null && (await stored(b)) === null),
