@@ -580,6 +580,105 @@ describe('waiting for a held lock', () => {
     }
   });
 
+  it('a release with less than commandTimeout of its lease left hands nothing to a waiter whose retry is on its way: the key may lapse while the release travels and that retry take it, and the release answers false, not true', async () => {
+    // A partition (the proxy stalls) holds the waiter's retry and then the release until the
+    // releaser's lease has run out in Redis: the retry, delivered first, takes the lapsed key.
+    const proxy = await FaultProxy.start(() => server.port);
+    const app = await startLockModule({
+      connection: `redis://127.0.0.1:${proxy.port}`,
+      defaults: { retryInterval: 100, retryJitter: 0 },
+    });
+    const monitor = await monitorRedis(server.port);
+    try {
+      // The scenario needs the waiter's retry sent during the partition, before the release: on a
+      // machine too slow for that, it is played again.
+      for (let round = 0; ; round++) {
+        const key = uniqueKey();
+        const held = await app.locks.acquire(key, { ttl: 600, autoExtend: false });
+        const queued = app.locks.acquire(key, { ttl: 30_000, acquireTimeout: 10_000 });
+        const attempts = (): MonitoredCommand[] =>
+          scriptCallsOf(monitor.commands, ACQUIRE_SCRIPT, `lock:{${key}}`).filter(
+            ({ args }) => !args.includes(held.token),
+          );
+        assert.ok(await eventually(() => attempts().length >= 2), 'the waiter never went to sleep');
+        const seen = attempts().length;
+        assert.ok(await eventually(() => attempts().length > seen, 3_000), 'no retry');
+        // Its next retry (100 ms on) is sent into the partition.
+        proxy.stall();
+        await sleep(150);
+        // Less than commandTimeout (1 s) left: no heir but a sleeping waiter.
+        assert.ok(held.expiresAt - performance.now() < 1_000);
+        const released = held.release();
+        // Until Redis has let the releaser's key go (its TTL runs from after expiresAt).
+        await sleep(held.expiresAt - performance.now() + 100);
+        await monitor.caughtUp();
+        const from = monitor.commands.length;
+        proxy.heal();
+        const answer = await released;
+        const lock = await queued;
+        await monitor.caughtUp();
+        const order = scriptSequence(
+          monitor.commands.slice(from),
+          `lock:{${key}}`,
+          [
+            [ACQUIRE_SCRIPT, 'a'],
+            [RELEASE_SCRIPT, 'r'],
+            [HANDOFF_SCRIPT, 'h'],
+          ],
+          'x',
+        );
+        await lock.release();
+        if (!order.startsWith('a') && round < 2) continue;
+        assert.match(order, /^a[rh]/, 'the retry sent during the partition, then the release');
+        // The key had lapsed and the waiter's retry took it: the release found it gone.
+        assert.equal(answer, false);
+        assert.equal(lock.token === held.token, false);
+        break;
+      }
+    } finally {
+      monitor.stop();
+      await app.close();
+      await proxy.close();
+    }
+  });
+
+  it('a lock known lost hands nothing to a waiter whose retry is on its way: that retry may have taken the key, and the release answers false, not true', async () => {
+    // Through a link slow enough (150 ms each way) to release while the retry's answer is coming.
+    const proxy = await FaultProxy.start(() => server.port);
+    const app = await startLockModule({
+      connection: `redis://127.0.0.1:${proxy.port}`,
+      defaults: { retryInterval: 300, retryJitter: 0 },
+    });
+    const monitor = await monitorRedis(server.port);
+    try {
+      const key = uniqueKey();
+      const held = await app.locks.acquire(key, { ttl: 30_000 });
+      proxy.setLatency(150);
+      const queued = app.locks.acquire(key, { ttl: 30_000, acquireTimeout: 10_000 });
+      const attempts = (): number =>
+        scriptCallsOf(monitor.commands, ACQUIRE_SCRIPT, `lock:{${key}}`).filter(
+          ({ args }) => !args.includes(held.token),
+        ).length;
+      assert.ok(await eventually(() => attempts() >= 2), 'the waiter never went to sleep');
+      // Taken behind the holder's back: the lease is lost, with 30 s of it left.
+      await redis.set(`lock:{${key}}`, 'stranger', 'PX', 30_000);
+      await assert.rejects(held.extend(), LockLostError);
+      await redis.del(`lock:{${key}}`);
+      const seen = attempts();
+      assert.ok(await eventually(() => attempts() > seen, 3_000), 'the waiter never retried');
+      // That retry found the key free: it holds it, its answer 150 ms away.
+      assert.equal((await redis.get(`lock:{${key}}`)) === 'stranger', false);
+      assert.equal(await held.release(), false);
+      const next = await queued;
+      assert.equal(await redis.get(`lock:{${key}}`), next.token);
+      await next.release();
+    } finally {
+      monitor.stop();
+      await app.close();
+      await proxy.close();
+    }
+  });
+
   it('a release passes the lock straight to the first waiter of its process: the heir starts at once, one command, no message', async () => {
     const { key, held, queued } = await heldWithWaiter(waiter, 30_000, 20_000);
     const monitor = await monitorRedis(server.port);
@@ -745,6 +844,25 @@ describe('waiting for a held lock', () => {
     assert.ok(other.fence > next.fence + 1, `${other.fence} after ${next.fence}`);
     assert.equal(await next.release(), false);
     await other.release();
+  });
+
+  it('a lock known lost is not passed on in the process: its sleeping waiter is not handed a key another owner holds', async () => {
+    // 30 s left, more than half the heir's TTL: but for the loss, it would be passed on.
+    const { key, held, queued } = await heldWithWaiter(waiter, 30_000, 30_000);
+    await redis.set(`lock:{${key}}`, 'stranger', 'PX', 30_000); // taken behind the holder's back
+    await assert.rejects(held.extend(), LockLostError);
+    assert.equal(await held.release(), false);
+    // Handed over through Redis, which refuses: the waiter waits on.
+    const early = await Promise.race([
+      queued.then(() => 'granted'),
+      sleep(300).then(() => 'waiting'),
+    ]);
+    assert.equal(early, 'waiting');
+    assert.equal(await redis.get(`lock:{${key}}`), 'stranger');
+    await redis.del(`lock:{${key}}`);
+    const next = await queued; // at its next retry
+    assert.equal(await redis.get(`lock:{${key}}`), next.token);
+    assert.equal(await next.release(), true);
   });
 
   it('a lease confirmed before the connection was last lost is not passed on in the process: Redis may have forgotten it and granted the key elsewhere (a failover, a restart)', async () => {
@@ -924,50 +1042,59 @@ describe('waiting for a held lock', () => {
     }
   });
 
-  it('a first waiter passed the lock in its process while its retry is on its way, and giving up before that retry is answered: the lock passed to it is released for it', async () => {
-    // Through a link slow enough (250 ms each way) to give up while the retry's answer is coming.
-    const proxy = await FaultProxy.start(() => server.port);
-    const app = await startLockModule({
-      connection: `redis://127.0.0.1:${proxy.port}`,
-      defaults: { retryInterval: 300, retryJitter: 0 },
-    });
-    const monitor = await monitorRedis(server.port);
-    try {
-      const key = uniqueKey();
-      // 30 s left, more than half the heir's 30 s: passed on in the process.
-      const held = await app.locks.acquire(key, { ttl: 30_000 });
-      proxy.setLatency(250);
-      const giveUp = new AbortController();
-      const queued = app.locks.acquire(key, {
-        ttl: 30_000,
-        acquireTimeout: 10_000,
-        signal: giveUp.signal,
+  for (const elsewhere of [false, true]) {
+    it(`a first waiter passed the lock in its process while its retry is on its way, and giving up before that retry is answered: the lock passed to it is released for it${elsewhere ? ', also while the process waits for another key' : ''}`, async () => {
+      // Through a link slow enough (250 ms each way) to give up while the retry's answer is coming.
+      const proxy = await FaultProxy.start(() => server.port);
+      const app = await startLockModule({
+        connection: `redis://127.0.0.1:${proxy.port}`,
+        defaults: { retryInterval: 300, retryJitter: 0 },
       });
-      // Its attempt, its attempt once subscribed, then its next retry reached Redis: the
-      // retry's answer is 250 ms away.
-      const attempts = (): number =>
-        scriptCallsOf(monitor.commands, ACQUIRE_SCRIPT, `lock:{${key}}`).filter(
-          ({ args }) => !args.includes(held.token),
-        ).length;
-      assert.ok(await eventually(() => attempts() >= 2), 'the waiter never went to sleep');
-      const seen = attempts();
-      assert.ok(await eventually(() => attempts() > seen, 3_000), 'the waiter never retried');
-      const released = held.release(); // passed to the waiter at once, in the process
-      await sleep(20);
-      giveUp.abort();
-      await assert.rejects(queued, LockAcquireAbortedError);
-      assert.equal(await released, true);
-      // Its token written over the releaser's, then released for it: the key is free, long
-      // before the heir's 30 s TTL.
-      assert.ok(await eventually(async () => (await redis.exists(`lock:{${key}}`)) === 0, 2_000));
-      await monitor.caughtUp();
-      assert.equal(scriptCalls(monitor.commands, PASS_ON_SCRIPT, `lock:{${key}}`), 1);
-    } finally {
-      monitor.stop();
-      await app.close();
-      await proxy.close();
-    }
-  });
+      const monitor = await monitorRedis(server.port);
+      // Another key held and waited for in the process: its release (which has no lease of its
+      // own) is made while the process watches a channel.
+      const other = elsewhere ? await heldWithWaiter(app.locks, 30_000, 30_000) : undefined;
+      try {
+        const key = uniqueKey();
+        // 30 s left, more than half the heir's 30 s: passed on in the process.
+        const held = await app.locks.acquire(key, { ttl: 30_000 });
+        proxy.setLatency(250);
+        const giveUp = new AbortController();
+        const queued = app.locks.acquire(key, {
+          ttl: 30_000,
+          acquireTimeout: 10_000,
+          signal: giveUp.signal,
+        });
+        // Its attempt, its attempt once subscribed, then its next retry reached Redis: the
+        // retry's answer is 250 ms away.
+        const attempts = (): number =>
+          scriptCallsOf(monitor.commands, ACQUIRE_SCRIPT, `lock:{${key}}`).filter(
+            ({ args }) => !args.includes(held.token),
+          ).length;
+        assert.ok(await eventually(() => attempts() >= 2), 'the waiter never went to sleep');
+        const seen = attempts();
+        assert.ok(await eventually(() => attempts() > seen, 3_000), 'the waiter never retried');
+        const released = held.release(); // passed to the waiter at once, in the process
+        await sleep(20);
+        giveUp.abort();
+        await assert.rejects(queued, LockAcquireAbortedError);
+        assert.equal(await released, true);
+        // Its token written over the releaser's, then released for it: the key is free, long
+        // before the heir's 30 s TTL.
+        assert.ok(await eventually(async () => (await redis.exists(`lock:{${key}}`)) === 0, 2_000));
+        await monitor.caughtUp();
+        assert.equal(scriptCalls(monitor.commands, PASS_ON_SCRIPT, `lock:{${key}}`), 1);
+      } finally {
+        monitor.stop();
+        if (other) {
+          await other.held.release();
+          await (await other.queued).release();
+        }
+        await app.close();
+        await proxy.close();
+      }
+    });
+  }
 
   it('a handoff through Redis that fails: the release rejects with LockBackendError, and the heir tries by itself at once', async () => {
     const own = await startRedis();
