@@ -38,6 +38,18 @@ export const GROUPS = {
     mutate: ['lib/redis/redlock.backend.ts'],
     tests: ['build/test/integration/model-redlock.spec.js'],
   },
+  // The engine's one path for acquiring (attempts, waits, re-entry, the end of a wait) and its
+  // replies (bounds, failure mapping, late-grant undos). Fast specs first: a mutant stops at the
+  // first that fails.
+  engine: {
+    mutate: ['lib/engine/acquire-loop.ts', 'lib/engine/replies.ts'],
+    tests: [
+      'build/test/integration/events.spec.js',
+      'build/test/integration/lock-service.spec.js',
+      'build/test/faults/bounded-operations.spec.js',
+      'build/test/integration/waiting.spec.js',
+    ],
+  },
   handoff: {
     mutate: ['lib/redis/handoff.ts'],
     tests: ['build/test/integration/waiting.spec.js'],
@@ -53,6 +65,17 @@ export const GROUPS = {
       'build/test/integration/leadership.spec.js',
       'build/test/integration/nest-providers.spec.js',
     ],
+  },
+  // The decorator's skip path (`onBusy: 'skip'`): which failures a call or a subscription skips
+  // and which pass on, and a scheduled job's outage log.
+  decorator: {
+    mutate: [
+      'lib/decorators/with-lock.decorator.ts:257-268',
+      'lib/decorators/with-lock.decorator.ts:296-300',
+      'lib/decorators/with-lock.decorator.ts:571-612',
+      'lib/decorators/with-lock.decorator.ts:651-652',
+    ],
+    tests: ['build/test/integration/on-busy.spec.js', 'build/test/integration/jobs.spec.js'],
   },
   // RedisLockTestingModule's store: the side-by-side test against the Redis scripts, and the
   // module's own spec (the model suite on it takes 15 s a mutant: `--` it in for a deep run).
