@@ -75,7 +75,12 @@ export const GROUPS = {
       'lib/decorators/with-lock.decorator.ts:571-612',
       'lib/decorators/with-lock.decorator.ts:651-652',
     ],
-    tests: ['build/test/integration/on-busy.spec.js', 'build/test/integration/jobs.spec.js'],
+    // (with-lock.spec: every method that does not skip waits.)
+    tests: [
+      'build/test/integration/on-busy.spec.js',
+      'build/test/integration/with-lock.spec.js',
+      'build/test/integration/jobs.spec.js',
+    ],
   },
   // RedisLockTestingModule's store: the side-by-side test against the Redis scripts, and the
   // module's own spec (the model suite on it takes 15 s a mutant: `--` it in for a deep run).
@@ -95,7 +100,7 @@ if (!group)
 
 export default {
   testRunner: 'tap',
-  plugins: ['@stryker-mutator/tap-runner'],
+  plugins: ['@stryker-mutator/tap-runner', './scripts/stryker-progress-reporter.mjs'],
   mutate: group.mutate,
   // Mutant schemata are compiled once, type checks off in the mutated files.
   buildCommand: 'tsc -p tsconfig.json',
@@ -111,7 +116,7 @@ export default {
   // Two cores: one mutant at a time keeps the specs' own timing bounds honest.
   concurrency: 1,
   timeoutMS: 120_000,
-  reporters: ['clear-text', 'progress', 'json'],
+  reporters: ['clear-text', 'progress', 'json', 'progress-jsonl'],
   jsonReporter: { fileName: `.stryker-reports/${name}.json` },
   tempDirName: '.stryker-tmp',
   cleanTempDir: true,
