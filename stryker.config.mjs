@@ -45,6 +45,7 @@ export const GROUPS = {
     mutate: ['lib/engine/acquire-loop.ts', 'lib/engine/replies.ts'],
     tests: [
       'build/test/integration/events.spec.js',
+      'build/test/integration/reentrancy.spec.js',
       'build/test/integration/lock-service.spec.js',
       'build/test/faults/bounded-operations.spec.js',
       'build/test/integration/waiting.spec.js',
