@@ -18,8 +18,10 @@ import {
   startHttpApp,
   startLockModule,
   uniqueKey,
+  waitingCallers,
 } from '../support/lock-module.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
+import { assertWithin, watchStalls } from '../support/timing.js';
 
 let runs = 0;
 
@@ -63,6 +65,16 @@ class ShortJob {
   @WithLock({ key: 'short:{0}', onBusy: 'skip', ttl: 250 })
   async run(_name: string): Promise<void> {
     runs++;
+  }
+}
+
+/** A job that skips when busy but waits a while first. */
+@Injectable()
+class PatientJob {
+  @WithLock({ key: 'patient:{0}', onBusy: 'skip', acquireTimeout: 10_000 })
+  async run(_name: string): Promise<string> {
+    runs++;
+    return 'ran';
   }
 }
 
@@ -140,6 +152,45 @@ describe("@WithLock onBusy: 'skip'", () => {
       assert.equal(runs, 1);
     } finally {
       subscription.unsubscribe();
+    }
+  });
+
+  it('a call refused by maxWaiters while callers of its process wait for the key is skipped too: undefined at once, a skipped event, not a timeout', async () => {
+    const patient = await startHttpApp(
+      { connection: server.url, maxWaiters: { perKey: 1 } },
+      { providers: [PatientJob] },
+      new LogCapture(),
+    );
+    const name = uniqueKey('p');
+    const key = `patient:${name}`;
+    const events: LockEvent[] = [];
+    const subscription = patient.locks.events.subscribe((event) => events.push(event));
+    const held = await locks.acquire(key, { ttl: 30_000 });
+    try {
+      runs = 0;
+      const job = patient.app.get(PatientJob);
+      const waiting = job.run(name);
+      waiting.catch(() => {}); // (ends with the app if an assertion fails)
+      assert.ok(await eventually(() => waitingCallers(patient.locks, key) === 1), 'never waited');
+      const watch = watchStalls();
+      const started = performance.now();
+      assert.equal(await job.run(name), undefined);
+      // At once (no command sent), not after its 10 s acquireTimeout.
+      assertWithin(performance.now() - started, 0, watch, 'the refusal');
+      watch.stop();
+      assert.equal(runs, 0);
+      assert.deepEqual(
+        events
+          .filter((event) => event.key === key && /^(skipped|timeout)$/.test(event.type))
+          .map(({ type }) => type),
+        ['skipped'],
+      );
+      await held.release();
+      assert.equal(await waiting, 'ran');
+    } finally {
+      subscription.unsubscribe();
+      await held.release();
+      await patient.app.close();
     }
   });
 
