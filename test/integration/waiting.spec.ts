@@ -216,6 +216,17 @@ describe('waiting for a held lock', () => {
     }
   });
 
+  it('tryAcquire() asks Redis even while callers of its process wait for the key: a key freed without a word is its at once (found by mutation testing)', async () => {
+    const { key, held, queued } = await heldWithWaiter(waiter, 30_000, 30_000);
+    await redis.del(`lock:{${key}}`); // freed behind the holder's back: nobody is told
+    const lock = await waiter.tryAcquire(key);
+    assert.ok(lock, 'tryAcquire() queued behind the waiter instead of asking');
+    assert.equal(await redis.get(`lock:{${key}}`), lock.token);
+    assert.equal(await held.release(), false);
+    await lock.release();
+    await (await queued).release();
+  });
+
   it('an idle waiter sends a bounded number of commands while it waits', async () => {
     const key = uniqueKey();
     const held = await holder.acquire(key, { ttl: 20_000 });
@@ -542,6 +553,35 @@ describe('waiting for a held lock', () => {
     queued.push(take('again'));
     await Promise.all(queued);
     assert.deepEqual(order, ['w0', 'w1', 'w2', 'w3', 'w4', 'again']);
+  });
+
+  it('with handoffTurn 0 (every release frees the key), a releaser that asks again at once still queues behind the waiter its release wakes (found by mutation testing)', async () => {
+    const app = await startLockModule({ connection: server.url, handoffTurn: 0 });
+    try {
+      const key = uniqueKey();
+      const order: string[] = [];
+      const take = (name: string): Promise<void> =>
+        app.locks.using(key, () => void order.push(name), { acquireTimeout: 10_000 });
+      for (let round = 0; round < 3; round++) {
+        const held = await app.locks.acquire(key, { ttl: 30_000 });
+        const attempts = await attemptsOn(key);
+        let first: Promise<void>;
+        try {
+          first = take(`w${round}`);
+          await attempts.asleep(2); // its attempt, and its attempt once subscribed
+        } finally {
+          attempts.stop();
+        }
+        await held.release();
+        // Its attempt would reach Redis before the woken waiter's (which hears of the release
+        // through pub/sub first): without the queue it would win.
+        const again = take(`again${round}`);
+        await Promise.all([first, again]);
+      }
+      assert.deepEqual(order, ['w0', 'again0', 'w1', 'again1', 'w2', 'again2']);
+    } finally {
+      await app.close();
+    }
   });
 
   it('a first waiter whose retry is on its way as the lock is released keeps its place: it is handed the lock, not the second', async () => {
