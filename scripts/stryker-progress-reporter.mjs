@@ -1,7 +1,7 @@
 // A Stryker reporter that writes each mutant's result as it is known, one JSON line each, to
 // `.stryker-reports/<group>.jsonl`: a long group's run (an hour or more) stopped before its end
 // leaves what it measured (Stryker's own reports are written only at the end). The lines are
-// `{ file, line, column, mutator, replacement, status, killedBy }`; `npm run test:mutation`
+// `{ file, line, column, end, mutator, replacement, status, killedBy }`; `npm run test:mutation`
 // reads the JSON report, not these.
 import { appendFileSync, mkdirSync, writeFileSync } from 'node:fs';
 import { dirname, relative } from 'node:path';
@@ -21,6 +21,7 @@ class ProgressReporter {
       file: relative(process.cwd(), result.fileName),
       line: result.location.start.line,
       column: result.location.start.column,
+      end: `${result.location.end.line}:${result.location.end.column}`,
       mutator: result.mutatorName,
       replacement: result.replacement,
       status: result.status,
