@@ -17,6 +17,7 @@ import {
   startLockModule,
   startNonPollingApp,
   uniqueKey,
+  waitingCallers,
   type LockModuleFixture,
 } from '../support/lock-module.js';
 import { assertWithin, watchStalls } from '../support/timing.js';
@@ -95,6 +96,29 @@ describe('fair locks (fair: true)', () => {
   it('hands the key to waiters in the order they arrived, across apps (control: without fair it goes round each process first)', async () => {
     assert.deepEqual(await arrivalRace(true), [0, 1, 2, 3, 4, 5]);
     assert.notDeepEqual(await arrivalRace(false), [0, 1, 2, 3, 4, 5]);
+  });
+
+  it('a fair caller takes its place in the queue with its first attempt, also while callers of its process wait for the key without fair (found by mutation testing)', async () => {
+    const key = uniqueKey('first');
+    const holder = await locksOf(2).acquire(key);
+    // Its waiters never poll within the test: only its first attempt can queue the fair one.
+    const app = await startNonPollingApp({ connection: server.url, fenceRetention: 0 });
+    try {
+      const plain = app.locks.using(key, () => 'plain', { acquireTimeout: 10_000 });
+      assert.ok(await eventually(() => waitingCallers(app.locks, key) === 1), 'never waited');
+      const fairOne = app.locks.using(key, () => 'fair', { ...fair, acquireTimeout: 10_000 });
+      // (Both end with the app if an assertion fails.)
+      for (const call of [plain, fairOne]) call.catch(() => {});
+      assert.ok(
+        await eventually(async () => (await redis.zcard(`lock:{${key}}:queue`)) === 1, 2_000),
+        'the fair caller never took its place in the queue',
+      );
+      await holder.release();
+      assert.deepEqual(await Promise.all([plain, fairOne]), ['plain', 'fair']);
+    } finally {
+      await holder.release();
+      await app.close();
+    }
   });
 
   /** Queues a waiter that never comes back, whose place lasts `stay` ms (a process that died). */
