@@ -51,6 +51,9 @@ export const GROUPS = {
       'build/test/integration/lock-service.spec.js',
       'build/test/faults/bounded-operations.spec.js',
       'build/test/integration/waiting.spec.js',
+      // Who queues first in its process: not a fair caller, nor a semaphore's.
+      'build/test/integration/fair.spec.js',
+      'build/test/integration/semaphore.spec.js',
     ],
   },
   handoff: {
