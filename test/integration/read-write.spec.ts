@@ -20,6 +20,7 @@ import {
 } from '../support/lock-module.js';
 import { FaultProxy } from '../support/fault-proxy.js';
 import { monitorRedis } from '../support/redis-monitor.js';
+import { ACQUIRE_UNRESERVED_SCRIPT } from '../../lib/redis/lock.scripts.js';
 
 describe("read/write locks (mode: 'read')", () => {
   const env = twoAppsOnOneRedis({ fenceRetention: 0 });
@@ -159,6 +160,42 @@ describe("read/write locks (mode: 'read')", () => {
     await writer.release();
     stop = true;
     await Promise.all(loops);
+  });
+
+  it("a writer's first attempt already marks the key: a reader that asks before the writer's next attempt does not get in (found by mutation testing)", async () => {
+    // The writer's app through a slow link (150 ms each way): its attempt once subscribed comes
+    // a few hundred ms after its first.
+    const proxy = await FaultProxy.start(() => env.server.port);
+    const slow = await startNonPollingApp({
+      connection: `redis://127.0.0.1:${proxy.port}`,
+      fenceRetention: 0,
+    });
+    const monitor = await monitorRedis(env.server.port);
+    try {
+      // Loaded: the writer's first attempt is one command, not NOSCRIPT and a second round trip.
+      // (With fenceRetention 0 no block of fences is reserved: the unreserved script.)
+      await env.redis.script('LOAD', ACQUIRE_UNRESERVED_SCRIPT);
+      const key = uniqueKey('doc');
+      const reader = await env.locks.acquire(key, read);
+      proxy.setLatency(150);
+      const writer = slow.locks.acquire(key, { acquireTimeout: 10_000 });
+      writer.catch(() => {}); // (ends with the app if an assertion fails)
+      const writerAttempts = (): number =>
+        monitor.commands.filter(
+          ({ args }) =>
+            args[0] === 'evalsha' && args.includes(`lock:{${key}}`) && !args.includes(reader.token),
+        ).length;
+      assert.ok(await eventually(() => writerAttempts() >= 1), 'the writer never asked');
+      // Its first attempt was refused (a reader holds the key) and is on its way back.
+      assert.equal(await env.other.locks.tryAcquire(key, read), null, 'a reader got in');
+      assert.equal(writerAttempts(), 1, 'the check came after the writer asked again');
+      await reader.release();
+      await (await writer).release();
+    } finally {
+      monitor.stop();
+      await slow.close();
+      await proxy.close();
+    }
   });
 
   it('a waiting writer blocks new readers while it waits; one that gives up takes its mark back; readers already in may renew', async () => {
