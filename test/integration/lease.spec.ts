@@ -16,7 +16,7 @@ import {
   uniqueKey,
   type LockModuleFixture,
 } from '../support/lock-module.js';
-import { EXTEND_SCRIPT } from '../../lib/redis/lock.scripts.js';
+import { EXTEND_SCRIPT, RELEASE_SCRIPT } from '../../lib/redis/lock.scripts.js';
 import { FaultProxy } from '../support/fault-proxy.js';
 import { monitorRedis, scriptCalls } from '../support/redis-monitor.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
@@ -344,6 +344,50 @@ describe('the lease of a held lock', () => {
         restore();
         await scripts('+');
         await redis.del(`lock:{${key}}`);
+      }
+    });
+  });
+
+  describe('the watchdog and release', () => {
+    it('a watchdog extension that fails after the lock was released is no outage: nothing warned, nothing retried (found by mutation testing)', async () => {
+      const proxy = await FaultProxy.start(() => server.port);
+      const app = await startLockModule({
+        connection: `redis://127.0.0.1:${proxy.port}`,
+        commandTimeout: 300,
+      });
+      const monitor = await monitorRedis(server.port);
+      const { capture, restore } = LogCapture.install();
+      try {
+        // Loaded: a held NOSCRIPT would be answered by ioredis sending the script again.
+        for (const script of [EXTEND_SCRIPT, RELEASE_SCRIPT]) await redis.script('LOAD', script);
+        const key = uniqueKey();
+        // Its watchdog extends it a third into its lease, 500 ms on.
+        const lock = await app.locks.acquire(key, { ttl: 1_500, autoExtend: true });
+        proxy.holdReplies();
+        const extensions = (): number =>
+          scriptCalls(monitor.commands, EXTEND_SCRIPT, `lock:{${key}}`);
+        assert.ok(await eventually(() => extensions() === 1, 3_000), 'no extension sent');
+        // The extension is on its way (its answer held): released meanwhile. Both go unanswered.
+        await assert.rejects(lock.release(), LockBackendError);
+        await sleep(400); // past the extension's commandTimeout
+        proxy.heal();
+        await sleep(300); // a retry would come ttl / 10 (150 ms) after the failure
+        await monitor.caughtUp();
+        assert.equal(
+          extensions(),
+          1,
+          `the watchdog retried after the release: ${monitor.commands
+            .filter(({ args }) => args.includes(`lock:{${key}}`))
+            .map(({ args }) => `${args[0]} ${args[1].slice(0, 8)}`)
+            .join(', ')}`,
+        );
+        const warnings = capture.lines.filter((line) => line.message.includes('Could not extend'));
+        assert.deepEqual(warnings, [], 'an outage warned of for a released lock');
+      } finally {
+        restore();
+        monitor.stop();
+        await app.close();
+        await proxy.close();
       }
     });
   });
