@@ -16,11 +16,15 @@ import {
 import {
   eventually,
   LogCapture,
+  startLockModule,
   startNonPollingApp,
   twoAppsOnOneRedis,
   uniqueKey,
 } from '../support/lock-module.js';
 import { assertWithin, watchStalls } from '../support/timing.js';
+import { FaultProxy } from '../support/fault-proxy.js';
+import { monitorRedis, scriptCalls } from '../support/redis-monitor.js';
+import { IS_HELD_SCRIPT } from '../../lib/redis/shape.scripts.js';
 
 /** `locks.acquire(key, options)` left waiting (each is awaited by its test). */
 function waitFor(locks: LockService, key: string, options: object = {}): Promise<Lock> {
@@ -116,6 +120,39 @@ describe('forceRelease(key, { reason })', () => {
     await env.locks.forceRelease(key, { reason: 'test' });
     const lock = await acquiring;
     assert.ok(lock.signal.aborted, 'the holder freed by the force is told by the time it returns');
+  });
+
+  it('a holder of the calling instance that releases while the force checks it is released, not lost: no lost event, its signal not aborted (found by mutation testing)', async () => {
+    const proxy = await FaultProxy.start(() => env.server.port);
+    const app = await startLockModule({ connection: `redis://127.0.0.1:${proxy.port}` });
+    const monitor = await monitorRedis(env.server.port);
+    const events: string[] = [];
+    try {
+      const key = uniqueKey();
+      const lock = await app.locks.acquire(key, { ttl: 30_000 });
+      void lock.signal; // watched
+      const subscription = app.locks.events.subscribe((event) => {
+        if (event.key === key) events.push(event.type);
+      });
+      proxy.setLatency(100);
+      const forced = app.locks.forceRelease(key, { reason: 'test' });
+      // The force is done and its check of the holder reached Redis: its answer is on its way.
+      assert.ok(
+        await eventually(
+          () => scriptCalls(monitor.commands, IS_HELD_SCRIPT, `lock:{${key}}`) === 1,
+        ),
+        'the holder was never checked',
+      );
+      assert.equal(await lock.release(), false);
+      await forced;
+      subscription.unsubscribe();
+      assert.deepEqual(events, ['forced', 'released']);
+      assert.equal(lock.signal.aborted, false, 'release is not a loss');
+    } finally {
+      monitor.stop();
+      await app.close();
+      await proxy.close();
+    }
   });
 
   it('an unwatched holder learns when its lease runs out', async () => {

@@ -9,6 +9,7 @@ import {
   LockArgumentError,
   LockBackendError,
   LockKeyResolutionError,
+  LockLostError,
   LockService,
   WithLock,
   type LockEvent,
@@ -91,6 +92,20 @@ for (const mode of ['hashed', 'hidden'] as const satisfies readonly LogKeys[]) {
           error.message.includes(shown(tooLong)) &&
           !error.message.includes(SECRET),
       );
+    });
+
+    it("a lost lock's LockLostError names the key as the module shows it (found by mutation testing)", async () => {
+      const key = keyOf();
+      const lock = await app.locks.acquire(key, { ttl: 100 });
+      assert.ok(await eventually(() => lock.signal.aborted, 2_000), 'never lost');
+      const error = lock.signal.reason as unknown;
+      assert.ok(error instanceof LockLostError, String(error));
+      assert.equal(error.key, key);
+      assert.ok(error.message.includes(shown(key)), error.message);
+      for (const printed of [error.message, error.stack, inspect(error), JSON.stringify(error)]) {
+        assert.ok(!printed?.includes(SECRET), `the key leaked: ${printed}`);
+      }
+      await lock.release();
     });
 
     it('a key part that resolved to an object is counted in the error, not named: its property names may be request data', async () => {

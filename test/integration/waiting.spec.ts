@@ -35,6 +35,7 @@ import {
   ACQUIRE_SCRIPT,
   ACQUIRE_UNRESERVED_SCRIPT,
   DROP_MARK_SCRIPT,
+  EXTEND_SCRIPT,
   FENCE_STRIDE,
   HANDOFF_SCRIPT,
   HANDOFF_UNRESERVED_SCRIPT,
@@ -875,7 +876,11 @@ describe('waiting for a held lock', () => {
     const released = held.release();
     const next = await queued; // started before Redis could say
     assert.equal(next.fence, held.fence + 1);
+    // An extension asked for meanwhile waits for the heir's own write, and fails with it.
+    const extended = next.extend().catch((error: unknown) => error);
     assert.equal(await released, false);
+    const refused = await extended;
+    assert.ok(refused instanceof LockLostError && refused.reason === 'not-held', String(refused));
     assert.ok(await eventually(() => next.signal.aborted, 2_000), 'the heir is told');
     const reason = next.signal.reason as LockLostError;
     assert.ok(reason instanceof LockLostError);
@@ -949,6 +954,30 @@ describe('waiting for a held lock', () => {
       assert.equal(await next.release(), true);
       assert.equal(await redis.exists(`lock:{${key}}`), 0);
     } finally {
+      await slow.close();
+      await proxy.close();
+    }
+  });
+
+  it('an extension of an heir waiting for its own write, released meanwhile, resolves and is never sent (found by mutation testing)', async () => {
+    const proxy = await FaultProxy.start(() => server.port);
+    const slow = await startLockModule({ connection: `redis://127.0.0.1:${proxy.port}` });
+    const monitor = await monitorRedis(server.port);
+    try {
+      await (await slow.locks.acquire(uniqueKey())).release(); // connection and scripts ready
+      const { key, held, queued } = await heldWithWaiter(slow.locks, 30_000, 30_000);
+      proxy.setLatency(100);
+      const released = held.release();
+      const next: Lock = await queued; // passed on: its own write is on its way
+      const extended = next.extend(20_000); // waits for that write
+      assert.equal(await next.release(), true);
+      await extended; // released meanwhile: nothing to extend, and no loss
+      assert.equal(await released, true);
+      assert.equal(next.signal.aborted, false, 'release is not a loss');
+      await monitor.caughtUp();
+      assert.equal(scriptCalls(monitor.commands, EXTEND_SCRIPT, `lock:{${key}}`), 0);
+    } finally {
+      monitor.stop();
       await slow.close();
       await proxy.close();
     }
