@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { Controller, Get, Injectable, Param, type INestApplication } from '@nestjs/common';
 import { Interval } from '@nestjs/schedule';
-import { defer, Observable, of, toArray, firstValueFrom } from 'rxjs';
+import { defer, Observable, of, throwError, toArray, firstValueFrom } from 'rxjs';
 import {
   LockAcquireTimeoutError,
   LockBackendError,
@@ -38,6 +38,15 @@ class Jobs {
     return defer(() => {
       runs++;
       return of(1, 2, 3);
+    });
+  }
+
+  /** Its stream fails once it runs. */
+  @WithLock({ key: 'failing-feed:{0}', onBusy: 'skip' })
+  failingFeed(_name: string): Observable<number> {
+    return defer(() => {
+      runs++;
+      return throwError(() => new Error('the stream failed'));
     });
   }
 
@@ -203,6 +212,17 @@ describe("@WithLock onBusy: 'skip'", () => {
     assert.deepEqual(values, []);
     assert.equal(runs, 0);
     assert.deepEqual(await firstValueFrom(jobs.feed(name).pipe(toArray())), [1, 2, 3]);
+  });
+
+  it('an Observable method whose stream fails once it ran is not skipped: the error passes on (found by mutation testing)', async () => {
+    const name = uniqueKey('ff');
+    runs = 0;
+    await assert.rejects(
+      firstValueFrom(jobs.failingFeed(name).pipe(toArray())),
+      /the stream failed/,
+    );
+    assert.equal(runs, 1);
+    assert.equal(await locks.isLocked(`failing-feed:${name}`), false);
   });
 
   it("on a route: Nest's empty 200, the handler not run", async () => {
