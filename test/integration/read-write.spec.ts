@@ -12,6 +12,7 @@ import {
 import {
   eventually,
   sleep,
+  startLockModule,
   startNonPollingApp,
   twoAppsOnOneRedis,
   assertOwnTokenKeepsFence,
@@ -195,6 +196,29 @@ describe("read/write locks (mode: 'read')", () => {
       monitor.stop();
       await slow.close();
       await proxy.close();
+    }
+  });
+
+  it("a writer that waits longer than its mark's stay keeps new readers off: each of its attempts renews the mark (found by mutation testing)", async () => {
+    // A mark lasts 2 × (retryInterval + retryJitter + commandTimeout): 700 ms here.
+    const quick = await startLockModule({
+      connection: env.server.url,
+      fenceRetention: 0,
+      commandTimeout: 200,
+      defaults: { retryInterval: 100, retryJitter: 50 },
+    });
+    try {
+      const key = uniqueKey('doc');
+      const reader = await env.locks.acquire(key, { ...read, ttl: 5_000 });
+      const writer = quick.locks.acquire(key, { acquireTimeout: 10_000 });
+      writer.catch(() => {}); // (ends with the app if an assertion fails)
+      assert.ok(await eventually(() => waitingCallers(quick.locks, key) === 1), 'never waited');
+      await sleep(1_200); // past the first attempt's mark
+      assert.equal(await env.other.locks.tryAcquire(key, read), null, 'a new reader got in');
+      await reader.release();
+      await (await writer).release();
+    } finally {
+      await quick.close();
     }
   });
 

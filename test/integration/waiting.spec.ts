@@ -1599,6 +1599,83 @@ describe('waiting for a held lock', () => {
     }
   });
 
+  for (const [name, shape] of [
+    ['a place in a semaphore', { limit: 2 }],
+    ['a read lock', { mode: 'read' }],
+  ] as const) {
+    it(`${name} whose grant came after its lease is given back, and the call goes on to one on time (found by mutation testing)`, async () => {
+      const proxy = await FaultProxy.start(() => server.port);
+      const slow = await startLockModule({
+        connection: `redis://127.0.0.1:${proxy.port}`,
+        defaults: { retryInterval: 100, retryJitter: 0 },
+      });
+      const monitor = await monitorRedis(server.port);
+      try {
+        await slow.locks.isLocked(uniqueKey()); // connected
+        const key = uniqueKey();
+        proxy.holdReplies();
+        const late = slow.locks.acquire(key, { ...shape, ttl: 300, acquireTimeout: 5_000 });
+        late.catch(() => {}); // (ends with the app if an assertion fails)
+        assert.ok(
+          await eventually(() =>
+            monitor.commands.some(
+              ({ args }) => args[0] === 'evalsha' && args.includes(`lock:{${key}}`),
+            ),
+          ),
+          'the slow app never asked',
+        );
+        await sleep(400); // its answer comes after its 300 ms lease
+        proxy.heal();
+        const lock = await late; // a later attempt, on time
+        assert.ok(lock.expiresAt > performance.now());
+        assert.equal(await lock.release(), true);
+        assert.equal(await slow.locks.isLocked(key), false, 'the late grant was kept');
+      } finally {
+        monitor.stop();
+        await slow.close();
+        await proxy.close();
+      }
+    });
+  }
+
+  it("a caller's own token whose grant came after its lease is not undone: the token may hold the lock already, and keeps it and its fence (found by mutation testing)", async () => {
+    const proxy = await FaultProxy.start(() => server.port);
+    const slow = await startLockModule({
+      connection: `redis://127.0.0.1:${proxy.port}`,
+      defaults: { retryInterval: 100, retryJitter: 0 },
+    });
+    const monitor = await monitorRedis(server.port);
+    try {
+      await slow.locks.isLocked(uniqueKey()); // connected
+      const key = uniqueKey();
+      const mine = await holder.acquire(key, { token: 'mine', ttl: 30_000 });
+      // The slow app asks with the same token; its grant's answer comes after its 300 ms lease.
+      proxy.holdReplies();
+      const again = slow.locks.acquire(key, { token: 'mine', ttl: 300, acquireTimeout: 5_000 });
+      again.catch(() => {}); // (ends with the app if an assertion fails)
+      assert.ok(
+        await eventually(() =>
+          monitor.commands.some(
+            ({ args }) => args[0] === 'evalsha' && args.includes('mine') && args.includes('300'),
+          ),
+        ),
+        'the slow app never asked',
+      );
+      await sleep(400);
+      proxy.heal();
+      const lock = await again; // its next attempt, on time
+      assert.equal(lock.fence, mine.fence, 'the token lost its fence: its lock was undone');
+      await monitor.caughtUp();
+      assert.equal(scriptCalls(monitor.commands, RELEASE_SCRIPT, `lock:{${key}}`), 0);
+      assert.equal(await redis.get(`lock:{${key}}`), 'mine');
+      assert.equal(await mine.release(), true);
+    } finally {
+      monitor.stop();
+      await slow.close();
+      await proxy.close();
+    }
+  });
+
   it('a call whose grant came after its lease goes on with a fresh token: the undo, sent again after NOSCRIPT, cannot delete the lock its next attempt gets (found by a helper: two live holders)', async () => {
     const own = await startRedis();
     const proxy = await FaultProxy.start(() => own.port);
