@@ -51,9 +51,11 @@ export const GROUPS = {
       'build/test/integration/lock-service.spec.js',
       'build/test/faults/bounded-operations.spec.js',
       'build/test/integration/waiting.spec.js',
-      // Who queues first in its process: not a fair caller, nor a semaphore's.
+      // Who queues first in its process (not a fair caller, nor a semaphore's), and a writer's
+      // mark on read locks, renewed by each attempt and taken back by a refused writer.
       'build/test/integration/fair.spec.js',
       'build/test/integration/semaphore.spec.js',
+      'build/test/integration/read-write.spec.js',
     ],
   },
   handoff: {
