@@ -11,6 +11,7 @@ import {
   LockLostError,
   type Lock,
   type LockService,
+  type RedisLockModuleOptions,
 } from '../../lib/index.js';
 import {
   eventually,
@@ -124,6 +125,30 @@ describe('waiting for a held lock', () => {
       return { key, held, queued };
     } finally {
       attempts.stop();
+    }
+  }
+
+  /**
+   * Runs `fn` with an app whose connection to the test's Redis goes through a fault proxy, and a
+   * MONITOR of that Redis; closes the three after it.
+   */
+  async function throughProxy(
+    defaults: Partial<RedisLockModuleOptions['defaults']>,
+    fn: (
+      proxy: FaultProxy,
+      app: LockModuleFixture,
+      monitor: Awaited<ReturnType<typeof monitorRedis>>,
+    ) => Promise<void>,
+  ): Promise<void> {
+    const proxy = await FaultProxy.start(() => server.port);
+    const app = await startLockModule({ connection: `redis://127.0.0.1:${proxy.port}`, defaults });
+    const monitor = await monitorRedis(server.port);
+    try {
+      await fn(proxy, app, monitor);
+    } finally {
+      monitor.stop();
+      await app.close();
+      await proxy.close();
     }
   }
 
@@ -624,13 +649,7 @@ describe('waiting for a held lock', () => {
   it('a release with less than commandTimeout of its lease left hands nothing to a waiter whose retry is on its way: the key may lapse while the release travels and that retry take it, and the release answers false, not true', async () => {
     // A partition (the proxy stalls) holds the waiter's retry and then the release until the
     // releaser's lease has run out in Redis: the retry, delivered first, takes the lapsed key.
-    const proxy = await FaultProxy.start(() => server.port);
-    const app = await startLockModule({
-      connection: `redis://127.0.0.1:${proxy.port}`,
-      defaults: { retryInterval: 100, retryJitter: 0 },
-    });
-    const monitor = await monitorRedis(server.port);
-    try {
+    await throughProxy({ retryInterval: 100, retryJitter: 0 }, async (proxy, app, monitor) => {
       // The scenario needs the waiter's retry sent during the partition, before the release: on a
       // machine too slow for that, it is played again.
       for (let round = 0; ; round++) {
@@ -676,22 +695,12 @@ describe('waiting for a held lock', () => {
         assert.equal(lock.token === held.token, false);
         break;
       }
-    } finally {
-      monitor.stop();
-      await app.close();
-      await proxy.close();
-    }
+    });
   });
 
   it('a lock known lost hands nothing to a waiter whose retry is on its way: that retry may have taken the key, and the release answers false, not true', async () => {
     // Through a link slow enough (150 ms each way) to release while the retry's answer is coming.
-    const proxy = await FaultProxy.start(() => server.port);
-    const app = await startLockModule({
-      connection: `redis://127.0.0.1:${proxy.port}`,
-      defaults: { retryInterval: 300, retryJitter: 0 },
-    });
-    const monitor = await monitorRedis(server.port);
-    try {
+    await throughProxy({ retryInterval: 300, retryJitter: 0 }, async (proxy, app, monitor) => {
       const key = uniqueKey();
       const held = await app.locks.acquire(key, { ttl: 30_000 });
       proxy.setLatency(150);
@@ -713,11 +722,7 @@ describe('waiting for a held lock', () => {
       const next = await queued;
       assert.equal(await redis.get(`lock:{${key}}`), next.token);
       await next.release();
-    } finally {
-      monitor.stop();
-      await app.close();
-      await proxy.close();
-    }
+    });
   });
 
   it('a release passes the lock straight to the first waiter of its process: the heir starts at once, one command, no message', async () => {
@@ -960,10 +965,7 @@ describe('waiting for a held lock', () => {
   });
 
   it('an extension of an heir waiting for its own write, released meanwhile, resolves and is never sent (found by mutation testing)', async () => {
-    const proxy = await FaultProxy.start(() => server.port);
-    const slow = await startLockModule({ connection: `redis://127.0.0.1:${proxy.port}` });
-    const monitor = await monitorRedis(server.port);
-    try {
+    await throughProxy({}, async (proxy, slow, monitor) => {
       await (await slow.locks.acquire(uniqueKey())).release(); // connection and scripts ready
       const { key, held, queued } = await heldWithWaiter(slow.locks, 30_000, 30_000);
       proxy.setLatency(100);
@@ -976,11 +978,7 @@ describe('waiting for a held lock', () => {
       assert.equal(next.signal.aborted, false, 'release is not a loss');
       await monitor.caughtUp();
       assert.equal(scriptCalls(monitor.commands, EXTEND_SCRIPT, `lock:{${key}}`), 0);
-    } finally {
-      monitor.stop();
-      await slow.close();
-      await proxy.close();
-    }
+    });
   });
 
   /**
@@ -1604,13 +1602,7 @@ describe('waiting for a held lock', () => {
     ['a read lock', { mode: 'read' }],
   ] as const) {
     it(`${name} whose grant came after its lease is given back, and the call goes on to one on time (found by mutation testing)`, async () => {
-      const proxy = await FaultProxy.start(() => server.port);
-      const slow = await startLockModule({
-        connection: `redis://127.0.0.1:${proxy.port}`,
-        defaults: { retryInterval: 100, retryJitter: 0 },
-      });
-      const monitor = await monitorRedis(server.port);
-      try {
+      await throughProxy({ retryInterval: 100, retryJitter: 0 }, async (proxy, slow, monitor) => {
         await slow.locks.isLocked(uniqueKey()); // connected
         const key = uniqueKey();
         proxy.holdReplies();
@@ -1630,22 +1622,12 @@ describe('waiting for a held lock', () => {
         assert.ok(lock.expiresAt > performance.now());
         assert.equal(await lock.release(), true);
         assert.equal(await slow.locks.isLocked(key), false, 'the late grant was kept');
-      } finally {
-        monitor.stop();
-        await slow.close();
-        await proxy.close();
-      }
+      });
     });
   }
 
   it("a caller's own token whose grant came after its lease is not undone: the token may hold the lock already, and keeps it and its fence (found by mutation testing)", async () => {
-    const proxy = await FaultProxy.start(() => server.port);
-    const slow = await startLockModule({
-      connection: `redis://127.0.0.1:${proxy.port}`,
-      defaults: { retryInterval: 100, retryJitter: 0 },
-    });
-    const monitor = await monitorRedis(server.port);
-    try {
+    await throughProxy({ retryInterval: 100, retryJitter: 0 }, async (proxy, slow, monitor) => {
       await slow.locks.isLocked(uniqueKey()); // connected
       const key = uniqueKey();
       const mine = await holder.acquire(key, { token: 'mine', ttl: 30_000 });
@@ -1669,11 +1651,7 @@ describe('waiting for a held lock', () => {
       assert.equal(scriptCalls(monitor.commands, RELEASE_SCRIPT, `lock:{${key}}`), 0);
       assert.equal(await redis.get(`lock:{${key}}`), 'mine');
       assert.equal(await mine.release(), true);
-    } finally {
-      monitor.stop();
-      await slow.close();
-      await proxy.close();
-    }
+    });
   });
 
   it('a call whose grant came after its lease goes on with a fresh token: the undo, sent again after NOSCRIPT, cannot delete the lock its next attempt gets (found by a helper: two live holders)', async () => {
