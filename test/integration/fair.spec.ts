@@ -110,7 +110,7 @@ describe('fair locks (fair: true)', () => {
       // (Both end with the app if an assertion fails.)
       for (const call of [plain, fairOne]) call.catch(() => {});
       assert.ok(
-        await eventually(async () => (await redis.zcard(`lock:{${key}}:queue`)) === 1, 2_000),
+        await eventually(async () => (await redis.zcard(`lock:{${key}}:queue`)) === 1),
         'the fair caller never took its place in the queue',
       );
       await holder.release();

@@ -134,7 +134,9 @@ describe('forceRelease(key, { reason })', () => {
       const subscription = app.locks.events.subscribe((event) => {
         if (event.key === key) events.push(event.type);
       });
-      proxy.setLatency(100);
+      // A slow link (300 ms each way): the release below goes out before the check's answer
+      // comes back, whatever a loaded machine's stalls.
+      proxy.setLatency(300);
       const forced = app.locks.forceRelease(key, { reason: 'test' });
       // The force is done and its check of the holder reached Redis: its answer is on its way.
       assert.ok(

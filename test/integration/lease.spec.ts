@@ -353,7 +353,7 @@ describe('the lease of a held lock', () => {
       const proxy = await FaultProxy.start(() => server.port);
       const app = await startLockModule({
         connection: `redis://127.0.0.1:${proxy.port}`,
-        commandTimeout: 300,
+        commandTimeout: 1_000,
       });
       const monitor = await monitorRedis(server.port);
       const { capture, restore } = LogCapture.install();
@@ -361,17 +361,18 @@ describe('the lease of a held lock', () => {
         // Loaded: a held NOSCRIPT would be answered by ioredis sending the script again.
         for (const script of [EXTEND_SCRIPT, RELEASE_SCRIPT]) await redis.script('LOAD', script);
         const key = uniqueKey();
-        // Its watchdog extends it a third into its lease, 500 ms on.
-        const lock = await app.locks.acquire(key, { ttl: 1_500, autoExtend: true });
+        // Its watchdog extends it a third into its lease, 1 s on; the release below goes out
+        // well within that extension's commandTimeout (1 s).
+        const lock = await app.locks.acquire(key, { ttl: 3_000, autoExtend: true });
         proxy.holdReplies();
         const extensions = (): number =>
           scriptCalls(monitor.commands, EXTEND_SCRIPT, `lock:{${key}}`);
         assert.ok(await eventually(() => extensions() === 1, 3_000), 'no extension sent');
         // The extension is on its way (its answer held): released meanwhile. Both go unanswered.
         await assert.rejects(lock.release(), LockBackendError);
-        await sleep(400); // past the extension's commandTimeout
+        await sleep(200); // the extension, sent before the release, has timed out too
         proxy.heal();
-        await sleep(300); // a retry would come ttl / 10 (150 ms) after the failure
+        await sleep(500); // a retry would come ttl / 10 (300 ms) after the failure
         await monitor.caughtUp();
         assert.equal(
           extensions(),

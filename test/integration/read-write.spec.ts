@@ -20,7 +20,7 @@ import {
   waitingCallers,
 } from '../support/lock-module.js';
 import { FaultProxy } from '../support/fault-proxy.js';
-import { monitorRedis } from '../support/redis-monitor.js';
+import { monitorRedis, scriptCalls } from '../support/redis-monitor.js';
 import { ACQUIRE_UNRESERVED_SCRIPT } from '../../lib/redis/lock.scripts.js';
 
 describe("read/write locks (mode: 'read')", () => {
@@ -164,8 +164,8 @@ describe("read/write locks (mode: 'read')", () => {
   });
 
   it("a writer's first attempt already marks the key: a reader that asks before the writer's next attempt does not get in (found by mutation testing)", async () => {
-    // The writer's app through a slow link (150 ms each way): its attempt once subscribed comes
-    // a few hundred ms after its first.
+    // The writer's app through a slow link (300 ms each way): its attempt once subscribed comes
+    // ~900 ms after its first, a margin no stall of a loaded machine eats.
     const proxy = await FaultProxy.start(() => env.server.port);
     const slow = await startNonPollingApp({
       connection: `redis://127.0.0.1:${proxy.port}`,
@@ -178,18 +178,17 @@ describe("read/write locks (mode: 'read')", () => {
       await env.redis.script('LOAD', ACQUIRE_UNRESERVED_SCRIPT);
       const key = uniqueKey('doc');
       const reader = await env.locks.acquire(key, read);
-      proxy.setLatency(150);
+      proxy.setLatency(300);
       const writer = slow.locks.acquire(key, { acquireTimeout: 10_000 });
       writer.catch(() => {}); // (ends with the app if an assertion fails)
+      // (The writer's script alone: the reader's check below runs another.)
       const writerAttempts = (): number =>
-        monitor.commands.filter(
-          ({ args }) =>
-            args[0] === 'evalsha' && args.includes(`lock:{${key}}`) && !args.includes(reader.token),
-        ).length;
+        scriptCalls(monitor.commands, ACQUIRE_UNRESERVED_SCRIPT, `lock:{${key}}`);
       assert.ok(await eventually(() => writerAttempts() >= 1), 'the writer never asked');
       // Its first attempt was refused (a reader holds the key) and is on its way back.
       assert.equal(await env.other.locks.tryAcquire(key, read), null, 'a reader got in');
       assert.equal(writerAttempts(), 1, 'the check came after the writer asked again');
+      proxy.setLatency(0);
       await reader.release();
       await (await writer).release();
     } finally {
@@ -200,11 +199,12 @@ describe("read/write locks (mode: 'read')", () => {
   });
 
   it("a writer that waits longer than its mark's stay keeps new readers off: each of its attempts renews the mark (found by mutation testing)", async () => {
-    // A mark lasts 2 × (retryInterval + retryJitter + commandTimeout): 700 ms here.
+    // A mark lasts 2 × (retryInterval + retryJitter + commandTimeout): 2.3 s here, renewed every
+    // ~150 ms: a stall of the writer's process would have to last 2 s to let a reader in.
     const quick = await startLockModule({
       connection: env.server.url,
       fenceRetention: 0,
-      commandTimeout: 200,
+      commandTimeout: 1_000,
       defaults: { retryInterval: 100, retryJitter: 50 },
     });
     try {
@@ -213,7 +213,7 @@ describe("read/write locks (mode: 'read')", () => {
       const writer = quick.locks.acquire(key, { acquireTimeout: 10_000 });
       writer.catch(() => {}); // (ends with the app if an assertion fails)
       assert.ok(await eventually(() => waitingCallers(quick.locks, key) === 1), 'never waited');
-      await sleep(1_200); // past the first attempt's mark
+      await sleep(2_800); // past the first attempt's mark
       assert.equal(await env.other.locks.tryAcquire(key, read), null, 'a new reader got in');
       await reader.release();
       await (await writer).release();

@@ -129,11 +129,11 @@ describe('waiting for a held lock', () => {
   }
 
   /**
-   * Runs `fn` with an app whose connection to the test's Redis goes through a fault proxy, and a
-   * MONITOR of that Redis; closes the three after it.
+   * Runs `fn` with an app (`options`) whose connection to the test's Redis goes through a fault
+   * proxy, and a MONITOR of that Redis; closes the three after it.
    */
   async function throughProxy(
-    defaults: Partial<RedisLockModuleOptions['defaults']>,
+    options: Omit<RedisLockModuleOptions, 'connection'>,
     fn: (
       proxy: FaultProxy,
       app: LockModuleFixture,
@@ -141,7 +141,10 @@ describe('waiting for a held lock', () => {
     ) => Promise<void>,
   ): Promise<void> {
     const proxy = await FaultProxy.start(() => server.port);
-    const app = await startLockModule({ connection: `redis://127.0.0.1:${proxy.port}`, defaults });
+    const app = await startLockModule({
+      ...options,
+      connection: `redis://127.0.0.1:${proxy.port}`,
+    });
     const monitor = await monitorRedis(server.port);
     try {
       await fn(proxy, app, monitor);
@@ -649,80 +652,90 @@ describe('waiting for a held lock', () => {
   it('a release with less than commandTimeout of its lease left hands nothing to a waiter whose retry is on its way: the key may lapse while the release travels and that retry take it, and the release answers false, not true', async () => {
     // A partition (the proxy stalls) holds the waiter's retry and then the release until the
     // releaser's lease has run out in Redis: the retry, delivered first, takes the lapsed key.
-    await throughProxy({ retryInterval: 100, retryJitter: 0 }, async (proxy, app, monitor) => {
-      // The scenario needs the waiter's retry sent during the partition, before the release: on a
-      // machine too slow for that, it is played again.
-      for (let round = 0; ; round++) {
-        const key = uniqueKey();
-        const held = await app.locks.acquire(key, { ttl: 600, autoExtend: false });
-        const queued = app.locks.acquire(key, { ttl: 30_000, acquireTimeout: 10_000 });
-        const attempts = (): MonitoredCommand[] =>
-          scriptCallsOf(monitor.commands, ACQUIRE_SCRIPT, `lock:{${key}}`).filter(
-            ({ args }) => !args.includes(held.token),
+    // (commandTimeout 2 s: the retry and the release wait out the partition, up to ~1 s.)
+    await throughProxy(
+      { commandTimeout: 2_000, defaults: { retryInterval: 100, retryJitter: 0 } },
+      async (proxy, app, monitor) => {
+        // The scenario needs the waiter's retry sent during the partition, before the release: on a
+        // machine too slow for that, it is played again.
+        for (let round = 0; ; round++) {
+          const key = uniqueKey();
+          const held = await app.locks.acquire(key, { ttl: 900, autoExtend: false });
+          const queued = app.locks.acquire(key, { ttl: 30_000, acquireTimeout: 10_000 });
+          const attempts = (): MonitoredCommand[] =>
+            scriptCallsOf(monitor.commands, ACQUIRE_SCRIPT, `lock:{${key}}`).filter(
+              ({ args }) => !args.includes(held.token),
+            );
+          assert.ok(
+            await eventually(() => attempts().length >= 2),
+            'the waiter never went to sleep',
           );
-        assert.ok(await eventually(() => attempts().length >= 2), 'the waiter never went to sleep');
-        const seen = attempts().length;
-        assert.ok(await eventually(() => attempts().length > seen, 3_000), 'no retry');
-        // Its next retry (100 ms on) is sent into the partition.
-        proxy.stall();
-        await sleep(150);
-        // Less than commandTimeout (1 s) left: no heir but a sleeping waiter.
-        assert.ok(held.expiresAt - performance.now() < 1_000);
-        const released = held.release();
-        // Until Redis has let the releaser's key go (its TTL runs from after expiresAt).
-        await sleep(held.expiresAt - performance.now() + 100);
-        await monitor.caughtUp();
-        const from = monitor.commands.length;
-        proxy.heal();
-        const answer = await released;
-        const lock = await queued;
-        await monitor.caughtUp();
-        const order = scriptSequence(
-          monitor.commands.slice(from),
-          `lock:{${key}}`,
-          [
-            [ACQUIRE_SCRIPT, 'a'],
-            [RELEASE_SCRIPT, 'r'],
-            [HANDOFF_SCRIPT, 'h'],
-          ],
-          'x',
-        );
-        await lock.release();
-        if (!order.startsWith('a') && round < 2) continue;
-        assert.match(order, /^a[rh]/, 'the retry sent during the partition, then the release');
-        // The key had lapsed and the waiter's retry took it: the release found it gone.
-        assert.equal(answer, false);
-        assert.equal(lock.token === held.token, false);
-        break;
-      }
-    });
+          const seen = attempts().length;
+          assert.ok(await eventually(() => attempts().length > seen, 3_000), 'no retry');
+          // Its next retry (100 ms on) is sent into the partition.
+          proxy.stall();
+          await sleep(300);
+          // Less than commandTimeout (2 s) left: no heir but a sleeping waiter.
+          assert.ok(held.expiresAt - performance.now() < 2_000);
+          const released = held.release();
+          // Until Redis has let the releaser's key go (its TTL runs from after expiresAt).
+          await sleep(held.expiresAt - performance.now() + 100);
+          await monitor.caughtUp();
+          const from = monitor.commands.length;
+          proxy.heal();
+          const answer = await released;
+          const lock = await queued;
+          await monitor.caughtUp();
+          const order = scriptSequence(
+            monitor.commands.slice(from),
+            `lock:{${key}}`,
+            [
+              [ACQUIRE_SCRIPT, 'a'],
+              [RELEASE_SCRIPT, 'r'],
+              [HANDOFF_SCRIPT, 'h'],
+            ],
+            'x',
+          );
+          await lock.release();
+          if (!order.startsWith('a') && round < 2) continue;
+          assert.match(order, /^a[rh]/, 'the retry sent during the partition, then the release');
+          // The key had lapsed and the waiter's retry took it: the release found it gone.
+          assert.equal(answer, false);
+          assert.equal(lock.token === held.token, false);
+          break;
+        }
+      },
+    );
   });
 
   it('a lock known lost hands nothing to a waiter whose retry is on its way: that retry may have taken the key, and the release answers false, not true', async () => {
     // Through a link slow enough (150 ms each way) to release while the retry's answer is coming.
-    await throughProxy({ retryInterval: 300, retryJitter: 0 }, async (proxy, app, monitor) => {
-      const key = uniqueKey();
-      const held = await app.locks.acquire(key, { ttl: 30_000 });
-      proxy.setLatency(150);
-      const queued = app.locks.acquire(key, { ttl: 30_000, acquireTimeout: 10_000 });
-      const attempts = (): number =>
-        scriptCallsOf(monitor.commands, ACQUIRE_SCRIPT, `lock:{${key}}`).filter(
-          ({ args }) => !args.includes(held.token),
-        ).length;
-      assert.ok(await eventually(() => attempts() >= 2), 'the waiter never went to sleep');
-      // Taken behind the holder's back: the lease is lost, with 30 s of it left.
-      await redis.set(`lock:{${key}}`, 'stranger', 'PX', 30_000);
-      await assert.rejects(held.extend(), LockLostError);
-      await redis.del(`lock:{${key}}`);
-      const seen = attempts();
-      assert.ok(await eventually(() => attempts() > seen, 3_000), 'the waiter never retried');
-      // That retry found the key free: it holds it, its answer 150 ms away.
-      assert.equal((await redis.get(`lock:{${key}}`)) === 'stranger', false);
-      assert.equal(await held.release(), false);
-      const next = await queued;
-      assert.equal(await redis.get(`lock:{${key}}`), next.token);
-      await next.release();
-    });
+    await throughProxy(
+      { defaults: { retryInterval: 300, retryJitter: 0 } },
+      async (proxy, app, monitor) => {
+        const key = uniqueKey();
+        const held = await app.locks.acquire(key, { ttl: 30_000 });
+        proxy.setLatency(150);
+        const queued = app.locks.acquire(key, { ttl: 30_000, acquireTimeout: 10_000 });
+        const attempts = (): number =>
+          scriptCallsOf(monitor.commands, ACQUIRE_SCRIPT, `lock:{${key}}`).filter(
+            ({ args }) => !args.includes(held.token),
+          ).length;
+        assert.ok(await eventually(() => attempts() >= 2), 'the waiter never went to sleep');
+        // Taken behind the holder's back: the lease is lost, with 30 s of it left.
+        await redis.set(`lock:{${key}}`, 'stranger', 'PX', 30_000);
+        await assert.rejects(held.extend(), LockLostError);
+        await redis.del(`lock:{${key}}`);
+        const seen = attempts();
+        assert.ok(await eventually(() => attempts() > seen, 3_000), 'the waiter never retried');
+        // That retry found the key free: it holds it, its answer 150 ms away.
+        assert.equal((await redis.get(`lock:{${key}}`)) === 'stranger', false);
+        assert.equal(await held.release(), false);
+        const next = await queued;
+        assert.equal(await redis.get(`lock:{${key}}`), next.token);
+        await next.release();
+      },
+    );
   });
 
   it('a release passes the lock straight to the first waiter of its process: the heir starts at once, one command, no message', async () => {
@@ -1602,56 +1615,64 @@ describe('waiting for a held lock', () => {
     ['a read lock', { mode: 'read' }],
   ] as const) {
     it(`${name} whose grant came after its lease is given back, and the call goes on to one on time (found by mutation testing)`, async () => {
-      await throughProxy({ retryInterval: 100, retryJitter: 0 }, async (proxy, slow, monitor) => {
-        await slow.locks.isLocked(uniqueKey()); // connected
-        const key = uniqueKey();
-        proxy.holdReplies();
-        const late = slow.locks.acquire(key, { ...shape, ttl: 300, acquireTimeout: 5_000 });
-        late.catch(() => {}); // (ends with the app if an assertion fails)
-        assert.ok(
-          await eventually(() =>
-            monitor.commands.some(
-              ({ args }) => args[0] === 'evalsha' && args.includes(`lock:{${key}}`),
+      await throughProxy(
+        // Its late answer is held 1.7 s: within commandTimeout, so that it comes, late.
+        { commandTimeout: 3_000, defaults: { retryInterval: 100, retryJitter: 0 } },
+        async (proxy, slow, monitor) => {
+          await slow.locks.isLocked(uniqueKey()); // connected
+          const key = uniqueKey();
+          proxy.holdReplies();
+          // A lease of 1.5 s: the one granted on time outlasts any stall before its release.
+          const late = slow.locks.acquire(key, { ...shape, ttl: 1_500, acquireTimeout: 5_000 });
+          late.catch(() => {}); // (ends with the app if an assertion fails)
+          assert.ok(
+            await eventually(() =>
+              monitor.commands.some(
+                ({ args }) => args[0] === 'evalsha' && args.includes(`lock:{${key}}`),
+              ),
             ),
-          ),
-          'the slow app never asked',
-        );
-        await sleep(400); // its answer comes after its 300 ms lease
-        proxy.heal();
-        const lock = await late; // a later attempt, on time
-        assert.ok(lock.expiresAt > performance.now());
-        assert.equal(await lock.release(), true);
-        assert.equal(await slow.locks.isLocked(key), false, 'the late grant was kept');
-      });
+            'the slow app never asked',
+          );
+          await sleep(1_700); // its answer comes after its lease
+          proxy.heal();
+          const lock = await late; // a later attempt, on time
+          assert.ok(lock.expiresAt > performance.now());
+          assert.equal(await lock.release(), true);
+          assert.equal(await slow.locks.isLocked(key), false, 'the late grant was kept');
+        },
+      );
     });
   }
 
   it("a caller's own token whose grant came after its lease is not undone: the token may hold the lock already, and keeps it and its fence (found by mutation testing)", async () => {
-    await throughProxy({ retryInterval: 100, retryJitter: 0 }, async (proxy, slow, monitor) => {
-      await slow.locks.isLocked(uniqueKey()); // connected
-      const key = uniqueKey();
-      const mine = await holder.acquire(key, { token: 'mine', ttl: 30_000 });
-      // The slow app asks with the same token; its grant's answer comes after its 300 ms lease.
-      proxy.holdReplies();
-      const again = slow.locks.acquire(key, { token: 'mine', ttl: 300, acquireTimeout: 5_000 });
-      again.catch(() => {}); // (ends with the app if an assertion fails)
-      assert.ok(
-        await eventually(() =>
-          monitor.commands.some(
-            ({ args }) => args[0] === 'evalsha' && args.includes('mine') && args.includes('300'),
+    await throughProxy(
+      { defaults: { retryInterval: 100, retryJitter: 0 } },
+      async (proxy, slow, monitor) => {
+        await slow.locks.isLocked(uniqueKey()); // connected
+        const key = uniqueKey();
+        const mine = await holder.acquire(key, { token: 'mine', ttl: 30_000 });
+        // The slow app asks with the same token; its grant's answer comes after its 300 ms lease.
+        proxy.holdReplies();
+        const again = slow.locks.acquire(key, { token: 'mine', ttl: 300, acquireTimeout: 5_000 });
+        again.catch(() => {}); // (ends with the app if an assertion fails)
+        assert.ok(
+          await eventually(() =>
+            monitor.commands.some(
+              ({ args }) => args[0] === 'evalsha' && args.includes('mine') && args.includes('300'),
+            ),
           ),
-        ),
-        'the slow app never asked',
-      );
-      await sleep(400);
-      proxy.heal();
-      const lock = await again; // its next attempt, on time
-      assert.equal(lock.fence, mine.fence, 'the token lost its fence: its lock was undone');
-      await monitor.caughtUp();
-      assert.equal(scriptCalls(monitor.commands, RELEASE_SCRIPT, `lock:{${key}}`), 0);
-      assert.equal(await redis.get(`lock:{${key}}`), 'mine');
-      assert.equal(await mine.release(), true);
-    });
+          'the slow app never asked',
+        );
+        await sleep(400);
+        proxy.heal();
+        const lock = await again; // its next attempt, on time
+        assert.equal(lock.fence, mine.fence, 'the token lost its fence: its lock was undone');
+        await monitor.caughtUp();
+        assert.equal(scriptCalls(monitor.commands, RELEASE_SCRIPT, `lock:{${key}}`), 0);
+        assert.equal(await redis.get(`lock:{${key}}`), 'mine');
+        assert.equal(await mine.release(), true);
+      },
+    );
   });
 
   it('a call whose grant came after its lease goes on with a fresh token: the undo, sent again after NOSCRIPT, cannot delete the lock its next attempt gets (found by a helper: two live holders)', async () => {
