@@ -44,6 +44,9 @@ export const GROUPS = {
   engine: {
     mutate: ['lib/engine/acquire-loop.ts', 'lib/engine/replies.ts'],
     tests: [
+      // How a failure is mapped (a reply cut off by the module's own closing, a replica's refusal
+      // shown the module's way): pure logic, in a few milliseconds.
+      'build/test/unit/error-messages.spec.js',
       'build/test/integration/events.spec.js',
       'build/test/integration/reentrancy.spec.js',
       // (A lock that came too late is not busy: what a skipping call tells from a busy key.)

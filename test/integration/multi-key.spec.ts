@@ -304,6 +304,43 @@ describe('several keys at once (acquire([a, b]))', () => {
     }
   });
 
+  it("a key of several granted too late is asked for again with the call's one token: Redis holds the lock's token on every key (found by mutation testing)", async () => {
+    const proxy = await FaultProxy.start(() => env.server.port);
+    const slow = await startLockModule({
+      connection: `redis://127.0.0.1:${proxy.port}`,
+      commandTimeout: 3_000,
+      defaults: { retryInterval: 100, retryJitter: 0 },
+    });
+    const [a, b] = pair();
+    // The first key in lock order, so that no key taken before it lapses meanwhile.
+    const holder = await env.other.locks.acquire(a, { ttl: 30_000 });
+    try {
+      await slow.locks.isLocked(uniqueKey()); // a connection, before the faults
+      const pending = slow.locks.acquire([a, b], { ttl: 1_500, acquireTimeout: 10_000 });
+      pending.catch(() => {}); // (ends with the app if an assertion fails)
+      assert.ok(await eventually(() => waitingCallers(slow.locks, a) === 1), 'never waited for a');
+      await sleep(150); // subscribed and polling
+      // The release's message is held with the replies; the next poll of a is granted, and its
+      // answer comes after its 1.5 s lease: undone, then asked for again.
+      proxy.holdReplies();
+      await holder.release();
+      await sleep(1_700);
+      proxy.heal();
+      const lock = await pending;
+      assert.deepEqual(
+        [await stored(a), await stored(b)],
+        [lock.token, lock.token],
+        "a key held with another token than the lock's",
+      );
+      assert.equal(await lock.release(), true);
+      assert.deepEqual([await stored(a), await stored(b)], [null, null], 'a key kept');
+    } finally {
+      await holder.release();
+      await slow.close();
+      await proxy.close();
+    }
+  });
+
   it('a several-key call nested in a section that holds one of its keys sends no one-step attempt: it re-enters that key and takes the others (found by mutation testing)', async () => {
     const [a, b] = pair();
     const monitor = await monitorRedis(env.server.port);

@@ -43,6 +43,7 @@ import {
   PASS_ON_SCRIPT,
   RELEASE_SCRIPT,
 } from '../../lib/redis/lock.scripts.js';
+import { ACQUIRE_READ_SCRIPT, ACQUIRE_SEMAPHORE_SCRIPT } from '../../lib/redis/shape.scripts.js';
 import { DEFAULT_HANDOFF_TURN } from '../../lib/options/defaults.js';
 import { FaultProxy } from '../support/fault-proxy.js';
 
@@ -139,13 +140,15 @@ describe('waiting for a held lock', () => {
       app: LockModuleFixture,
       monitor: Awaited<ReturnType<typeof monitorRedis>>,
     ) => Promise<void>,
+    /** The Redis behind the proxy: the test's own, or a private one a test may disturb. */
+    target: RedisServer = server,
   ): Promise<void> {
-    const proxy = await FaultProxy.start(() => server.port);
+    const proxy = await FaultProxy.start(() => target.port);
     const app = await startLockModule({
       ...options,
       connection: `redis://127.0.0.1:${proxy.port}`,
     });
-    const monitor = await monitorRedis(server.port);
+    const monitor = await monitorRedis(target.port);
     try {
       await fn(proxy, app, monitor);
     } finally {
@@ -736,6 +739,23 @@ describe('waiting for a held lock', () => {
         await next.release();
       },
     );
+  });
+
+  it('a waiter its process hands the lock to as shutdown begins gets no lock: the call rejects with RedisLockShutdownError and the key is freed (found by mutation testing)', async () => {
+    const app = await startLockModule({ connection: server.url });
+    try {
+      const { key, held, queued } = await heldWithWaiter(app.locks, 10_000, 10_000);
+      queued.catch(() => {}); // asserted below
+      // The release hands the lock over in the process; shutdown begins before the heir runs.
+      const released = held.release();
+      const closing = app.locks.onApplicationShutdown();
+      await assert.rejects(queued, { name: 'RedisLockShutdownError' });
+      assert.equal(await released, true);
+      await closing;
+      assert.equal(await redis.exists(`lock:{${key}}`), 0, 'the lock handed over stayed in Redis');
+    } finally {
+      await app.close();
+    }
   });
 
   it('a release passes the lock straight to the first waiter of its process: the heir starts at once, one command, no message', async () => {
@@ -1641,6 +1661,60 @@ describe('waiting for a held lock', () => {
           assert.equal(await slow.locks.isLocked(key), false, 'the late grant was kept');
         },
       );
+    });
+
+    it(`${name} granted too late is asked for again only once the give-back is answered: when Redis lost the release script, its EVAL follows the NOSCRIPT (found by mutation testing)`, async () => {
+      // A Redis of its own, where the test flushes the scripts: the file's other tests count
+      // commands, and would count each script's first NOSCRIPT.
+      const own = await startRedis();
+      const admin = new Redis(own.port, '127.0.0.1');
+      const direct = await startLockModule({ connection: own.url });
+      const acquireScript = shape.mode === 'read' ? ACQUIRE_READ_SCRIPT : ACQUIRE_SEMAPHORE_SCRIPT;
+      const sha = createHash('sha1').update(acquireScript).digest('hex');
+      try {
+        await throughProxy(
+          { commandTimeout: 3_000, defaults: { retryInterval: 100, retryJitter: 0 } },
+          async (proxy, slow, monitor) => {
+            const key = uniqueKey();
+            const attempts = (): number =>
+              monitor.commands.filter(({ args }) => args[0] === 'evalsha' && args[1] === sha)
+                .length;
+            // A plain lock keeps the slow app's caller out: it subscribes and polls.
+            const held = await direct.locks.acquire(key, { ttl: 30_000 });
+            const call = slow.locks.acquire(key, { ...shape, ttl: 1_500, acquireTimeout: 8_000 });
+            call.catch(() => {}); // (ends with the app if an assertion fails)
+            assert.ok(await eventually(() => attempts() >= 2), 'the slow app never waited');
+            await sleep(150); // subscribed and polling (its attempt once subscribed has run)
+            proxy.holdReplies();
+            // Its release's message to the slow app is held with the replies; its next poll is
+            // granted, and that answer comes after its 1.5 s lease.
+            await held.release();
+            const before = attempts();
+            assert.ok(await eventually(() => attempts() > before), 'the slow app never polled');
+            await sleep(1_700);
+            // Redis lost its scripts but the acquisition's: the give-back's EVALSHA is refused,
+            // and sent again as EVAL. The held message wakes the caller at once: an attempt
+            // that did not wait for the give-back would renew the token's place before that EVAL
+            // took it away, and the caller would hold what Redis has not.
+            await admin.script('FLUSH');
+            await admin.script('LOAD', acquireScript);
+            proxy.heal();
+            const lock = await call;
+            assert.equal(
+              await direct.locks.isLocked(key),
+              true,
+              'the lock granted on time is not in Redis',
+            );
+            assert.equal(await lock.release(), true);
+            assert.equal(await direct.locks.isLocked(key), false);
+          },
+          own,
+        );
+      } finally {
+        admin.disconnect();
+        await direct.close();
+        await own.stop();
+      }
     });
   }
 

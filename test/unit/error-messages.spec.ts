@@ -132,6 +132,27 @@ describe("keys in error messages with logKeys 'hashed' or 'hidden'", () => {
     assert.match(message(keyView('plain')), /an object with "alice@example\.com", "role"/);
   });
 
+  it("a replica's refusal made by the Redis layer (keys plainly) is shown the module's way, its counts kept", () => {
+    const plain = new LockReplicationError(key, 'extend', 2, 1, 50);
+    const replies = new Replies(
+      { replyTimeout: 100 } as LockBackend,
+      100,
+      new AbortController().signal,
+      keyView('hashed'),
+    );
+    const mapped = replies.failure(key, 'extend', undefined, plain);
+    assert.ok(mapped instanceof LockReplicationError, String(mapped));
+    assert.deepEqual(
+      [mapped.operation, mapped.replicas, mapped.acknowledged, mapped.timeout, mapped.timedOut],
+      ['extend', 2, 1, 50, false],
+    );
+    assert.ok(!mapped.message.includes('alice'), mapped.message);
+    assert.match(
+      mapped.message,
+      /1 of 2 replicas confirmed the write within replicaAck\.timeout \(50 ms\)/,
+    );
+  });
+
   it('hashed: the first 16 hex digits of SHA-256, the same for the same key', () => {
     assert.equal(keyView('hashed')(key), 'key#40da1e25f8d85145');
     assert.equal(keyView('hashed')(key), keyView('hashed')(key));
@@ -164,6 +185,8 @@ describe('a reply cut off by shutdown', () => {
       [false, closed],
       [true, new Error('ERR something else')],
       [true, quorum('node 0: Connection is closed.', 'node 1: NOPERM no rights')],
+      // A round every node answered (none failed) was not cut off by anything.
+      [true, quorum()],
     ] as const) {
       const mapped = failure(stopping, error);
       assert.ok(mapped instanceof LockBackendError && !mapped.timedOut, String(mapped));
