@@ -59,6 +59,8 @@ export const GROUPS = {
       'build/test/integration/fair.spec.js',
       'build/test/integration/semaphore.spec.js',
       'build/test/integration/read-write.spec.js',
+      // A key of several: its late grant's token, and the events of a part (the call reports).
+      'build/test/integration/multi-key.spec.js',
     ],
   },
   handoff: {

@@ -382,31 +382,49 @@ describe('several keys at once (acquire([a, b]))', () => {
     }
   });
 
-  it('a several-key call refused a key by maxWaiters fails at once, as a call for that key alone does (found by mutation testing)', async () => {
-    const full = await startLockModule({ connection: env.server.url, maxWaiters: { perKey: 1 } });
-    const [a, b] = pair();
-    const holder = await env.other.locks.acquire(b, { ttl: 10_000 });
-    const waiting = full.locks.acquire(b, { acquireTimeout: 10_000 });
-    waiting.catch(() => {}); // ends with the app
-    try {
-      assert.ok(await eventually(() => waitingCallers(full.locks, b) === 1), 'never queued');
-      const stalls = watchStalls();
-      const started = performance.now();
-      const error = await full.locks
-        .acquire([a, b], { acquireTimeout: 5_000 })
-        .catch((e: unknown) => e);
-      assert.ok(error instanceof LockAcquireTimeoutError && error.queueFull, String(error));
-      assert.equal(error.key, b);
-      // A few round trips (its first key taken, the second refused): not its acquireTimeout.
-      assertWithin(performance.now() - started, 500, stalls, 'refused by maxWaiters');
-      stalls.stop();
-      assert.equal(await env.locks.isLocked(a), false, 'the first key was given back');
-    } finally {
-      await holder.release();
-      await waiting.then((lock) => lock.release()).catch(() => {});
-      await full.close();
-    }
-  });
+  for (const limit of ['perKey', 'perProcess'] as const) {
+    it(`a several-key call refused a key by maxWaiters (${limit}) fails at once, as a call for that key alone does, with one timeout event (found by mutation testing)`, async () => {
+      const full = await startLockModule({
+        connection: env.server.url,
+        maxWaiters: { [limit]: 1 },
+      });
+      const [a, b] = pair();
+      // The one caller that may wait: for b, or (perProcess) for another key.
+      const other = limit === 'perKey' ? b : uniqueKey('acct');
+      const holder = await env.other.locks.acquire(b, { ttl: 10_000 });
+      const held = other === b ? holder : await env.other.locks.acquire(other, { ttl: 10_000 });
+      const waiting = full.locks.acquire(other, { acquireTimeout: 10_000 });
+      waiting.catch(() => {}); // ends with the app
+      const seen: LockEvent[] = [];
+      const subscription = full.locks.events.subscribe((event) => seen.push(event));
+      try {
+        assert.ok(await eventually(() => waitingCallers(full.locks, other) === 1), 'never queued');
+        const stalls = watchStalls();
+        const started = performance.now();
+        const error = await full.locks
+          .acquire([a, b], { acquireTimeout: 5_000 })
+          .catch((e: unknown) => e);
+        assert.ok(error instanceof LockAcquireTimeoutError, String(error));
+        assert.equal(error.queueFull?.limit, limit);
+        assert.equal(error.key, b);
+        // A few round trips (its first key taken, the second refused): not its acquireTimeout.
+        assertWithin(performance.now() - started, 500, stalls, 'refused by maxWaiters');
+        stalls.stop();
+        assert.equal(await env.locks.isLocked(a), false, 'the first key was given back');
+        // The call's own event; its part for b reports none of its own.
+        assert.deepEqual(
+          seen.filter((event) => event.type === 'timeout').map((event) => event.key),
+          [b],
+        );
+      } finally {
+        subscription.unsubscribe();
+        await holder.release();
+        if (held !== holder) await held.release();
+        await waiting.then((lock) => lock.release()).catch(() => {});
+        await full.close();
+      }
+    });
+  }
 
   it('an abort while waiting for the next key rejects with LockAcquireAbortedError and gives back the keys taken (found by mutation testing)', async () => {
     const [a, b] = pair();

@@ -758,6 +758,28 @@ describe('waiting for a held lock', () => {
     }
   });
 
+  it('a waiter whose subscription is not confirmed within commandTimeout waits on timers: it takes the key soon after its release, not at its deadline (found by mutation testing)', async () => {
+    await throughProxy(
+      { commandTimeout: 300, defaults: { retryInterval: 100, retryJitter: 0 } },
+      async (proxy, slow) => {
+        await slow.locks.isLocked(uniqueKey()); // the command connection, before the fault
+        // The subscriber, opened by the first wait, never hears back.
+        proxy.muteNewConnections();
+        const key = uniqueKey();
+        const held = await holder.acquire(key, { ttl: 20_000 });
+        const started = performance.now();
+        const waiting = slow.locks.acquire(key, { acquireTimeout: 15_000 });
+        waiting.catch(() => {}); // (ends with the app if an assertion fails)
+        await sleep(700);
+        await held.release();
+        const lock = await waiting;
+        const waited = performance.now() - started;
+        assert.ok(waited < 5_000, `took the key ${Math.round(waited)} ms after asking`);
+        assert.equal(await lock.release(), true);
+      },
+    );
+  });
+
   it('a release passes the lock straight to the first waiter of its process: the heir starts at once, one command, no message', async () => {
     const { key, held, queued } = await heldWithWaiter(waiter, 30_000, 20_000);
     const monitor = await monitorRedis(server.port);

@@ -15,6 +15,10 @@ export class FaultProxy {
   private repliesHeld = false;
   /** The client end of every connection: where replies go. */
   private readonly clients = new WeakSet<Socket>();
+  /** Whether connections accepted from now on are muted (see `muteNewConnections`). */
+  private mutingNew = false;
+  /** The client ends of the connections whose replies are held until `heal()`. */
+  private readonly muted = new Set<Socket>();
   /** Chunks held back while stalled, in order, with the socket each is for. */
   private held: { to: Socket; chunk: Buffer }[] = [];
   /** Chunks waiting out the latency, per destination socket, oldest first. */
@@ -59,9 +63,20 @@ export class FaultProxy {
     this.repliesHeld = true;
   }
 
+  /**
+   * Holds every reply on the connections accepted from now on until `heal()`, while those open
+   * already go on as before: a client's connection opened later (a subscriber) that never hears
+   * back.
+   */
+  muteNewConnections(): void {
+    this.mutingNew = true;
+  }
+
   heal(): void {
     this.stalled = false;
     this.repliesHeld = false;
+    this.mutingNew = false;
+    this.muted.clear();
     const held = this.held;
     this.held = [];
     for (const { to, chunk } of held) if (!to.destroyed) to.write(chunk);
@@ -104,9 +119,11 @@ export class FaultProxy {
     const upstream = new Socket();
     const pair: [Socket, Socket] = [client, upstream];
     this.clients.add(client);
+    if (this.mutingNew) this.muted.add(client);
     this.pairs.add(pair);
     const end = (): void => {
       this.pairs.delete(pair);
+      this.muted.delete(client);
       client.destroy();
       upstream.destroy();
     };
@@ -118,7 +135,7 @@ export class FaultProxy {
   }
 
   private forward(to: Socket, chunk: Buffer): void {
-    if (this.stalled || (this.repliesHeld && this.clients.has(to))) {
+    if (this.stalled || (this.repliesHeld && this.clients.has(to)) || this.muted.has(to)) {
       this.held.push({ to, chunk });
       return;
     }

@@ -21,10 +21,15 @@ export interface RedisServer {
 }
 
 const binary = process.env.REDIS_SERVER_BIN ?? 'redis-server';
-const running = new Set<ChildProcess>();
-// Whatever happens to the test process, the servers it started die with it.
+/** Each server still running, and its directory. */
+const running = new Map<ChildProcess, string>();
+// Whatever happens to the test process, the servers it started die with it, and their
+// directories go (their exit, which removes them otherwise, comes after this process's).
 process.on('exit', () => {
-  for (const child of running) child.kill('SIGKILL');
+  for (const [child, dir] of running) {
+    child.kill('SIGKILL');
+    rmSync(dir, { recursive: true, force: true });
+  }
 });
 
 /** Starts a private redis-server with no persistence on a free 127.0.0.1 port. */
@@ -416,7 +421,7 @@ function launch(port: number, plan: LaunchPlan): Promise<RedisServer> {
     stdio: ['ignore', 'pipe', 'pipe'],
     env: env && { ...process.env, ...env },
   });
-  running.add(child);
+  running.set(child, dir);
   const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
   void exited.then(() => {
     running.delete(child);
