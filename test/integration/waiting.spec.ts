@@ -780,6 +780,31 @@ describe('waiting for a held lock', () => {
     );
   });
 
+  it('a waiter that hears no release polls every retryInterval plus up to retryJitter, never sooner (found by mutation testing)', async () => {
+    const app = await startLockModule({
+      connection: server.url,
+      defaults: { retryInterval: 100, retryJitter: 100 },
+    });
+    const key = uniqueKey();
+    const held = await holder.acquire(key, { ttl: 30_000 });
+    const attempts = await attemptsOn(key);
+    try {
+      await assert.rejects(app.locks.acquire(key, { acquireTimeout: 1_500 }), {
+        name: 'LockAcquireTimeoutError',
+      });
+      await attempts.caughtUp();
+      // Its first attempt, the one once subscribed, the last at the deadline, and a poll every
+      // 100-200 ms between (fewer on a slow machine, never more).
+      const count = attempts.count();
+      assert.ok(count <= 3 + 1_500 / 100, `${count} attempts in 1.5 s`);
+      assert.ok(count >= 4, `${count} attempts in 1.5 s: it never polled`);
+    } finally {
+      attempts.stop();
+      await held.release();
+      await app.close();
+    }
+  });
+
   it('a release passes the lock straight to the first waiter of its process: the heir starts at once, one command, no message', async () => {
     const { key, held, queued } = await heldWithWaiter(waiter, 30_000, 20_000);
     const monitor = await monitorRedis(server.port);
