@@ -1623,6 +1623,58 @@ describe('waiting for a held lock', () => {
     }
   });
 
+  it('a writer with its own token that gives up while its attempt is on its way takes its mark off the read lock after that attempt is answered, also when the attempt takes the NOSCRIPT detour (found by mutation testing)', async () => {
+    // A server of its own: its scripts are flushed.
+    const own = await startRedis();
+    const proxy = await FaultProxy.start(() => own.port);
+    const other = await startLockModule({ connection: own.url });
+    const app = await startLockModule({ connection: `redis://127.0.0.1:${proxy.port}` });
+    const admin = new Redis(own.port, '127.0.0.1');
+    const monitor = await monitorRedis(own.port);
+    try {
+      const key = uniqueKey();
+      const lockKey = `lock:{${key}}`;
+      const reader = await other.locks.acquire(key, { mode: 'read', ttl: 30_000 });
+      await app.locks.isLocked(uniqueKey()); // a connection, before the latency
+      // Redis forgets its scripts (a restart); another instance's give-up loaded its own again.
+      await admin.script('FLUSH');
+      await admin.script('LOAD', DROP_MARK_SCRIPT);
+      // The writer's attempt reaches Redis at ~100 ms (NOSCRIPT), and as EVAL at ~300, where it
+      // marks the read lock (new readers wait); its give-up, sent at ~30 ms, must take the mark
+      // off after that, not overtake it at ~130. (A caller's own token leaves no undo to wait
+      // for: a generated token's given-up attempt does, and its give-up waits for that.)
+      proxy.setLatency(100);
+      const gone = new AbortController();
+      const writing = app.locks.acquire(key, {
+        token: 'writer-own',
+        acquireTimeout: 30_000,
+        signal: gone.signal,
+      });
+      await sleep(30);
+      gone.abort(new Error('gone'));
+      await assert.rejects(writing, LockAcquireAbortedError);
+      assert.ok(
+        await eventually(
+          () => monitor.commands.some(({ args }) => args[0] === 'eval' && args[3] === lockKey),
+          3_000,
+        ),
+        'the attempt was never sent again as EVAL',
+      );
+      proxy.setLatency(0);
+      await sleep(500); // the give-up, if it waited, lands after it (the mark stays ~4 s)
+      await monitor.caughtUp();
+      assert.equal(await admin.hexists(lockKey, ''), 0, 'the mark stayed: new readers wait');
+      await reader.release();
+    } finally {
+      monitor.stop();
+      admin.disconnect();
+      await other.close();
+      await app.close();
+      await proxy.close();
+      await own.stop();
+    }
+  });
+
   it('a waiter that gives up as a holder of its process releases leaves the queue of waiting processes, also when Redis lost the release script (found by a helper)', async () => {
     // A server of its own: its scripts are flushed.
     const own = await startRedis();
