@@ -780,6 +780,34 @@ describe('waiting for a held lock', () => {
     );
   });
 
+  it('a wait cut short by the deadline ends just past it, with one last attempt (found by mutation testing)', async () => {
+    // Polls further apart than the wait: its attempts are the first, the one once subscribed,
+    // and the last, at the deadline.
+    const app = await startLockModule({
+      connection: server.url,
+      defaults: { retryInterval: 5_000, retryJitter: 0 },
+    });
+    const key = uniqueKey();
+    const held = await holder.acquire(key, { ttl: 30_000 });
+    const attempts = await attemptsOn(key);
+    try {
+      for (let round = 1; round <= 6; round++) {
+        const before = attempts.count();
+        await assert.rejects(app.locks.acquire(key, { acquireTimeout: 300 }), {
+          name: 'LockAcquireTimeoutError',
+        });
+        await attempts.caughtUp();
+        // (Fewer where a stall ate the wait: never more.)
+        const made = attempts.count() - before;
+        assert.ok(made >= 1 && made <= 3, `round ${round}: ${made} attempts`);
+      }
+    } finally {
+      attempts.stop();
+      await held.release();
+      await app.close();
+    }
+  });
+
   it('a waiter that hears no release polls every retryInterval plus up to retryJitter, never sooner (found by mutation testing)', async () => {
     const app = await startLockModule({
       connection: server.url,
