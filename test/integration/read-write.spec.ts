@@ -22,6 +22,7 @@ import {
 import { FaultProxy } from '../support/fault-proxy.js';
 import { monitorRedis, scriptCalls } from '../support/redis-monitor.js';
 import { ACQUIRE_UNRESERVED_SCRIPT } from '../../lib/redis/lock.scripts.js';
+import { ACQUIRE_READ_SCRIPT } from '../../lib/redis/shape.scripts.js';
 
 describe("read/write locks (mode: 'read')", () => {
   const env = twoAppsOnOneRedis({ fenceRetention: 0 });
@@ -120,22 +121,26 @@ describe("read/write locks (mode: 'read')", () => {
   it('readers queued in one process behind a writer all get in at its release, not one per retry interval', async () => {
     const key = uniqueKey('doc');
     const writer = await env.other.locks.acquire(key, { ttl: 30_000 });
-    // Readers that never poll within their 5 s: each gets in only if the release lets it in.
+    // Readers that never poll within their 10 s: each gets in only if the release lets it in.
     const app = await startNonPollingApp({ connection: env.server.url, fenceRetention: 0 });
     try {
       const monitor = await monitorRedis(env.server.port);
       const readers = [0, 1, 2].map(() =>
-        app.locks.acquire(key, { ...read, acquireTimeout: 5_000 }),
+        app.locks.acquire(key, { ...read, acquireTimeout: 10_000 }),
       );
-      // Their process tried and found the key written: any lock they get now, a release let in.
-      const tried = (): boolean =>
-        monitor.commands.some(
-          ({ args }) => args[0] === 'evalsha' && args.includes(`lock:{${key}}`),
-        );
-      assert.ok(await eventually(tried));
+      // Each tried twice (at once, and once subscribed) and found the key written, and sleeps:
+      // any lock they get now, a release let in. The release wakes the first; each reader let in
+      // wakes the next (a writer's release wakes one waiter per process).
+      const tries = (): number =>
+        scriptCalls(monitor.commands, ACQUIRE_READ_SCRIPT, `lock:{${key}}`);
+      assert.ok(await eventually(() => tries() >= 6), `${tries()} of 6 attempts`);
       monitor.stop();
       await writer.release();
+      const released = performance.now();
       const held = await Promise.all(readers);
+      // Not at their deadline's last attempt (readers let in after it share the key too).
+      const took = performance.now() - released;
+      assert.ok(took < 4_000, `the readers got in ${Math.round(took)} ms after the release`);
       await Promise.all(held.map((lock) => lock.release()));
     } finally {
       await app.close();
