@@ -29,7 +29,12 @@ export const GROUPS = {
   },
   redlock: {
     mutate: ['lib/redis/redlock.backend.ts'],
-    tests: ['build/test/unit/redlock-undo.spec.js', 'build/test/integration/redlock.spec.js'],
+    tests: [
+      'build/test/unit/redlock-undo.spec.js',
+      'build/test/integration/redlock.spec.js',
+      // Up while a majority answers, each node in the details.
+      'build/test/integration/health.spec.js',
+    ],
   },
   // The same file against the model-based suite on Redlock alone (own tokens, restarts, lost
   // scripts, late grants, generated): a group of its own, as together each mutant would run both

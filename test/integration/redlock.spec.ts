@@ -451,6 +451,40 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     }
   });
 
+  it('a leader with every node up records its term and its participation on every node, and says nothing of it (found by mutation testing)', async () => {
+    const { capture, restore } = LogCapture.install();
+    const key = uniqueKey('leader');
+    const leadership = locks.lead(
+      key,
+      ({ signal }) => new Promise((resolve) => signal.addEventListener('abort', resolve)),
+      { id: 'pod-q', ttl: 1_500 },
+    );
+    try {
+      const term = await leadership.elected();
+      const everywhere = async (read: (client: Redis) => Promise<boolean>): Promise<boolean> =>
+        (await Promise.all(direct.map(read))).every(Boolean);
+      assert.ok(
+        await eventually(() =>
+          everywhere(
+            async (client) =>
+              (await client.hget(`lock:{${key}}:leader`, 'fence')) === String(term.fence),
+          ),
+        ),
+        'the term not recorded on every node',
+      );
+      assert.deepEqual(await other.locks.participants(key), ['pod-q']);
+      // Two renewals of its stay (every ttl / 3) and of its record.
+      await sleep(1_200);
+      assert.deepEqual(
+        capture.lines.filter((line) => line.level === 'warn' || line.level === 'error'),
+        [],
+      );
+    } finally {
+      await leadership.stop();
+      restore();
+    }
+  });
+
   it('leader() keeps naming a leader whose nodes lost its lock and record one pair at a time: the record follows the copies its extensions write back (found by a review)', async () => {
     const key = uniqueKey('leader');
     const leadership = locks.lead(
