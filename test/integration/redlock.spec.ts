@@ -451,40 +451,40 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     }
   });
 
-  for (const down of [[], [3, 4]]) {
-    it(`a leader with ${down.length > 0 ? 'a bare majority of nodes' : 'every node'} up records its term and its participation on each of them, and says nothing of it (found by mutation testing)`, async () => {
-      const crashed = await crash(down);
-      const { capture, restore } = LogCapture.install();
-      const key = uniqueKey('leader');
-      const leadership = locks.lead(
-        key,
-        ({ signal }) => new Promise((resolve) => signal.addEventListener('abort', resolve)),
-        { id: 'pod-q', ttl: 1_500 },
-      );
-      try {
-        const term = await leadership.elected();
-        const up = direct.filter((_, i) => !down.includes(i));
-        const recorded = async (): Promise<boolean> =>
-          (
-            await Promise.all(up.map((client) => client.hget(`lock:{${key}}:leader`, 'fence')))
-          ).every((fence) => fence === String(term.fence));
-        assert.ok(await eventually(recorded), 'the term not recorded on every node up');
-        assert.deepEqual(await other.locks.participants(key), ['pod-q']);
-        // Two renewals of its stay (every ttl / 3) and of its record.
-        await sleep(1_200);
-        assert.deepEqual(
-          capture.lines
-            .filter((line) => line.level === 'warn' || line.level === 'error')
-            .filter(({ message }) => /term|particip|leader/i.test(message)),
-          [],
+  it('a leader with a bare majority of nodes up records its term and its participation on each of them, and says nothing of it (found by mutation testing)', async () => {
+    // A bare majority: each node's write counts (every comparison of the quorum rule is seen).
+    const down = [3, 4];
+    const crashed = await crash(down);
+    const { capture, restore } = LogCapture.install();
+    const key = uniqueKey('leader');
+    const leadership = locks.lead(
+      key,
+      ({ signal }) => new Promise((resolve) => signal.addEventListener('abort', resolve)),
+      { id: 'pod-q', ttl: 900 },
+    );
+    try {
+      const term = await leadership.elected();
+      const up = direct.filter((_, i) => !down.includes(i));
+      const recorded = async (): Promise<boolean> =>
+        (await Promise.all(up.map((client) => client.hget(`lock:{${key}}:leader`, 'fence')))).every(
+          (fence) => fence === String(term.fence),
         );
-      } finally {
-        await leadership.stop();
-        restore();
-        await crashed.revive();
-      }
-    });
-  }
+      assert.ok(await eventually(recorded), 'the term not recorded on every node up');
+      assert.deepEqual(await other.locks.participants(key), ['pod-q']);
+      // Two renewals of its stay (every ttl / 3) and of its record.
+      await sleep(700);
+      assert.deepEqual(
+        capture.lines
+          .filter((line) => line.level === 'warn' || line.level === 'error')
+          .filter(({ message }) => /term|particip|leader/i.test(message)),
+        [],
+      );
+    } finally {
+      await leadership.stop();
+      restore();
+      await crashed.revive();
+    }
+  });
 
   it('a term whose record a majority of nodes refuses leads on and says so; two nodes that take it are not enough (found by mutation testing)', async () => {
     const { capture, restore } = LogCapture.install();
