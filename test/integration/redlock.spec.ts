@@ -382,6 +382,11 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
         );
       }
       await assert.rejects(locks.isLocked(key), LockBackendError);
+      // What two nodes say is no reading of the lock either.
+      await assert.rejects(
+        locks.inspect(key),
+        (error) => error instanceof LockBackendError && error.cause instanceof LockQuorumError,
+      );
     } finally {
       await down.revive();
     }
