@@ -227,6 +227,33 @@ describe("read/write locks (mode: 'read')", () => {
     }
   });
 
+  it("a writer that only tries once, refused by readers, leaves a waiting writer's mark alone (found by mutation testing)", async () => {
+    const key = uniqueKey('doc');
+    const mark = (): Promise<number> => env.redis.hexists(`lock:{${key}}`, '');
+    const reader = await env.other.locks.acquire(key, { ...read, ttl: 10_000 });
+    // A writer that never polls within the test: it marks the key once, and never again.
+    const app = await startNonPollingApp({ connection: env.server.url, fenceRetention: 0 });
+    try {
+      const writing = app.locks.acquire(key, { acquireTimeout: 10_000 });
+      writing.catch(() => {}); // (ends with the app if an assertion fails)
+      assert.ok(
+        await eventually(async () => (await mark()) === 1),
+        'the waiting writer left no mark',
+      );
+      assert.equal(await env.other.locks.tryAcquire(key), null);
+      // Anything it sent after (a give-up) is written by the next turn of the event loop, and
+      // runs before a command sent on its connection after that.
+      await new Promise((resolve) => setImmediate(resolve));
+      await env.other.locks.isLocked(key);
+      assert.equal(await mark(), 1, "a refused tryAcquire() took the waiting writer's mark");
+      assert.equal(await env.locks.tryAcquire(key, read), null, 'a new reader joined');
+      await reader.release();
+      await (await writing).release();
+    } finally {
+      await app.close();
+    }
+  });
+
   it('a waiting writer blocks new readers while it waits; one that gives up takes its mark back; readers already in may renew', async () => {
     const key = uniqueKey('doc');
     const mark = (): Promise<number> => env.redis.hexists(`lock:{${key}}`, '');
