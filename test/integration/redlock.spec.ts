@@ -626,6 +626,13 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     };
     await read();
     await pausing([1, 3], read);
+    // ttlLeft: until fewer than a majority hold it. With the copies of the three nodes that
+    // answer running out at 2, 3 and 4 s, that is 2 s (the third longest), not 4.
+    await Promise.all(
+      [0, 2, 4].map((node, i) => direct[node].pexpire(`lock:{${key}}`, 2_000 + i * 1_000)),
+    );
+    const left = (await pausing([1, 3], () => other.locks.inspect(key))).ttlLeft;
+    assert.ok(left > 1_000 && left <= 2_000, `ttlLeft ${left}: not the third longest copy's`);
     // A copy on a minority of nodes is no lock.
     await own.release();
     await direct[2].set(`lock:{${key}}`, 'a-stray-copy', 'PX', 5_000);
