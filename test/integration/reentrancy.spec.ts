@@ -194,7 +194,11 @@ describe('re-entrancy', () => {
         const controller = new AbortController();
         const aborted = locks.acquire(key, { acquireTimeout: 5_000, signal: controller.signal });
         setTimeout(() => controller.abort(), 20);
+        const started = performance.now();
         await assert.rejects(aborted, (error) => error instanceof LockAcquireAbortedError);
+        // When it aborts, not at its deadline (found by mutation testing).
+        const took = performance.now() - started;
+        assert.ok(took < 2_500, `the aborted fork rejected ${Math.round(took)} ms on`);
         assert.equal(await inside.release(), true);
         // Now the turn is free again.
         const next = await locks.tryAcquire(key);
