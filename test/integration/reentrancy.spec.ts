@@ -12,6 +12,7 @@ import {
   type AcquireOptions,
   type LockService,
   type Lock,
+  type LockEvent,
 } from '../../lib/index.js';
 import {
   eventually,
@@ -182,14 +183,51 @@ describe('re-entrancy', () => {
       }
     });
 
+    it('forks waiting when the section ends take the key afresh within what is left of their acquireTimeout, and no longer (found by mutation testing)', async () => {
+      const key = uniqueKey();
+      let patient: Promise<Lock> | undefined;
+      let hasty: Promise<Lock> | undefined;
+      // The key stays taken 1 s after the grant (holdAtLeast), though the section ends sooner.
+      await locks.using(
+        key,
+        async () => {
+          await locks.acquire(key); // inside until the section's end
+          patient = locks.acquire(key, { acquireTimeout: 5_000 });
+          hasty = locks.acquire(key, { acquireTimeout: 300 });
+          hasty.catch(() => {}); // asserted below
+          await sleep(30);
+        },
+        { holdAtLeast: 1_000 },
+      );
+      const started = performance.now();
+      await assert.rejects(hasty!, LockAcquireTimeoutError);
+      const waited = performance.now() - started;
+      assert.ok(waited < 900, `the fork with 300 ms waited ${Math.round(waited)} ms`);
+      const lock = await patient!; // once the hold is up: not refused at once
+      await lock.release();
+    });
+
     it("a fork's wait is bounded: acquireTimeout, tryAcquire and an aborted signal end it", async () => {
       const key = uniqueKey();
       await locks.using(key, async () => {
         const inside = await locks.acquire(key);
         assert.equal(await locks.tryAcquire(key), null);
+        const events: LockEvent[] = [];
+        const subscription = locks.events.subscribe((event) => events.push(event));
         await assert.rejects(
           locks.acquire(key, { acquireTimeout: 50 }),
-          (error) => error instanceof LockAcquireTimeoutError && error.key === key,
+          (error) =>
+            error instanceof LockAcquireTimeoutError &&
+            error.key === key &&
+            // Busy with the section's hold, for what is left of its lease.
+            error.busy &&
+            error.retryAfterMs! > 0 &&
+            error.retryAfterMs! <= inside.expiresAt - performance.now() + 5,
+        );
+        subscription.unsubscribe();
+        assert.deepEqual(
+          events.filter((event) => event.type === 'timeout').map((event) => event.key),
+          [key],
         );
         const controller = new AbortController();
         const aborted = locks.acquire(key, { acquireTimeout: 5_000, signal: controller.signal });
