@@ -652,6 +652,30 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     await direct[2].del(`lock:{${key}}`);
   });
 
+  it("forceRelease() whose nodes' fences differ: its fence is the highest, and a second round brings a majority's counters to it, so the next holder's is above it on any majority (found by mutation testing)", async () => {
+    const key = uniqueKey();
+    const counter = 'lock:{}:counter';
+    // Two nodes' counters ahead of the clock (~11 days; they stay safe integers): the holder
+    // takes its fence from them, and its second round brings every node's counter to it.
+    const [seconds, micros] = await direct[0].time();
+    const ahead = (Number(seconds) * 1_000_000 + Number(micros) + 1e12).toFixed(0);
+    await Promise.all([0, 1].map((i) => direct[i].set(counter, ahead, 'KEEPTTL')));
+    const lock = await locks.acquire(key, { ttl: 5_000 });
+    assert.ok(lock.fence > Number(ahead), `the holder's fence ${lock.fence}`);
+    // Three nodes lose their counter (a restart): their fences for the force come from the clock,
+    // below the holder's; the two others' above it.
+    await Promise.all([2, 3, 4].map((i) => direct[i].del(counter)));
+    const freed = await other.locks.forceRelease(key, { reason: 'test: fences apart' });
+    assert.ok(freed.fence > lock.fence, `the force's fence ${freed.fence} below ${lock.fence}`);
+    // The next holder on the three that had lost it: above the force's all the same.
+    const next = await pausing([0, 1], () => other.locks.acquire(key, { acquireTimeout: 5_000 }));
+    try {
+      assert.ok(next.fence > freed.fence, `the next fence ${next.fence} below ${freed.fence}`);
+    } finally {
+      await next.release();
+    }
+  });
+
   it('forceRelease() frees a lock on a majority with two of five nodes paused: its fence above the holder’s, below the next; with three paused, LockQuorumError (and it runs when they wake)', async () => {
     const key = uniqueKey();
     const lock = await locks.acquire(key, { ttl: 3_000, autoExtend: true });
