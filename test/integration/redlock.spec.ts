@@ -382,11 +382,13 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
         );
       }
       await assert.rejects(locks.isLocked(key), LockBackendError);
-      // What two nodes say is no reading of the lock either.
-      await assert.rejects(
-        locks.inspect(key),
-        (error) => error instanceof LockBackendError && error.cause instanceof LockQuorumError,
-      );
+      // What two nodes say is no reading of the lock, nor of its election, either.
+      for (const read of [() => locks.inspect(key), () => locks.leader(key)]) {
+        await assert.rejects(
+          read(),
+          (error) => error instanceof LockBackendError && error.cause instanceof LockQuorumError,
+        );
+      }
     } finally {
       await down.revive();
     }
@@ -489,6 +491,17 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
       restore();
       await crashed.revive();
     }
+  });
+
+  it('leader() names no leader that only two of five nodes record (found by mutation testing)', async () => {
+    const key = uniqueKey('leader');
+    await Promise.all(
+      [0, 1].map(async (i) => {
+        await direct[i].set(`lock:{${key}}`, 'tok-x', 'PX', 5_000);
+        await direct[i].hset(`lock:{${key}}:leader`, { token: 'tok-x', id: 'pod-x', fence: '7' });
+      }),
+    );
+    assert.equal(await other.locks.leader(key), null);
   });
 
   it('a term whose record a majority of nodes refuses leads on and says so; two nodes that take it are not enough (found by mutation testing)', async () => {
@@ -698,6 +711,11 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     await next.release();
     // (Released on a majority; the last nodes' releases land a moment later.)
     assert.ok(await eventually(async () => (await holders(key, next.token)) === 0));
+
+    // Nothing held: a force frees nothing (a copy on a minority is no lock).
+    await direct[0].set(`lock:{${key}}`, 'a-stray-copy', 'PX', 5_000);
+    const nothing = await other.locks.forceRelease(key, { reason: 'test: nothing held' });
+    assert.deepEqual([nothing.mode, nothing.holders], [null, 0]);
 
     const kept = await locks.acquire(key, { ttl: 30_000 });
     assert.ok(
