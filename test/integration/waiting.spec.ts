@@ -741,6 +741,27 @@ describe('waiting for a held lock', () => {
     );
   });
 
+  it('shutdown cuts short an acquisition waiting for its reply, never a release: that one is answered (found by mutation testing)', async () => {
+    await throughProxy({ commandTimeout: 5_000 }, async (proxy, slow) => {
+      const [freeKey, heldKey] = [uniqueKey(), uniqueKey()];
+      const lock = await slow.locks.acquire(heldKey, { ttl: 30_000 });
+      proxy.setLatency(250); // a 500 ms round trip
+      const acquiring = slow.locks.acquire(freeKey, { ttl: 30_000 });
+      acquiring.catch(() => {}); // asserted below
+      const released = lock.release();
+      await sleep(50); // both sent
+      const started = performance.now();
+      const closing = slow.locks.onApplicationShutdown();
+      await assert.rejects(acquiring, { name: 'RedisLockShutdownError' });
+      const took = performance.now() - started;
+      assert.ok(took < 300, `the acquisition waited ${Math.round(took)} ms for its reply`);
+      assert.equal(await released, true, 'the release in flight was cut short');
+      await closing;
+      proxy.setLatency(0);
+      assert.equal(await redis.exists(`lock:{${freeKey}}`), 0, 'its late grant stayed');
+    });
+  });
+
   it('a waiter its process hands the lock to as shutdown begins gets no lock: the call rejects with RedisLockShutdownError and the key is freed (found by mutation testing)', async () => {
     const app = await startLockModule({ connection: server.url });
     try {
