@@ -493,15 +493,30 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     }
   });
 
-  it('leader() names no leader that only two of five nodes record (found by mutation testing)', async () => {
+  it('leader() and participants() name no leader and no participant that only two of five nodes record (found by mutation testing)', async () => {
     const key = uniqueKey('leader');
     await Promise.all(
       [0, 1].map(async (i) => {
+        const [seconds] = await direct[i].time();
         await direct[i].set(`lock:{${key}}`, 'tok-x', 'PX', 5_000);
         await direct[i].hset(`lock:{${key}}:leader`, { token: 'tok-x', id: 'pod-x', fence: '7' });
+        const stay = (Number(seconds) + 10) * 1_000; // 10 s on
+        await direct[i].zadd(`lock:{${key}}:participants`, stay, 'r1:pod-x');
+      }),
+    );
+    // And another participant on two other nodes: four entries, none on a majority.
+    await Promise.all(
+      [2, 3].map(async (i) => {
+        const [seconds] = await direct[i].time();
+        await direct[i].zadd(
+          `lock:{${key}}:participants`,
+          (Number(seconds) + 10) * 1_000,
+          'r2:pod-y',
+        );
       }),
     );
     assert.equal(await other.locks.leader(key), null);
+    assert.deepEqual(await other.locks.participants(key), []);
   });
 
   it('a term whose record a majority of nodes refuses leads on and says so; two nodes that take it are not enough (found by mutation testing)', async () => {
