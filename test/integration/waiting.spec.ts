@@ -16,6 +16,7 @@ import {
 import {
   eventually,
   heldWithHeir,
+  LogCapture,
   sleep,
   startLockModule,
   startNonPollingApp,
@@ -739,6 +740,29 @@ describe('waiting for a held lock', () => {
         await next.release();
       },
     );
+  });
+
+  it('shutdown names the key an abandoned attempt may still hold when Redis has not answered by its deadline (found by mutation testing)', async () => {
+    const { capture, restore } = LogCapture.install();
+    try {
+      await throughProxy({ commandTimeout: 300 }, async (proxy, slow) => {
+        await slow.locks.isLocked(uniqueKey()); // a connection, before the partition
+        const key = uniqueKey();
+        proxy.stall(); // the attempt reaches Redis only after the app is gone
+        const pending = slow.locks.acquire(key, { ttl: 1_000 });
+        pending.catch(() => {}); // a shutdown error
+        await sleep(50);
+        await slow.locks.onApplicationShutdown();
+        const warned = capture.lines.filter(
+          ({ level, message }) => level === 'warn' && message.startsWith("Shutdown's deadline"),
+        );
+        assert.equal(warned.length, 1, JSON.stringify(capture.lines));
+        assert.ok(warned[0].message.includes(JSON.stringify(key)), warned[0].message);
+        proxy.heal();
+      });
+    } finally {
+      restore();
+    }
   });
 
   it('shutdown cuts short an acquisition waiting for its reply, never a release: that one is answered (found by mutation testing)', async () => {
