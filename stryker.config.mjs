@@ -66,6 +66,8 @@ export const GROUPS = {
       'build/test/integration/read-write.spec.js',
       // A key of several: its late grant's token, and the events of a part (the call reports).
       'build/test/integration/multi-key.spec.js',
+      // Redlock's refusal of shapes, and whether a round a silent node left undecided timed out.
+      'build/test/integration/redlock.spec.js',
     ],
   },
   handoff: {

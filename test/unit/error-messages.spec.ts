@@ -5,6 +5,7 @@
  */
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
+import { inspect } from 'node:util';
 import {
   LeadershipStoppedError,
   LockAcquireAbortedError,
@@ -157,6 +158,28 @@ describe("keys in error messages with logKeys 'hashed' or 'hidden'", () => {
     assert.equal(keyView('hashed')(key), 'key#40da1e25f8d85145');
     assert.equal(keyView('hashed')(key), keyView('hashed')(key));
     assert.notEqual(keyView('hashed')(`${key}.`), keyView('hashed')(key));
+  });
+});
+
+describe("a Redis reply error's command (key and owner token among its args)", () => {
+  it('is kept off the printed error along its cause chain, and still there for code to read', () => {
+    const command = { name: 'evalsha', args: ['sha', '3', 'lock:{secret}', 'owner-token-1234'] };
+    const reply = Object.assign(new Error('ERR something'), { command });
+    const wrapped = new Error('the call failed', { cause: reply });
+    const outer = Object.assign(new Error('a round failed', { cause: wrapped }), { command });
+    const replies = new Replies(
+      { replyTimeout: 100 } as LockBackend,
+      100,
+      new AbortController().signal,
+      quoteKey,
+    );
+    const mapped = replies.failure('k', 'acquire', undefined, outer);
+    const printed = inspect(mapped, { depth: 10 });
+    assert.ok(!printed.includes('owner-token-1234'), printed);
+    for (const error of [outer, reply]) {
+      assert.equal(Object.keys(error).includes('command'), false);
+      assert.deepEqual((error as Error & { command: unknown }).command, command);
+    }
   });
 });
 
