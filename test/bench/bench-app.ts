@@ -4,7 +4,10 @@
  * framework, Redis and the lock cost. Stocks SKUs `d0`…`d999` (distinct keys) and `hot` plenty.
  * Adds one route of its own, `POST /products/:sku/purchase-minimum`: the same purchase under the
  * benchmark's hand-written minimum lock (`SET NX PX`, 10 ms poll, compare-and-delete), the floor
- * that `@WithLock`'s added latency is read against.
+ * that `@WithLock`'s added latency is read against; and `POST /products/:sku/purchase-once`: the
+ * same purchase under one `@WithLock` on the handler (the sample's route locks twice: its handler,
+ * and the provider method it calls, which re-enters), so that the report tells one lock's cost
+ * from the re-entry's.
  * Prints `{"port": N}` once listening; stops when its stdin closes.
  *
  * Usage: node bench-app.js <redis port>
@@ -13,6 +16,7 @@ import 'reflect-metadata';
 import { Body, Controller, Inject, Module, Param, Post, type OnModuleInit } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
 import { Redis } from 'ioredis';
+import { WithLock } from '../../lib/index.js';
 import { CONTENDERS, type Locker } from './contenders.js';
 
 const redisPort = Number(process.argv[2]);
@@ -56,6 +60,15 @@ class MinimumLockController implements OnModuleInit {
     } finally {
       await held.release();
     }
+  }
+
+  @Post(':sku/purchase-once')
+  @WithLock({ key: 'sku:{0}' })
+  purchaseOnce(
+    @Param('sku') sku: string,
+    @Body(PurchasePipe) body: { quantity: number },
+  ): Promise<unknown> {
+    return this.inventory.sell(sku, body.quantity);
   }
 }
 

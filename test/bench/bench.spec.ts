@@ -12,6 +12,7 @@ import { CONTENDERS, type Contender } from './contenders.js';
 
 const runner = fileURLToPath(new URL('./run-bench.js', import.meta.url));
 const scriptCost = fileURLToPath(new URL('./run-script-cost.js', import.meta.url));
+const decoratorCost = fileURLToPath(new URL('./run-decorator-cost.js', import.meta.url));
 
 /** Runs a benchmark script to its end; its exit code and everything it printed. */
 async function run(
@@ -88,11 +89,11 @@ it('a smoke run of `npm run bench` covers every workload and contender, with no 
     );
     for (const row of sectionRows(number)) assert.equal(row.split('|')[3].trim(), '0.00', row);
   }
-  // Workload 5: the three routes on both key patterns, every request answered.
+  // Workload 5: the four routes on both key patterns, every request answered.
   const httpRows = report
     .split('\n')
     .filter((line) => /^\| (a different SKU|one hot SKU)/.test(line));
-  assert.equal(httpRows.length, 6);
+  assert.equal(httpRows.length, 8);
   for (const row of httpRows) assert.equal(row.split('|').at(-2)!.trim(), '0.00', row);
 });
 
@@ -102,8 +103,27 @@ it('`npm run bench:scripts` measures every step, each of which took and released
   const { code, output } = await run(scriptCost, ['--rounds', '2', '--pairs', '200']);
   assert.equal(code, 0, output.slice(-2_000));
   const rows = output.split('\n').filter((line) => /^\| .+ \| [\d.]+× \|/.test(line));
-  assert.equal(rows.length, 7, output);
+  assert.equal(rows.length, 8, output);
   assert.match(rows[0], /^\| hand-written minimum.* \| 1\.00× \|/);
-  assert.match(rows[6], /^\| the library/);
+  assert.match(rows[7], /^\| the library/);
+  assert.doesNotMatch(output, /NaN|undefined/);
+});
+
+it('`npm run bench:decorator` measures every kind of locked call', async () => {
+  const { code, output } = await run(decoratorCost, ['--rounds', '3', '--calls', '50']);
+  assert.equal(code, 0, output.slice(-2_000));
+  const rows = output
+    .split('\n')
+    .filter((line) => /^\| .+ \| [\d.]+ \| (—|-?[\d.]+) \| [\d.]+ \|$/.test(line));
+  assert.deepEqual(
+    rows.map((row) => row.split('|')[1].trim()),
+    [
+      'hand-written minimum lock around the method',
+      '`LockService.using()`',
+      '`@WithLock`',
+      '`@WithLock` whose method calls another on the same key (re-entry)',
+    ],
+    output,
+  );
   assert.doesNotMatch(output, /NaN|undefined/);
 });

@@ -13,7 +13,7 @@
  * lib/index.js>` adds that build of this library as a contender (see `contenders.ts`).
  */
 import autocannon from 'autocannon';
-import { spawn } from 'node:child_process';
+import { execFileSync, spawn } from 'node:child_process';
 import { writeFileSync } from 'node:fs';
 import { writeMarkdown } from '../support/markdown.js';
 import { dirname, join } from 'node:path';
@@ -229,7 +229,7 @@ function sectionPlans(
 }
 
 /** Workload 5: the sample app's purchase route, locked and unlocked, under autocannon. */
-type HttpRoute = 'purchase-unlocked' | 'purchase' | 'purchase-minimum';
+type HttpRoute = 'purchase-unlocked' | 'purchase' | 'purchase-once' | 'purchase-minimum';
 interface HttpVariant {
   id: string;
   route: HttpRoute;
@@ -241,6 +241,7 @@ const HTTP_SECONDS = values.smoke ? 1 : 5;
 const HTTP_ROUTES: readonly { route: HttpRoute; name: string }[] = [
   { route: 'purchase-unlocked', name: 'no lock' },
   { route: 'purchase', name: '`@WithLock`' },
+  { route: 'purchase-once', name: '`@WithLock`, no re-entry' },
   { route: 'purchase-minimum', name: 'hand-written minimum lock' },
 ];
 const HTTP_VARIANTS: HttpVariant[] = (['distinct', 'hot'] as const).flatMap((keys) =>
@@ -251,7 +252,38 @@ const HTTP_VARIANTS: HttpVariant[] = (['distinct', 'hot'] as const).flatMap((key
     connections: keys === 'hot' ? 10 : 1,
   })),
 );
-const HTTP_TITLE = `5. \`@WithLock\` overhead: the sample app's \`POST /products/:sku/purchase\` (\`@WithLock\`) against \`purchase-unlocked\` (the same handler, no lock) and the same purchase under the hand-written minimum lock, autocannon, ${HTTP_SECONDS} s each`;
+const HTTP_TITLE = `5. \`@WithLock\` overhead: the sample app's \`POST /products/:sku/purchase\` (\`@WithLock\`, its provider method re-entering the lock) against \`purchase-unlocked\` (the same handler, no lock), the same purchase under one \`@WithLock\` and under the hand-written minimum lock, autocannon, ${HTTP_SECONDS} s each`;
+
+/**
+ * Pins every thread of process `pid` to `cpus` (a \`taskset\` list); false if \`taskset\` fails.
+ * Workload 5 gives the app a CPU of its own, Redis and the load generator another, where this
+ * process may run on two or more: left to the scheduler, where the three land moved the same
+ * route's p50 by up to 2× between runs, more than the lock's cost being measured.
+ */
+function pin(pid: number, cpus: string): boolean {
+  try {
+    execFileSync('taskset', ['-apc', cpus, String(pid)], { stdio: 'ignore' });
+    return true;
+  } catch {
+    return false;
+  }
+}
+/** The CPUs this process may run on (`taskset -pc`'s list, as `0-3,6`), or none without taskset. */
+function allowedCpus(): { list: string; cpus: number[] } | undefined {
+  try {
+    const list = /: *([\d,-]+)\s*$/.exec(
+      execFileSync('taskset', ['-pc', String(process.pid)], { encoding: 'utf8' }),
+    )![1];
+    const cpus = list.split(',').flatMap((part) => {
+      const [from, to = from] = part.split('-').map(Number);
+      return Array.from({ length: to - from + 1 }, (_, i) => from + i);
+    });
+    return { list, cpus };
+  } catch {
+    return undefined;
+  }
+}
+let httpPinned = false;
 
 /** The figures of one run of one contender on one workload. */
 type Figures = Record<string, number>;
@@ -505,7 +537,14 @@ async function httpRound(round: number): Promise<void> {
   const app = spawn(process.execPath, [appServer, String(server.port)], {
     stdio: ['pipe', 'pipe', 'inherit'],
   });
+  const allowed = allowedCpus();
   try {
+    const [appCpu, otherCpu] = allowed?.cpus ?? [];
+    httpPinned =
+      otherCpu !== undefined &&
+      pin(app.pid!, String(appCpu)) &&
+      pin(server.pid, String(otherCpu)) &&
+      pin(process.pid, String(otherCpu));
     const port = await new Promise<number>((resolve, reject) => {
       let output = '';
       app.stdout.on('data', (chunk: Buffer) => {
@@ -534,6 +573,10 @@ async function httpRound(round: number): Promise<void> {
   } finally {
     app.stdin.end();
     await new Promise((resolve) => app.once('exit', resolve));
+    if (allowed) {
+      pin(server.pid, allowed.list);
+      pin(process.pid, allowed.list);
+    }
   }
 }
 
@@ -702,7 +745,7 @@ function renderHttp(): string {
   ];
   const table = markdownTable(header, rows);
   const rtt = fmt(m('rtt', 'p50'), 3);
-  return `### ${HTTP_TITLE} (${took('http')})\n\n${table}\n\nA Redis round trip (\`PING\` from the load generator's process, p50) took ${rtt} ms in this run: a locked request makes two more (acquire, release), whichever lock it uses. On one hot SKU the unlocked route oversells (its read-modify-write races); a locked one serializes the purchases, so its rate is that of one purchase at a time (the hand-written minimum polls every 10 ms for it).\n`;
+  return `### ${HTTP_TITLE} (${took('http')})\n\n${table}\n\nA Redis round trip (\`PING\` from the load generator's process, p50) took ${rtt} ms in this run${httpPinned ? ' (the app on one CPU, Redis and the load generator on the other)' : ' (processes not pinned to CPUs: `taskset` missing or one CPU)'}: a locked request makes two more (acquire, release), whichever lock it uses. On one hot SKU the unlocked route oversells (its read-modify-write races); a locked one serializes the purchases, so its rate is that of one purchase at a time (the hand-written minimum polls every 10 ms for it).\n`;
 }
 
 /** How long a workload took in this run, start-ups included. */

@@ -49,6 +49,17 @@ local fence = redis.call('INCRBY', KEYS[2], ${FENCE_STRIDE})
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
 return fence`);
 const acquire = await load(ACQUIRE_SCRIPT);
+/**
+ * The release as the unbuilt announcement cut would make it (issue "Less work for Redis per
+ * lock"): the queue read, and no `PUBLISH` when nobody is queued. A measure of what the cut could
+ * save, not a release the library could send today: waiters that do not join the queue (own
+ * tokens, readers, other shapes) would not be woken.
+ */
+const quietRelease = await load(`
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1], KEYS[2])
+if not redis.call('ZRANGE', KEYS[3], 0, 1)[1] then return 1 end
+return 1 + redis.call('PUBLISH', ARGV[2], ARGV[3])`);
 const release = await load(RELEASE_SCRIPT);
 const processId = randomBytes(8).toString('base64url');
 const TTL = 10_000;
@@ -155,6 +166,26 @@ const ROWS: Row[] = [
       const token = freshToken();
       await ours(i, token);
       await announce(i, token, processId);
+    },
+  },
+  {
+    name: '… announced only when someone is queued (the unbuilt cut; not safe today)',
+    async pair(i) {
+      const token = freshToken();
+      await ours(i, token);
+      took(
+        await client.evalsha(
+          quietRelease,
+          3,
+          key(i),
+          `${key(i)}:fence`,
+          `${key(i)}:turns`,
+          token,
+          `${key(i)}:released`,
+          '',
+        ),
+        'the quiet release script',
+      );
     },
   },
   {
