@@ -4,6 +4,7 @@ import { after, before, describe, it } from 'node:test';
 import { Test } from '@nestjs/testing';
 import { Redis } from 'ioredis';
 import {
+  LockAcquireAbortedError,
   LockAcquireTimeoutError,
   LockArgumentError,
   LockBackendError,
@@ -1540,6 +1541,28 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     assert.ok(await eventually(async () => (await holders(key, lock.token)) === NODES));
     for (const client of direct) assert.equal(await client.exists(`lock:{${key}}:fence`), 0);
     await lock.release();
+  });
+
+  it('a caller queued behind a waiter of its own process and aborted before its first attempt gets the abort, and the lock goes on to the waiter (found by mutation testing)', async () => {
+    const key = 'redlock-queued-abort';
+    const holder = await locks.acquire(key, { ttl: 10_000 });
+    const waiter = locks.acquire(key, { acquireTimeout: 10_000 });
+    const backend = (
+      locks as unknown as { engine: { backend: { hasWaiters(k: string): boolean } } }
+    ).engine.backend;
+    // The waiter's attempt was refused and its subscription is confirmed: the next caller queues
+    // behind it without asking the nodes.
+    for (const started = Date.now(); !backend.hasWaiters(key);) {
+      assert.ok(Date.now() - started < 5_000, 'the waiter never started to watch for releases');
+      await new Promise((resolve) => setTimeout(resolve, 5));
+    }
+    const controller = new AbortController();
+    const queued = locks.acquire(key, { acquireTimeout: 10_000, signal: controller.signal });
+    controller.abort(new Error('client went away'));
+    await assert.rejects(queued, LockAcquireAbortedError);
+    await holder.release();
+    const next = await waiter;
+    await next.release();
   });
 
   it('control: 3 processes incrementing without the lock lose updates; under it the count is exact', async () => {

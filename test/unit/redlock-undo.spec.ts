@@ -78,3 +78,39 @@ describe('Redlock undo of a failed attempt', () => {
     );
   });
 });
+
+describe("Redlock fence of a caller's own token held on a majority (holderFence)", () => {
+  const own = (fence: number, settled: boolean): AcquireAttempt => ({
+    acquired: true,
+    fence,
+    validity: 10_000,
+    renewed: true,
+    settled,
+  });
+
+  it('is the highest settled record the majority answered, not a record a node wrote at its own grant, nor the lowest', async () => {
+    const nodes = [0, 1, 2, 3, 4].map(() => new StandInNode());
+    const backend = redlock(nodes);
+    const acquired = backend.tryAcquire('k', 'mine', 10_000);
+    nodes[0].pending[0](own(10, true));
+    nodes[1].pending[0](own(12, false)); // its own grant's count, never settled
+    nodes[2].pending[0](own(11, true));
+    const attempt = await acquired;
+    for (const node of nodes.slice(3)) node.pending[0](held);
+    await settle();
+    assert.equal(attempt.acquired, true);
+    assert.equal(attempt.acquired && attempt.fence, 11);
+  });
+
+  it('is the highest the majority answered when none of them is settled yet', async () => {
+    const nodes = [0, 1, 2].map(() => new StandInNode());
+    const backend = redlock(nodes);
+    const acquired = backend.tryAcquire('k', 'mine', 10_000);
+    nodes[0].pending[0](own(10, false));
+    nodes[1].pending[0](own(12, false));
+    const attempt = await acquired;
+    nodes[2].pending[0](held);
+    await settle();
+    assert.equal(attempt.acquired && attempt.fence, 12);
+  });
+});
