@@ -235,6 +235,59 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     }
   });
 
+  it('five nodes: the module says at start that a lock needs three and warns of nothing; a waiter is woken by the release on the nodes, not by its next poll (found by mutation testing)', async () => {
+    const capture = new LogCapture();
+    const module = await Test.createTestingModule({
+      imports: [
+        RedisLockModule.forRoot({
+          nodes: servers.map((server) => server.url),
+          // Polls 3 s apart: a waiter that did not hear the release would wait for its next one.
+          defaults: { retryInterval: 3_000, retryJitter: 0 },
+        }),
+      ],
+    })
+      .setLogger(capture)
+      .compile();
+    await module.init();
+    const waiting = module.get(LockService);
+    try {
+      assert.deepEqual(
+        capture.lines.filter((line) => line.level === 'warn').map(({ message }) => message),
+        [],
+      );
+      assert.ok(
+        capture.lines.some(
+          ({ level, message }) =>
+            level === 'log' && message === 'Redlock mode: 5 nodes, a lock needs 3 of them.',
+        ),
+        JSON.stringify(capture.lines),
+      );
+      const key = uniqueKey();
+      const holder = await locks.acquire(key, { ttl: 30_000 });
+      const waiter = waiting.acquire(key, { acquireTimeout: 10_000 });
+      // Its first attempt refused, the waiter listens on every node before the release is sent.
+      const channel = `lock:{${key}}:released`;
+      assert.ok(
+        await eventually(async () => {
+          const counts = await Promise.all(
+            direct.map(async (client) => (await client.pubsub('NUMSUB', channel))[1] as number),
+          );
+          return counts.every((count) => count > 0);
+        }),
+        'the waiter never subscribed to releases on every node',
+      );
+      const watch = watchStalls();
+      const released = performance.now();
+      await holder.release();
+      const lock = await waiter;
+      assertWithin(performance.now() - released, 0, watch, 'a waiter woken by a release');
+      watch.stop();
+      await lock.release();
+    } finally {
+      await module.close();
+    }
+  });
+
   it('four nodes: the module warns at start; a lock needs three of them; two that answer are no majority', async () => {
     const capture = new LogCapture();
     const module = await Test.createTestingModule({
