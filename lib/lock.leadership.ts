@@ -54,7 +54,10 @@ export interface LeaderInfo {
   readonly fence: number;
   /** When its term began. */
   readonly since: Date;
-  /** When its lease was last extended: its watchdog extends it every third of its TTL. */
+  /**
+   * When its lease was last extended (its watchdog extends it every third of its TTL), never
+   * before `since`: a term's first lease is the grant's, set just before its term began.
+   */
   readonly renewedAt: Date;
   /**
    * How many terms began since the election's record was created, this one included. The record

@@ -448,8 +448,10 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
               id,
               fence: Number(fence),
               since: Number(since),
-              // The lease is extended to its full TTL: it was last extended `ttl - ttlLeft` ago.
-              renewedAt: Number(now) - (Number(ttl) - Number(ttlLeft)),
+              // The lease is extended to its full TTL: it was last extended `ttl - ttlLeft` ago;
+              // no earlier than the term began (its first lease is set by the grant, just before
+              // the term's record).
+              renewedAt: Math.max(Number(since), Number(now) - (Number(ttl) - Number(ttlLeft))),
             }
           : null,
       transitions: Number(transitions),

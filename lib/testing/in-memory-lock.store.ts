@@ -294,7 +294,7 @@ export class InMemoryLockStore {
             id: record.id,
             fence: record.fence,
             since: record.since,
-            renewedAt: Date.now() - (record.ttl - ttlLeft),
+            renewedAt: Math.max(record.since, Date.now() - (record.ttl - ttlLeft)),
           }
         : null,
       transitions: record?.transitions ?? 0,
