@@ -91,10 +91,16 @@ const ours = async (i: number, token: string): Promise<void> =>
     ),
     'our acquire script',
   );
-const announce = async (i: number, token: string, ...queue: string[]): Promise<void> =>
+/** A release by `script` (ours, or the cut's), its queue arguments `queue` (see NAME_NEXT). */
+const releaseBy = async (
+  script: string,
+  i: number,
+  token: string,
+  ...queue: string[]
+): Promise<void> =>
   took(
     await client.evalsha(
-      release,
+      script,
       3,
       key(i),
       `${key(i)}:fence`,
@@ -104,8 +110,10 @@ const announce = async (i: number, token: string, ...queue: string[]): Promise<v
       '',
       ...queue,
     ),
-    'our release script',
+    script === release ? 'our release script' : 'the quiet release script',
   );
+const announce = (i: number, token: string, ...queue: string[]): Promise<void> =>
+  releaseBy(release, i, token, ...queue);
 const unlock = async (i: number, token: string): Promise<void> =>
   took(await client.evalsha(compareAndDelete, 1, key(i), token), 'compare-and-delete');
 
@@ -173,19 +181,7 @@ const ROWS: Row[] = [
     async pair(i) {
       const token = freshToken();
       await ours(i, token);
-      took(
-        await client.evalsha(
-          quietRelease,
-          3,
-          key(i),
-          `${key(i)}:fence`,
-          `${key(i)}:turns`,
-          token,
-          `${key(i)}:released`,
-          '',
-        ),
-        'the quiet release script',
-      );
+      await releaseBy(quietRelease, i, token);
     },
   },
   {
