@@ -11,7 +11,7 @@
 //    tier, in three lanes: the busy files (ISOLATED) one at a time, and beside them, one at a time
 //    in each of two lanes, the files that mostly wait on Redis and timers (BESIDE: under half a
 //    core each, measured with `/usr/bin/time`), so that no two busy suites ever load the machine
-//    together. A file of this tier that fails is run once more when both lanes are done,
+//    together (the first lane ends with waiting files too, to even the lanes out). A file of this tier that fails is run once more when both lanes are done,
 //    alone on the idle machine: if it passes then, the run passes and ends with a
 //    `FLAKY: <file> — <failure>` line; if it fails again, the run fails. Never a file whose failure
 //    is an invariant of the lock (INVARIANT: two holders, a fence going back, a stale write
@@ -62,40 +62,45 @@ const INVARIANT = [
 ];
 const isInvariant = (failure) => INVARIANT.some((pattern) => pattern.test(failure));
 
+/**
+ * The isolated tier's first lane: the busy suites (over half a core each, measured with
+ * `/usr/bin/time`: worker processes, the chaos short profile, builds), one at a time, then
+ * waiting ones that fill the lane to the others' length (seconds in a run on 2 cores).
+ */
 const ISOLATED = [
-  'chaos/chaos.spec.js',
-  'integration/processes.spec.js',
-  'integration/redlock.spec.js',
-  'e2e/sample-command.e2e.spec.js',
-  'package/pack.spec.js',
-  'demo/demo.spec.js',
+  'chaos/chaos.spec.js', // 57
+  'integration/processes.spec.js', // 34
+  'package/pack.spec.js', // 17 alone, 40 beside the other lanes
+  'e2e/sample-command.e2e.spec.js', // 18
+  'integration/cluster-failover.spec.js', // 12
+  'demo/demo.spec.js', // 2
 ];
 
 /**
  * Isolated suites that mostly wait (failovers, timeouts, paused servers, workers that sleep in
- * their sections): each uses under half a core on its own. They run one at a time in each of two
- * lanes beside the busy lane of ISOLATED, so that the machine's two cores carry one busy suite
- * and two waiting ones. Each lane's longest first.
+ * their sections): each uses under half a core on its own (`redlock.spec` 20 s of CPU in 46). They
+ * run one at a time in each of two lanes beside the first, so that the machine's two cores carry
+ * one busy suite and two waiting ones. Each lane's longest first; the three lanes ~160 s each.
  */
 const BESIDE = [
   [
     // Builds dist/ as pack.spec does, so never beside it: first, long before pack.spec's turn.
     // The snippets compile against its .d.ts.
-    'package/snippets.spec.js',
+    'package/snippets.spec.js', // 21
     // Failovers on a Cluster and through Sentinel: mostly waiting for them.
-    'chaos/chaos-failover.spec.js',
-    'integration/jobs.spec.js',
-    'faults/hostile-input.spec.js',
-    'integration/health.spec.js',
+    'chaos/chaos-failover.spec.js', // 70
+    'integration/jobs.spec.js', // 30
+    'integration/model-redlock.spec.js', // 28
+    'integration/health.spec.js', // 11
+    'integration/replica-ack.spec.js', // 5
   ],
   [
-    'integration/model-cluster.spec.js',
-    'integration/model-redlock.spec.js',
-    'integration/cluster.spec.js',
-    'faults/bounded-operations.spec.js',
-    'integration/sentinel.spec.js',
-    'integration/cluster-failover.spec.js',
-    'integration/replica-ack.spec.js',
+    'integration/redlock.spec.js', // 48
+    'integration/model-cluster.spec.js', // 40
+    'integration/cluster.spec.js', // 33
+    'faults/bounded-operations.spec.js', // 27
+    'integration/sentinel.spec.js', // 15
+    'faults/hostile-input.spec.js', // 7
   ],
 ];
 

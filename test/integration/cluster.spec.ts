@@ -158,7 +158,7 @@ describe('on Redis Cluster', () => {
     assert.equal(await app.locks.isLocked(key), false);
     const read = (counter: string): Promise<string | null> => clients[0].get(counter);
     const target = `cluster:${cluster.nodes.map((node) => node.port).join(',')}`;
-    const { peak, entries } = await countSemaphore(target, 3, 20, 2, read);
+    const { peak, entries } = (await countSemaphore(target, 3, 0, 20, 2, read)).locked;
     assert.equal(peak, 2, `overlap: ${peak} holders at once, the limit is 2`);
     assert.equal(entries, 60, `lost updates under the lock: ${entries} entries of 60`);
   });
@@ -177,7 +177,7 @@ describe('on Redis Cluster', () => {
     await writer.release();
     const read = (counter: string): Promise<string | null> => clients[0].get(counter);
     const target = `cluster:${cluster.nodes.map((node) => node.port).join(',')}`;
-    const result = await countReadersWriters(target, 2, 2, 20, 'lock', read);
+    const result = (await countReadersWriters(target, 2, 2, 0, 20, read)).locked;
     assert.equal(
       result.violations,
       0,

@@ -84,25 +84,27 @@ describe('locks across processes', () => {
 
   it('a counting semaphore across 4 processes, limit 2: never more than 2 inside, every entry counted (control: without it, more)', async () => {
     const target = String(server.port);
-    const control = await countSemaphore(target, 4, 30, 0, read);
-    assert.ok(control.peak > 2, `control peak ${control.peak}`);
-    const { peak, entries } = await countSemaphore(target, 4, 30, 2, read);
-    assert.equal(peak, 2, `overlap: ${peak} holders at once, the limit is 2`);
-    assert.equal(entries, 120, `lost updates under the lock: ${entries} entries of 120`);
+    const { raced, locked } = await countSemaphore(target, 4, 30, 30, 2, read);
+    assert.ok(raced.peak > 2, `control peak ${raced.peak}`);
+    assert.equal(locked.peak, 2, `overlap: ${locked.peak} holders at once, the limit is 2`);
+    assert.equal(
+      locked.entries,
+      120,
+      `lost updates under the lock: ${locked.entries} entries of 120`,
+    );
   });
 
   it('read locks across processes (3 readers, 2 writers): no writer overlaps anyone, readers share, the writers’ count is exact (control: without the lock, violations)', async () => {
     const target = String(server.port);
-    const control = await countReadersWriters(target, 3, 2, 60, 'nolock', read);
-    assert.ok(control.violations > 0, JSON.stringify(control));
-    const result = await countReadersWriters(target, 3, 2, 30, 'lock', read);
+    const { raced, locked } = await countReadersWriters(target, 3, 2, 60, 30, read);
+    assert.ok(raced.violations > 0, JSON.stringify(raced));
     assert.equal(
-      result.violations,
+      locked.violations,
       0,
-      `overlap: ${result.violations} times a writer beside another holder`,
+      `overlap: ${locked.violations} times a writer beside another holder`,
     );
-    assert.equal(result.counter, 60, `lost updates under the lock: ${result.counter} of 60`);
-    assert.ok(result.shared > 0, 'readers shared the key');
+    assert.equal(locked.counter, 60, `lost updates under the lock: ${locked.counter} of 60`);
+    assert.ok(locked.shared > 0, 'readers shared the key');
   });
 
   it('the lock of a SIGKILLed holder becomes free after its TTL, not before', async () => {

@@ -66,19 +66,27 @@ export async function transfersRaceThenLock(
   return { raced: await counters(`${prefix}:control`), locked: await counters(prefix) };
 }
 
+/** What the semaphore workers counted: the most holders inside at once, every entry. */
+interface SemaphoreCount {
+  peak: number;
+  entries: number;
+}
+
 /**
- * Runs `processes` app instances, each entering a section `iterations` times under a counting
- * semaphore of `limit` on one key (0: no lock at all). Resolves the most holders ever inside at
- * once and how many entries there were, as the workers counted them in Redis (read via `read`;
- * on a Cluster the three counters may live on different nodes: each is a single-key command).
+ * One start of `processes` app instances for a control run and a locked run: each enters a
+ * section `raced` times without any lock, then `locked` times under a counting semaphore of
+ * `limit` on one key. Resolves, for each run, the most holders ever inside at once and how many
+ * entries there were, as the workers counted them in Redis (read via `read`; on a Cluster the
+ * counters may live on different nodes: each is a single-key command).
  */
 export async function countSemaphore(
   target: string,
   processes: number,
-  iterations: number,
+  raced: number,
+  locked: number,
   limit: number,
   read: (counter: string) => Promise<string | null>,
-): Promise<{ peak: number; entries: number }> {
+): Promise<{ raced: SemaphoreCount; locked: SemaphoreCount }> {
   const key = uniqueKey('pool');
   const stats = uniqueKey('stats');
   await runWorkers(
@@ -87,40 +95,51 @@ export async function countSemaphore(
       target,
       key,
       stats,
-      String(iterations),
+      `${raced}/${locked}`,
       String(limit),
     ]),
   );
-  return {
-    peak: Number(await read(`${stats}:peak`)),
-    entries: Number(await read(`${stats}:entries`)),
-  };
+  const count = async (into: string): Promise<SemaphoreCount> => ({
+    peak: Number(await read(`${into}:peak`)),
+    entries: Number(await read(`${into}:entries`)),
+  });
+  return { raced: await count(`${stats}:control`), locked: await count(stats) };
+}
+
+/** What the reader and writer workers counted (see the worker's `rw` mode). */
+interface ReadersWritersCount {
+  violations: number;
+  shared: number;
+  counter: number;
 }
 
 /**
- * Runs `readers` reader and `writers` writer app instances on one key (`mode: 'read'` / `'write'`,
- * or no lock at all), `iterations` sections each. Resolves what they counted in Redis (see the
- * worker's `rw` mode): violations of the read/write rule, reader entries that found another reader
- * inside, and the writers' read-pause-write counter.
+ * One start of `readers` reader and `writers` writer app instances on one key for a control run
+ * (`raced` sections each, no lock) and a locked run (`locked` sections each, `mode: 'read'` /
+ * `'write'`). Resolves what each run counted in Redis: violations of the read/write rule, reader
+ * entries that found another reader inside, and the writers' read-pause-write counter.
  */
 export async function countReadersWriters(
   target: string,
   readers: number,
   writers: number,
-  iterations: number,
-  locking: 'lock' | 'nolock',
+  raced: number,
+  locked: number,
   read: (counter: string) => Promise<string | null>,
-): Promise<{ violations: number; shared: number; counter: number }> {
+): Promise<{ raced: ReadersWritersCount; locked: ReadersWritersCount }> {
   const key = uniqueKey('rw');
   const stats = uniqueKey('stats');
   const roles = [...Array<string>(readers).fill('read'), ...Array<string>(writers).fill('write')];
-  await runWorkers(
-    roles.map((role) => ['rw', target, key, stats, String(iterations), locking, role]),
-  );
-  const [violations, shared, counter] = await Promise.all(
-    ['violations', 'shared', 'counter'].map(async (name) => Number(await read(`${stats}:${name}`))),
-  );
-  return { violations, shared, counter };
+  await runWorkers(roles.map((role) => ['rw', target, key, stats, `${raced}/${locked}`, role]));
+  const count = async (into: string): Promise<ReadersWritersCount> => {
+    const [violations, shared, counter] = await Promise.all(
+      ['violations', 'shared', 'counter'].map(async (name) =>
+        Number(await read(`${into}:${name}`)),
+      ),
+    );
+    return { violations, shared, counter };
+  };
+  return { raced: await count(`${stats}:control`), locked: await count(stats) };
 }
 
 /**
