@@ -34,6 +34,8 @@ export const GROUPS = {
       'build/test/integration/redlock.spec.js',
       // Up while a majority answers, each node in the details.
       'build/test/integration/health.spec.js',
+      // Each node's Redis user checked at startup.
+      'build/test/integration/acl.spec.js',
     ],
   },
   // The same file against the model-based suite on Redlock alone (own tokens, restarts, lost

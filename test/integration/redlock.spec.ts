@@ -178,27 +178,90 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     );
   });
 
+  /** The module's startup with `nodes`: its error, or `undefined` if it started (then closed). */
+  const startupError = async (nodes: string[]): Promise<unknown> => {
+    const module = await Test.createTestingModule({
+      imports: [RedisLockModule.forRoot({ nodes, commandTimeout: 300 })],
+    }).compile();
+    const error = await module.init().then(
+      () => undefined,
+      (e: unknown) => e,
+    );
+    // NestJS 11 rethrows a failed startup's error from close(); the service closed itself.
+    await module.close().catch((closing: unknown) => assert.equal(closing, error));
+    return error;
+  };
+
   it('refuses at startup two nodes that are one server under two names (127.0.0.1 and localhost)', async () => {
     const nodes = [
       servers[0].url,
       servers[0].url.replace('127.0.0.1', 'localhost'),
       servers[1].url,
     ];
-    const module = await Test.createTestingModule({
-      imports: [RedisLockModule.forRoot({ nodes })],
-    }).compile();
+    const error = await startupError(nodes);
+    assert.ok(error instanceof RedisLockConfigurationError, String(error));
+    assert.equal(error.option, 'nodes[0] + nodes[1]');
+  });
+
+  it('refuses at startup a node older than Redis 7, naming it (its INFO rewritten by a proxy)', async () => {
+    const version = /^redis_version:(\d+)\./m.exec(await direct[2].info('server'))![1];
+    const proxy = await FaultProxy.start(() => servers[2].port);
     try {
-      const error = await module.init().then(
-        () => undefined,
-        (e: unknown) => e,
-      );
+      proxy.rewriteReplies(`redis_version:${version}.`, 'redis_version:6.');
+      const nodes = servers.slice(0, 3).map((server) => server.url);
+      nodes[2] = `redis://127.0.0.1:${proxy.port}`;
+      const error = await startupError(nodes);
       assert.ok(error instanceof RedisLockConfigurationError, String(error));
-      assert.equal(error.option, 'nodes[0] + nodes[1]');
+      assert.equal(error.option, 'nodes[2]');
+      assert.match(error.message, /Redis 6\.\d+\.\d+.*needs Redis 7\.0 or newer/);
     } finally {
-      // NestJS 11 rethrows a failed startup's error from close(); the service closed itself.
-      await module.close().catch((error: unknown) => {
-        assert.ok(error instanceof RedisLockConfigurationError, String(error));
-      });
+      await proxy.close();
+    }
+  });
+
+  it('starts with two of five nodes silent at startup: their unknown run_ids are not one server, and locks go on with the other three', async () => {
+    const proxies = await Promise.all([3, 4].map((i) => FaultProxy.start(() => servers[i].port)));
+    try {
+      for (const proxy of proxies) proxy.stall();
+      const nodes = servers.map((server) => server.url);
+      nodes[3] = `redis://127.0.0.1:${proxies[0].port}`;
+      nodes[4] = `redis://127.0.0.1:${proxies[1].port}`;
+      const module = await Test.createTestingModule({
+        imports: [RedisLockModule.forRoot({ nodes, commandTimeout: 300 })],
+      }).compile();
+      try {
+        await module.init();
+        const lock = await module.get(LockService).acquire(uniqueKey());
+        assert.ok(lock.fence > 0);
+        await lock.release();
+      } finally {
+        for (const proxy of proxies) proxy.heal();
+        await module.close();
+      }
+    } finally {
+      await Promise.all(proxies.map((proxy) => proxy.close()));
+    }
+  });
+
+  it("leaves the app's own node clients as it found them: none of the module's listeners stays on them once it closes (found by mutation testing)", async () => {
+    const clients = servers.slice(0, 3).map((server) => new Redis(server.port, server.host));
+    const listening = (client: Redis): number =>
+      client.eventNames().reduce((sum, name) => sum + client.listenerCount(name), 0);
+    try {
+      await Promise.all(clients.map((client) => client.ping()));
+      const before = clients.map(listening);
+      const fixture = await startLockModule({ nodes: clients });
+      const lock = await fixture.locks.acquire(uniqueKey());
+      await lock.release();
+      await fixture.close();
+      assert.deepEqual(clients.map(listening), before);
+      assert.deepEqual(
+        clients.map((client) => client.status),
+        ['ready', 'ready', 'ready'],
+        'never closed',
+      );
+    } finally {
+      for (const client of clients) client.disconnect();
     }
   });
 

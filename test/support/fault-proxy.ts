@@ -19,6 +19,8 @@ export class FaultProxy {
   private mutingNew = false;
   /** The client ends of the connections whose replies are held until `heal()`. */
   private readonly muted = new Set<Socket>();
+  /** Replaced in every reply (see `rewriteReplies`). */
+  private rewrite: { from: Buffer; to: Buffer } | undefined;
   /** Chunks held back while stalled, in order, with the socket each is for. */
   private held: { to: Socket; chunk: Buffer }[] = [];
   /** Chunks waiting out the latency, per destination socket, oldest first. */
@@ -70,6 +72,18 @@ export class FaultProxy {
    */
   muteNewConnections(): void {
     this.mutingNew = true;
+  }
+
+  /**
+   * Replaces `from` with `to` (of the same length, so that RESP's lengths stay right) in every
+   * reply from now on: a real Redis that says something else of itself, such as an older
+   * `redis_version` in `INFO`. (Within one chunk: a reply cut across two is left as it is.)
+   */
+  rewriteReplies(from: string, to: string): void {
+    if (Buffer.byteLength(from) !== Buffer.byteLength(to)) {
+      throw new Error(`rewriteReplies: "${from}" and "${to}" differ in length`);
+    }
+    this.rewrite = { from: Buffer.from(from), to: Buffer.from(to) };
   }
 
   heal(): void {
@@ -134,7 +148,8 @@ export class FaultProxy {
     upstream.on('data', (chunk: Buffer) => this.forward(client, chunk));
   }
 
-  private forward(to: Socket, chunk: Buffer): void {
+  private forward(to: Socket, original: Buffer): void {
+    const chunk = this.clients.has(to) ? this.rewritten(original) : original;
     if (this.stalled || (this.repliesHeld && this.clients.has(to)) || this.muted.has(to)) {
       this.held.push({ to, chunk });
       return;
@@ -152,6 +167,16 @@ export class FaultProxy {
       this.delayed.set(to, fresh);
       this.drainLater(to, fresh);
     }
+  }
+
+  private rewritten(chunk: Buffer): Buffer {
+    if (!this.rewrite) return chunk;
+    const { from, to } = this.rewrite;
+    let at = chunk.indexOf(from);
+    if (at < 0) return chunk;
+    const copy = Buffer.from(chunk);
+    for (; at >= 0; at = copy.indexOf(from, at + from.length)) to.copy(copy, at);
+    return copy;
   }
 
   private drainLater(to: Socket, queue: { at: number; chunk: Buffer }[]): void {

@@ -183,6 +183,26 @@ describe("a Redis reply error's command (key and owner token among its args)", (
   });
 });
 
+describe('a reply error whose cause chain loops', () => {
+  it('is mapped in bounded time, its commands kept off the printed error (the walk stops at a depth of 5)', () => {
+    const command = { name: 'evalsha', args: ['sha', '1', 'lock:{secret}', 'owner-token-1234'] };
+    const first = Object.assign(new Error('ERR first'), { command });
+    const second = Object.assign(new Error('ERR second', { cause: first }), { command });
+    first.cause = second; // a loop: each the other's cause
+    const replies = new Replies(
+      { replyTimeout: 100 } as LockBackend,
+      100,
+      new AbortController().signal,
+      quoteKey,
+    );
+    const mapped = replies.failure('k', 'release', undefined, second);
+    assert.ok(mapped instanceof LockBackendError && mapped.cause === second, String(mapped));
+    for (const error of [first, second]) {
+      assert.equal(Object.keys(error).includes('command'), false);
+    }
+  });
+});
+
 describe('a reply cut off by shutdown', () => {
   const failure = (stopping: boolean, error: Error) => {
     const stop = new AbortController();
