@@ -73,6 +73,7 @@ const ISOLATED = [
   'package/pack.spec.js', // 17 alone, 40 beside the other lanes
   'e2e/sample-command.e2e.spec.js', // 18
   'integration/cluster-failover.spec.js', // 12
+  'faults/hostile-input.spec.js', // 7
   'demo/demo.spec.js', // 2
 ];
 
@@ -100,7 +101,6 @@ const BESIDE = [
     'integration/cluster.spec.js', // 33
     'faults/bounded-operations.spec.js', // 27
     'integration/sentinel.spec.js', // 15
-    'faults/hostile-input.spec.js', // 7
   ],
 ];
 
@@ -111,11 +111,14 @@ const BESIDE = [
  */
 const SHARED_FIRST = [
   'integration/waiting.spec.js', // 58
-  'integration/model.spec.js', // 44
   'integration/holders.spec.js', // 32
   'integration/lease.spec.js', // 29
   'e2e/sample.fastify.e2e.spec.js', // 21
   'integration/multi-key.spec.js', // 20
+  // Sixth, so that it begins once the checks beside the tests (ESLint, tsc) are about done: its
+  // random sequences once ran past the file's timeout in a run where it began beside them (cause
+  // not found: its seed and where it hung are printed since).
+  'integration/model.spec.js', // 44
   'integration/model-memory.spec.js', // 20
   'e2e/sample.express.e2e.spec.js', // 18
   'integration/leadership.spec.js', // 18

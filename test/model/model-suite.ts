@@ -3,7 +3,7 @@ import { after, before, describe, it } from 'node:test';
 import fc from 'fast-check';
 import { LogCapture, uniqueKey } from '../support/lock-module.js';
 import { watchStalls } from '../support/timing.js';
-import type { Deployment } from './model-deployment.js';
+import type { App, Deployment } from './model-deployment.js';
 import { Model } from './model-state.js';
 import { ALL_SCRIPTS, drive, replay, settle, steps, type Real } from './model-steps.js';
 
@@ -99,28 +99,10 @@ export function modelSuite(
       variant = totals.sequences,
     ): Promise<void> {
       deployment.begin(variant);
-      await deployment.flushScripts(ALL_SCRIPTS);
-      const stalls = watchStalls();
-      logs.lines.length = 0;
-      const model = new Model(
-        uniqueKey('model'),
-        deployment,
-        deployment.commandTimeout,
-        stalls,
-        problems,
-        logs.lines,
-      );
-      const real: Real = {
-        deployment,
-        apps: [await deployment.startApp(0, 0), await deployment.startApp(1, 1)],
-        generations: 1,
-        flows: [],
-        leaders: [],
-      };
-      drive(model, real);
-      // Where the sequence is: a step or the settling that never ends is a call of the library's
-      // that never settled, said with the sequence (printed at once: the file's own timeout would
-      // otherwise end the run without the sequence that hung).
+      // Where the sequence is: a start, a step or the settling that never ends is a call of the
+      // library's that never settled, said with the sequence (printed at once: the file's own
+      // timeout would otherwise end the run without the sequence that hung). Armed first: an app
+      // whose start hung was once no sequence's, and the run ended silent at the file's timeout.
       let at = 'starting';
       const steps = [...sequence].map((step) => ({
         check: (m: Readonly<Model>) => step.check(m),
@@ -138,6 +120,33 @@ export function modelSuite(
           reject(new Error(message));
         }, SEQUENCE_LIMIT_MS);
       });
+      hung.catch(() => undefined); // raced below; unawaited if the sequence ends first
+      logs.lines.length = 0;
+      const start = async (): Promise<App[]> => {
+        at = 'starting: flushing the scripts';
+        await deployment.flushScripts(ALL_SCRIPTS);
+        at = 'starting the apps';
+        return [await deployment.startApp(0, 0), await deployment.startApp(1, 1)];
+      };
+      let apps: App[];
+      try {
+        apps = await Promise.race([start(), hung]);
+      } catch (error) {
+        clearTimeout(timer);
+        throw error;
+      }
+      at = 'started';
+      const stalls = watchStalls();
+      const model = new Model(
+        uniqueKey('model'),
+        deployment,
+        deployment.commandTimeout,
+        stalls,
+        problems,
+        logs.lines,
+      );
+      const real: Real = { deployment, apps, generations: 1, flows: [], leaders: [] };
+      drive(model, real);
       try {
         await Promise.race([fc.asyncModelRun(() => ({ model, real }), steps), hung]);
       } catch (error) {
