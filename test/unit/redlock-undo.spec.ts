@@ -10,6 +10,8 @@ import { describe, it } from 'node:test';
 import { Logger } from '@nestjs/common';
 import type { Redis } from 'ioredis';
 import type { AcquireAttempt } from '../../lib/interfaces/lock-backend.interface.js';
+import { LockQuorumError } from '../../lib/errors/redis-lock.errors.js';
+import type { Freed } from '../../lib/interfaces/lock-backend.interface.js';
 import type { RedisLockBackend } from '../../lib/redis/redis-lock.backend.js';
 import { RedlockBackend } from '../../lib/redis/redlock.backend.js';
 
@@ -113,4 +115,69 @@ describe("Redlock fence of a caller's own token held on a majority (holderFence)
     await settle();
     assert.equal(attempt.acquired && attempt.fence, 12);
   });
+});
+
+/**
+ * A node for `forceRelease()`: it frees the key with `fence` as its counter's value, and answers
+ * the force's second round (raising its counter to the highest fence) with `raises`: yes, no, or
+ * never. Its releases of the force's own hold are counted.
+ */
+class ForcedNode {
+  releases = 0;
+  constructor(
+    private readonly fence: number,
+    private readonly raises: boolean | 'never',
+  ) {}
+  forceRelease(): Promise<Freed> {
+    return Promise.resolve({ mode: 'exclusive', holders: 1, fence: this.fence });
+  }
+  raiseFence(): Promise<boolean> {
+    return this.raises === 'never' ? new Promise(() => {}) : Promise.resolve(this.raises);
+  }
+  release(): Promise<boolean> {
+    this.releases++;
+    return Promise.resolve(true);
+  }
+}
+
+describe('Redlock forceRelease whose nodes counted different fences', () => {
+  // The highest fence (30) is on two nodes of five: the force raises the others' counters to it.
+  const fences = [30, 30, 10, 10, 5];
+
+  it('frees the key when a majority raises its counter (3 of 5), with the highest fence', async () => {
+    const nodes = fences.map(
+      (fence, i) => new ForcedNode(fence, i !== 0 && i !== 1 ? true : false),
+    );
+    const freed = await redlock(nodes as never).forceRelease('k');
+    assert.deepEqual(freed, { mode: 'exclusive', holders: 1, fence: 30 });
+  });
+
+  for (const refusal of [false, 'never'] as const) {
+    it(`fails with LockQuorumError when a majority ${refusal === false ? 'refuses' : 'never answers'} the raise, and still releases its own hold (found by mutation testing)`, async () => {
+      // Two raise (the two that counted 30 have nothing to raise but answer yes), three do not:
+      // a fence below 30 could then be handed out by a majority, so nothing may be reported freed.
+      const nodes = fences.map((fence, i) => new ForcedNode(fence, i < 2 ? true : refusal));
+      const started = performance.now();
+      // The reply bound's timer does not hold the process open (a client's socket does, which
+      // stand-in nodes have not): this one does, until the call is over.
+      const open = setTimeout(() => {}, 10_000);
+      const error = await redlock(nodes as never)
+        .forceRelease('k')
+        .then(
+          () => undefined,
+          (e: unknown) => e,
+        );
+      clearTimeout(open);
+      assert.ok(error instanceof LockQuorumError, String(error));
+      assert.equal(error.timedOut, refusal === 'never');
+      // Unanswered nodes are waited for at most the reply bound (commandTimeout 1 s here).
+      assert.ok(performance.now() - started < 1_500, 'within the reply bound');
+      await settle();
+      assert.deepEqual(
+        nodes.map((node) => node.releases),
+        [1, 1, 1, 1, 1],
+        "the force's own hold is released on every node",
+      );
+    });
+  }
 });
