@@ -11,7 +11,8 @@
 //    tier, in three lanes: the busy files (ISOLATED) one at a time, and beside them, one at a time
 //    in each of two lanes, the files that mostly wait on Redis and timers (BESIDE: under half a
 //    core each, measured with `/usr/bin/time`), so that no two busy suites ever load the machine
-//    together (the first lane ends with waiting files too, to even the lanes out). A file of this tier that fails is run once more when both lanes are done,
+//    together (the first lane ends with waiting files too, to even the lanes out). A file of
+//    this tier that fails is run once more when both lanes are done,
 //    alone on the idle machine: if it passes then, the run passes and ends with a
 //    `FLAKY: <file> — <failure>` line; if it fails again, the run fails. Never a file whose failure
 //    is an invariant of the lock (INVARIANT: two holders, a fence going back, a stale write
@@ -105,9 +106,10 @@ const BESIDE = [
 ];
 
 /**
- * The shared tier's files that take 10 s or more, longest first (seconds in a run on 2 cores, five at a time): the
- * pool starts with them, so that none of them begins last and runs on alone (the model-based
- * suite's file is small, its suite elsewhere: by size it began last and added ~30 s).
+ * The shared tier's files that take 10 s or more, longest first (seconds in a run on 2 cores,
+ * five at a time): the pool starts with them, so that none of them begins last and runs on alone
+ * (the model-based suite's file is small, its suite elsewhere: by size it began last and added
+ * ~30 s).
  */
 const SHARED_FIRST = [
   'integration/waiting.spec.js', // 58

@@ -291,13 +291,17 @@ class Time {
 }
 const time = (ms: number | undefined): Time | undefined => (ms === undefined ? ms : new Time(ms));
 
-/** Whether two answers agree, times within `TOLERANCE_MS`. */
-function agree(a: unknown, b: unknown): boolean {
-  if (a instanceof Time && b instanceof Time) return Math.abs(a.ms - b.ms) <= TOLERANCE_MS;
+/**
+ * Whether two answers agree, times within `TOLERANCE_MS` and `skew`: how far apart in time the
+ * two sides ran one step, at most, in the sequence so far (a lease granted on one side that much
+ * later than on the other ends that much later).
+ */
+function agree(a: unknown, b: unknown, skew = 0): boolean {
+  if (a instanceof Time && b instanceof Time) return Math.abs(a.ms - b.ms) <= TOLERANCE_MS + skew;
   if (a && b && typeof a === 'object' && typeof b === 'object') {
     const keys = new Set([...Object.keys(a), ...Object.keys(b)]);
     return [...keys].every((k) =>
-      agree((a as Record<string, unknown>)[k], (b as Record<string, unknown>)[k]),
+      agree((a as Record<string, unknown>)[k], (b as Record<string, unknown>)[k], skew),
     );
   }
   return a === b;
@@ -401,6 +405,7 @@ describe('the in-memory store answers as the Redis scripts do (fast-check, side 
     );
     try {
       let last = performance.now();
+      let skew = 0;
       // What Redis granted so far, and the attempts it queued: what an `end` step picks from (a
       // give-up from either: a waiter leaving a fair queue tells the next one when the key is free).
       type Taken = { key: number; token: string; shape: ShapeName };
@@ -413,8 +418,12 @@ describe('the in-memory store answers as the Redis scripts do (fast-check, side 
           continue;
         }
         const step = generated.op === 'end' ? ending(generated, grants, queued) : generated;
+        const begun = performance.now();
         const expected = await redis.run(step, keys);
         const actual = await memory.run(step, keys);
+        // A stall between the two sides' runs of a step shifts every lease it granted: a CI run
+        // under load read 29,857 ms left in Redis and 29,991 in memory four steps after one.
+        skew = Math.max(skew, performance.now() - begun);
         if (step.op === 'acquire') ('fence' in (expected as object) ? grants : queued).push(step);
         if (step.op === 'all' && Array.isArray(expected)) {
           grants.push(
@@ -425,7 +434,9 @@ describe('the in-memory store answers as the Redis scripts do (fast-check, side 
         // What it announced (and what any operation since the last look did: see the end).
         const told = ANNOUNCING.has(step.op) && (await toldBy(redis, memory, keys));
         last = performance.now();
-        if (agree(actual, expected) && (!told || agree(told.memory, told.redis))) continue;
+        if (agree(actual, expected, skew) && (!told || agree(told.memory, told.redis, skew))) {
+          continue;
+        }
         fc.pre(!stalled);
         assert.fail(
           `step ${i} ${JSON.stringify(step)}: in memory ${JSON.stringify(actual)}, Redis ${JSON.stringify(expected)}${told ? `; announced in memory ${JSON.stringify(told.memory)}, by Redis ${JSON.stringify(told.redis)}` : ''}`,
