@@ -162,17 +162,18 @@ describe("keys in error messages with logKeys 'hashed' or 'hidden'", () => {
 });
 
 describe("a Redis reply error's command (key and owner token among its args)", () => {
+  const replies = new Replies(
+    { replyTimeout: 100 } as LockBackend,
+    100,
+    new AbortController().signal,
+    quoteKey,
+  );
+
   it('is kept off the printed error along its cause chain, and still there for code to read', () => {
     const command = { name: 'evalsha', args: ['sha', '3', 'lock:{secret}', 'owner-token-1234'] };
     const reply = Object.assign(new Error('ERR something'), { command });
     const wrapped = new Error('the call failed', { cause: reply });
     const outer = Object.assign(new Error('a round failed', { cause: wrapped }), { command });
-    const replies = new Replies(
-      { replyTimeout: 100 } as LockBackend,
-      100,
-      new AbortController().signal,
-      quoteKey,
-    );
     const mapped = replies.failure('k', 'acquire', undefined, outer);
     const printed = inspect(mapped, { depth: 10 });
     assert.ok(!printed.includes('owner-token-1234'), printed);
@@ -181,20 +182,12 @@ describe("a Redis reply error's command (key and owner token among its args)", (
       assert.deepEqual((error as Error & { command: unknown }).command, command);
     }
   });
-});
 
-describe('a reply error whose cause chain loops', () => {
-  it('is mapped in bounded time, its commands kept off the printed error (the walk stops at a depth of 5)', () => {
+  it('is kept off along a cause chain that loops, in bounded time (the walk stops at a depth of 5)', () => {
     const command = { name: 'evalsha', args: ['sha', '1', 'lock:{secret}', 'owner-token-1234'] };
     const first = Object.assign(new Error('ERR first'), { command });
     const second = Object.assign(new Error('ERR second', { cause: first }), { command });
     first.cause = second; // a loop: each the other's cause
-    const replies = new Replies(
-      { replyTimeout: 100 } as LockBackend,
-      100,
-      new AbortController().signal,
-      quoteKey,
-    );
     const mapped = replies.failure('k', 'release', undefined, second);
     assert.ok(mapped instanceof LockBackendError && mapped.cause === second, String(mapped));
     for (const error of [first, second]) {
