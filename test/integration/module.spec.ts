@@ -17,7 +17,8 @@ import {
 import { createLockBackend } from '../../lib/redis/lock-backend.factory.js';
 import { resolveModuleOptions } from '../../lib/options/module-options.js';
 import { eventually, sleep, startLockModule, uniqueKey } from '../support/lock-module.js';
-import { FaultProxy } from '../support/fault-proxy.js';
+import { FaultProxy, posingAsRedis6 } from '../support/fault-proxy.js';
+import { listeners } from '../support/listeners.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
 
 /** A module that does not import RedisLockModule: it sees LockService only if that is global. */
@@ -141,13 +142,11 @@ describe('RedisLockModule', () => {
     it('uses the client it is given and never closes it, nor leaves a listener of its own on it', async () => {
       const client = new Redis(server.port, '127.0.0.1');
       await client.ping();
-      const listening = (): number =>
-        client.eventNames().reduce((sum, name) => sum + client.listenerCount(name), 0);
-      const before = listening();
+      const before = listeners(client);
       const app = await startLockModule({ client });
       await assertWorks(app.locks);
       await app.close();
-      assert.equal(listening(), before, 'listeners left on the app’s client');
+      assert.equal(listeners(client), before, 'listeners left on the app’s client');
       assert.equal(client.status, 'ready');
       assert.equal(await client.ping(), 'PONG');
       client.disconnect();
@@ -519,12 +518,10 @@ describe('RedisLockModule', () => {
     }
 
     it('a server older than Redis 7 is refused at startup, naming its version (its INFO rewritten by a proxy)', async () => {
-      const client = new Redis(server.port);
-      const version = /^redis_version:(\d+)\./m.exec(await client.info('server'))![1];
-      client.disconnect();
       const proxy = await FaultProxy.start(() => server.port);
+      const client = new Redis(server.port);
       try {
-        proxy.rewriteReplies(`redis_version:${version}.`, 'redis_version:6.');
+        await posingAsRedis6(proxy, client);
         const module = await Test.createTestingModule({
           imports: [RedisLockModule.forRoot({ connection: `redis://127.0.0.1:${proxy.port}` })],
         }).compile();
@@ -537,6 +534,7 @@ describe('RedisLockModule', () => {
         assert.equal(error.option, 'Redis server');
         assert.match(error.message, /Redis 6\.\d+\.\d+.*needs Redis 7\.0 or newer/);
       } finally {
+        client.disconnect();
         await proxy.close();
       }
     });

@@ -25,7 +25,8 @@ import {
   waitingCallers,
   type LockModuleFixture,
 } from '../support/lock-module.js';
-import { FaultProxy } from '../support/fault-proxy.js';
+import { FaultProxy, posingAsRedis6 } from '../support/fault-proxy.js';
+import { listeners } from '../support/listeners.js';
 import { monitorRedis } from '../support/redis-monitor.js';
 import {
   ACQUIRE_OWN_TOKEN_REDLOCK_SCRIPT,
@@ -204,10 +205,9 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
   });
 
   it('refuses at startup a node older than Redis 7, naming it (its INFO rewritten by a proxy)', async () => {
-    const version = /^redis_version:(\d+)\./m.exec(await direct[2].info('server'))![1];
     const proxy = await FaultProxy.start(() => servers[2].port);
     try {
-      proxy.rewriteReplies(`redis_version:${version}.`, 'redis_version:6.');
+      await posingAsRedis6(proxy, direct[2]);
       const nodes = servers.slice(0, 3).map((server) => server.url);
       nodes[2] = `redis://127.0.0.1:${proxy.port}`;
       const error = await startupError(nodes);
@@ -245,16 +245,14 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
 
   it("leaves the app's own node clients as it found them: none of the module's listeners stays on them once it closes (found by mutation testing)", async () => {
     const clients = servers.slice(0, 3).map((server) => new Redis(server.port, server.host));
-    const listening = (client: Redis): number =>
-      client.eventNames().reduce((sum, name) => sum + client.listenerCount(name), 0);
     try {
       await Promise.all(clients.map((client) => client.ping()));
-      const before = clients.map(listening);
+      const before = clients.map(listeners);
       const fixture = await startLockModule({ nodes: clients });
       const lock = await fixture.locks.acquire(uniqueKey());
       await lock.release();
       await fixture.close();
-      assert.deepEqual(clients.map(listening), before);
+      assert.deepEqual(clients.map(listeners), before);
       assert.deepEqual(
         clients.map((client) => client.status),
         ['ready', 'ready', 'ready'],

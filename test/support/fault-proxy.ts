@@ -1,4 +1,5 @@
 import { createServer, Socket, type AddressInfo, type Server } from 'node:net';
+import type { Redis } from 'ioredis';
 
 /**
  * A loopback TCP proxy between lock clients and Redis that can misbehave on demand, standing in
@@ -206,4 +207,14 @@ function reset(socket: Socket): void {
   if (socket.destroyed) return;
   if (socket.writableEnded || socket.readableEnded) socket.destroy();
   else socket.resetAndDestroy();
+}
+
+/**
+ * Makes the Redis behind `proxy` say in `INFO` that it is a 6.x (its major, as `direct`, a
+ * client straight to it, reads it, rewritten): a real server, as old as the startup check sees it.
+ */
+export async function posingAsRedis6(proxy: FaultProxy, direct: Redis): Promise<void> {
+  const major = /^redis_version:(\d+)\./m.exec(await direct.info('server'))?.[1];
+  if (major === undefined) throw new Error('posingAsRedis6: INFO names no redis_version');
+  proxy.rewriteReplies(`redis_version:${major}.`, 'redis_version:6.');
 }

@@ -3,6 +3,7 @@ import { EventEmitter } from 'node:events';
 import { describe, it } from 'node:test';
 import type { ExecutionContext } from '@nestjs/common';
 import { CallerGone, callerSignal } from '../../lib/decorators/caller-gone.js';
+import { listeners } from '../support/listeners.js';
 
 /** A handler's execution context with `args`, as Nest gives it on `type`'s transport. */
 function contextOf(type: string, args: unknown[]): ExecutionContext {
@@ -16,9 +17,6 @@ function contextOf(type: string, args: unknown[]): ExecutionContext {
 function endpoint(state: Record<string, unknown> = {}): EventEmitter & Record<string, unknown> {
   return Object.assign(new EventEmitter(), state);
 }
-
-const listeners = (emitter: EventEmitter): number =>
-  emitter.eventNames().reduce((sum, name) => sum + emitter.listenerCount(name), 0);
 
 describe('a handler caller watch (callerSignal)', () => {
   it('one signal and one listener per connection, however many calls it carries; its close aborts it with CallerGone and takes the listener off', () => {
