@@ -86,6 +86,8 @@ export const GROUPS = {
     tests: [
       'build/test/integration/leadership.spec.js',
       'build/test/integration/nest-providers.spec.js',
+      // A follower's minute-long wait ending (65 s): last, so that most mutants stop before it.
+      'build/test/integration/leadership-wait.spec.js',
     ],
   },
   // The decorator's skip path (`onBusy: 'skip'`): which failures a call or a subscription skips

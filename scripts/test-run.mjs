@@ -81,8 +81,8 @@ const ISOLATED = [
 /**
  * Isolated suites that mostly wait (failovers, timeouts, paused servers, workers that sleep in
  * their sections): each uses under half a core on its own (`redlock.spec` 20 s of CPU in 46). They
- * run one at a time in each of two lanes beside the first, so that the machine's two cores carry
- * one busy suite and two waiting ones. Each lane's longest first; the three lanes ~160 s each.
+ * run one at a time in each of the lanes beside the first, so that the machine's two cores carry
+ * one busy suite and the waiting ones. Each lane's longest first; the first three ~160 s each.
  */
 const BESIDE = [
   [
@@ -103,6 +103,8 @@ const BESIDE = [
     'faults/bounded-operations.spec.js', // 27
     'integration/sentinel.spec.js', // 15
   ],
+  // A follower's minute-long wait for the lock, waited out: idle for 65 s, so a lane of its own.
+  ['integration/leadership-wait.spec.js'], // 65
 ];
 
 /**

@@ -598,6 +598,36 @@ describe('several keys at once (acquire([a, b]))', () => {
     }
   });
 
+  it('free keys whose one-step grant was taken just before shutdown began, and made into locks after its sweep, are given back: the call rejects with RedisLockShutdownError (found by mutation testing)', async () => {
+    const own = await startLockModule({ connection: env.server.url });
+    const [a, b] = pair();
+    let closing: Promise<void> | undefined;
+    const backend = (
+      own.locks as unknown as {
+        engine: { backend: { tryAcquireAll(...args: unknown[]): Promise<unknown> | undefined } };
+      }
+    ).engine.backend;
+    const tryAcquireAll = backend.tryAcquireAll.bind(backend);
+    backend.tryAcquireAll = (...args) => {
+      const pending = tryAcquireAll(...args);
+      // Heard after the engine's own handler of the reply (registered as the call was sent):
+      // shutdown begins, and sweeps, between the reply taken and the call's locks made.
+      queueMicrotask(
+        () => void pending?.then(() => (closing ??= own.locks.onApplicationShutdown())),
+      );
+      return pending;
+    };
+    try {
+      await assert.rejects(own.locks.acquire([a, b]), { name: 'RedisLockShutdownError' });
+      assert.ok(closing, 'shutdown never began');
+      await closing;
+      assert.deepEqual([await stored(a), await stored(b)], [null, null], 'a key kept');
+    } finally {
+      await closing;
+      await own.close();
+    }
+  });
+
   it('never grants several keys with a lapsed lease: through a 150 ms/way link, a key taken before the busy one ran out', async () => {
     const proxy = await FaultProxy.start(() => env.server.port);
     const slow = await startLockModule({ connection: `redis://127.0.0.1:${proxy.port}` });

@@ -530,6 +530,28 @@ describe('re-entrancy', () => {
       }
     });
 
+    it("a several-key fork's wait for its turn that times out reports one timeout event, the call's, not one for its key too (found by mutation testing)", async () => {
+      const [a, b] = [uniqueKey(), uniqueKey()].sort();
+      await locks.using([a, b], async () => {
+        const inside = await locks.acquire([a, b]); // inside until released below
+        const events: LockEvent[] = [];
+        const subscription = locks.events.subscribe((event) => events.push(event));
+        try {
+          await assert.rejects(
+            locks.acquire([a, b], { acquireTimeout: 50 }),
+            (error) => error instanceof LockAcquireTimeoutError && error.key === a && error.busy,
+          );
+        } finally {
+          subscription.unsubscribe();
+        }
+        assert.deepEqual(
+          events.filter((event) => event.type === 'timeout').map((event) => event.key),
+          [a],
+        );
+        assert.equal(await inside.release(), true);
+      });
+    });
+
     it("a hold lost while a view is inside: the view's signal aborts with the hold's reason, its release is false, its extend() and a re-entry throw it", async () => {
       const key = uniqueKey();
       await locks.using(

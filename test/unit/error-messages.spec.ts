@@ -20,6 +20,7 @@ import {
 } from '../../lib/index.js';
 import { keyView, quoteKey, type KeyView } from '../../lib/errors/redis-lock.errors.js';
 import { Replies } from '../../lib/engine/replies.js';
+import { DEADLINE } from '../../lib/utils/within.js';
 import type { LockBackend } from '../../lib/interfaces/lock-backend.interface.js';
 import { lockOrder } from '../../lib/options/checks.js';
 
@@ -227,5 +228,31 @@ describe('a reply cut off by shutdown', () => {
       const mapped = failure(stopping, error);
       assert.ok(mapped instanceof LockBackendError && !mapped.timedOut, String(mapped));
     }
+  });
+});
+
+describe('a reply that never came', () => {
+  const replies = (backend: Partial<LockBackend>) =>
+    new Replies(backend as LockBackend, 100, new AbortController().signal, quoteKey);
+
+  it('names commandTimeout and, on one server, why Redis is unreachable', () => {
+    const mapped = replies({
+      replyTimeout: 100,
+      unreachable: () => 'Redis at 127.0.0.1:1 is unreachable (connect ECONNREFUSED)',
+    }).failure('k', 'extend', undefined, DEADLINE);
+    assert.ok(mapped instanceof LockBackendError && mapped.timedOut, String(mapped));
+    assert.match(
+      mapped.message,
+      /no reply within commandTimeout \(100 ms\): Redis at 127\.0\.0\.1:1 is unreachable/,
+    );
+  });
+
+  it("in Redlock mode (a backend that knows no one server's reachability): its two rounds' bound (found by mutation testing)", () => {
+    const mapped = replies({ replyTimeout: 300 }).failure('k', 'acquire', undefined, DEADLINE);
+    assert.ok(mapped instanceof LockBackendError && mapped.timedOut, String(mapped));
+    assert.match(
+      mapped.message,
+      /no answer within 300 ms \(Redlock: two rounds of commandTimeout\)/,
+    );
   });
 });

@@ -184,3 +184,20 @@ describe('Redlock forceRelease whose nodes counted different fences', () => {
     });
   }
 });
+
+describe("Redlock's documented bounds (README: driftFactor; topologies: Redlock nodes)", () => {
+  it('a grant is valid for ttl − ttl × driftFactor − 2 ms from when its attempt was sent (found by mutation testing)', async () => {
+    for (const ttl of [1_000, 10_000]) {
+      const nodes = [0, 1, 2].map(() => new StandInNode());
+      const acquired = redlock(nodes).tryAcquire('k', 't', ttl);
+      for (const node of nodes) node.pending[0](granted);
+      const attempt = await acquired;
+      assert.equal(attempt.acquired && attempt.validity, ttl - ttl * 0.01 - 2);
+    }
+  });
+
+  it('a call waits for its two rounds at most 2 × commandTimeout + 100 ms (found by mutation testing)', () => {
+    // The engine bounds every Redlock reply by this (its deadline for one server is commandTimeout).
+    assert.equal(redlock([0, 1, 2].map(() => new StandInNode())).replyTimeout, 2 * 1_000 + 100);
+  });
+});
