@@ -23,7 +23,12 @@ import {
 } from '../support/lock-module.js';
 import { FaultProxy } from '../support/fault-proxy.js';
 import { assertWithin, watchStalls } from '../support/timing.js';
-import { monitorRedis, scriptCalls } from '../support/redis-monitor.js';
+import {
+  monitorRedis,
+  scriptCalls,
+  scriptCallsOf,
+  type MonitoredCommand,
+} from '../support/redis-monitor.js';
 import {
   ACQUIRE_ALL_SCRIPT,
   ACQUIRE_SCRIPT,
@@ -598,6 +603,82 @@ describe('several keys at once (acquire([a, b]))', () => {
     }
   });
 
+  it('a round after one that stopped at a busy key waits for that key first, holding nothing, then asks each key before it once: it never waits for another key while it holds the busy one (found by mutation testing)', async () => {
+    const [a, b] = pair();
+    const monitor = await monitorRedis(env.server.port);
+    const holdsB = await env.other.locks.acquire(b, { ttl: 10_000 });
+    let holdsA: Lock | undefined;
+    try {
+      await monitor.caughtUp();
+      const from = monitor.commands.length;
+      const seen = (): MonitoredCommand[] => monitor.commands.slice(from);
+      /** Where in `seen()` the first call of `script` on `key` after `after` is (-1: none). */
+      const first = (script: string, key: string, after = -1, not?: string): number => {
+        const all = seen();
+        const calls = scriptCallsOf(all, script, `lock:{${key}}`).filter(
+          ({ args }) => not === undefined || !args.includes(not),
+        );
+        return calls.map((call) => all.indexOf(call)).find((i) => i > after) ?? -1;
+      };
+      // A short lease, not extended: the first round, holding a, waits for b only until a's
+      // lease is near its end, gives a back and stops at b.
+      const taking = env.locks.acquire([a, b], {
+        ttl: 600,
+        autoExtend: false,
+        acquireTimeout: 10_000,
+      });
+      taking.catch(() => {}); // awaited below
+      let gaveBack = -1;
+      assert.ok(
+        await eventually(() => (gaveBack = first(RELEASE_SCRIPT, a)) >= 0),
+        'the first round never gave a back',
+      );
+      assert.ok(
+        await eventually(
+          () =>
+            Math.max(first(ACQUIRE_SCRIPT, a, gaveBack), first(ACQUIRE_SCRIPT, b, gaveBack)) >= 0,
+        ),
+        'no second round',
+      );
+      // Its wait for b was one (its place in b's queue), not a single attempt: with 600 ms
+      // left of a's lease, it ends half of that before the lease does, not commandTimeout (1 s)
+      // before it, which is past.
+      const queuedForB = seen().findIndex(
+        ({ args }) => args[0] === 'zadd' && args[1] === `lock:{${b}}:turns`,
+      );
+      assert.ok(queuedForB >= 0 && queuedForB < gaveBack, 'the first round never waited for b');
+      const [nextA, nextB] = [
+        first(ACQUIRE_SCRIPT, a, gaveBack),
+        first(ACQUIRE_SCRIPT, b, gaveBack),
+      ];
+      assert.ok(
+        nextB >= 0 && (nextA < 0 || nextB < nextA),
+        'the next round took the free key first, to hold it while it waited',
+      );
+      // The key before the busy one taken meanwhile: the call, granted the busy one, asks for it
+      // once, gives the busy one back, and only then waits for it (its place in a's queue).
+      holdsA = await env.other.locks.acquire(a, { ttl: 10_000 });
+      await monitor.caughtUp();
+      const freed = seen().length - 1;
+      await holdsB.release();
+      const turnsOfA = (): number =>
+        seen().findIndex(
+          ({ args }, i) => i > freed && args[0] === 'zadd' && args[1] === `lock:{${a}}:turns`,
+        );
+      assert.ok(await eventually(() => turnsOfA() >= 0), 'never waited for a');
+      const gaveB = first(RELEASE_SCRIPT, b, freed, holdsB.token);
+      assert.ok(gaveB >= 0 && gaveB < turnsOfA(), 'held b while it waited for a');
+      await holdsA.release();
+      const lock = await taking;
+      assert.deepEqual(lock.keys, [a, b]);
+      await lock.release();
+    } finally {
+      monitor.stop();
+      await holdsB.release();
+      await holdsA?.release();
+    }
+  });
+
   it('free keys whose one-step grant was taken just before shutdown began, and made into locks after its sweep, are given back: the call rejects with RedisLockShutdownError (found by mutation testing)', async () => {
     const own = await startLockModule({ connection: env.server.url });
     const [a, b] = pair();
@@ -618,7 +699,10 @@ describe('several keys at once (acquire([a, b]))', () => {
       return pending;
     };
     try {
-      await assert.rejects(own.locks.acquire([a, b]), { name: 'RedisLockShutdownError' });
+      // Deleted, whatever holdAtLeast asked: no work ran under them.
+      await assert.rejects(own.locks.acquire([a, b], { holdAtLeast: 5_000 }), {
+        name: 'RedisLockShutdownError',
+      });
       assert.ok(closing, 'shutdown never began');
       await closing;
       assert.deepEqual([await stored(a), await stored(b)], [null, null], 'a key kept');

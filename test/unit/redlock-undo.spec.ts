@@ -19,6 +19,7 @@ import { assertWithin, watchStalls } from '../support/timing.js';
 class StandInNode {
   readonly pending: ((reply: AcquireAttempt) => void)[] = [];
   releases = 0;
+  raises = 0;
   tryAcquire(): Promise<AcquireAttempt> {
     return new Promise((resolve) => this.pending.push(resolve));
   }
@@ -27,6 +28,7 @@ class StandInNode {
     return Promise.resolve(true);
   }
   raiseFence(): Promise<boolean> {
+    this.raises++;
     return Promise.resolve(true);
   }
 }
@@ -199,5 +201,29 @@ describe("Redlock's documented bounds (README: driftFactor; topologies: Redlock 
   it('a call waits for its two rounds at most 2 × commandTimeout + 100 ms (found by mutation testing)', () => {
     // The engine bounds every Redlock reply by this (its deadline for one server is commandTimeout).
     assert.equal(redlock([0, 1, 2].map(() => new StandInNode())).replyTimeout, 2 * 1_000 + 100);
+  });
+});
+
+describe('Redlock acquisition of a generated token: a second round only where the majority disagrees', () => {
+  /** Each node's grant, with the fence its counter gave; the raises each node was sent. */
+  const raisesFor = async (fences: number[]): Promise<number[]> => {
+    const nodes = fences.map(() => new StandInNode());
+    const acquired = redlock(nodes).tryAcquire('k', 't', 10_000, undefined, undefined, true);
+    nodes.forEach((node, i) =>
+      node.pending[0]({ acquired: true, fence: fences[i], validity: 10_000 }),
+    );
+    const attempt = await acquired;
+    await settle();
+    assert.equal(attempt.acquired && attempt.fence, Math.max(...fences.slice(0, 2)));
+    return nodes.map((node) => node.raises);
+  };
+
+  it('one round when every node, or a bare majority, gave the same fence: its counters are already there (found by mutation testing)', async () => {
+    assert.deepEqual(await raisesFor([7, 7, 7]), [0, 0, 0]);
+    assert.deepEqual(await raisesFor([7, 7, 5]), [0, 0, 0]);
+  });
+
+  it("a second round, to every node, where the majority's fences differ: their counters are raised to the highest", async () => {
+    assert.deepEqual(await raisesFor([7, 8, 5]), [1, 1, 1]);
   });
 });
