@@ -34,6 +34,7 @@ import { assertWithin, watchStalls } from '../support/timing.js';
 import { assertElectionReadable } from '../support/election.js';
 import { monitorRedis, scriptCalls } from '../support/redis-monitor.js';
 import { ACQUIRE_SCRIPT } from '../../lib/redis/lock.scripts.js';
+import { RECORD_TERM_SCRIPT } from '../../lib/redis/election.scripts.js';
 
 /** What a leader's work writes to: rejects a fence lower than the highest it has seen. */
 class FencedStore {
@@ -152,6 +153,59 @@ describe('leadership (lead, @WhileLeader)', { timeout: 90_000 }, () => {
       ({ level, message }) => level === 'error' && message.includes(key),
     );
     assert.deepEqual(failed, [], 'a work that ended because it was stopped was logged as failed');
+  });
+
+  it("a term's record is written once as it begins (a long TTL: no renewal meanwhile), not while following nor as the leadership stops; no probe of Redis before an attempt while it answers (found by mutation testing)", async () => {
+    const key = uniqueKey('leader');
+    // Loaded: each record one EVALSHA, none sent twice through the NOSCRIPT detour.
+    await redis.script('LOAD', RECORD_TERM_SCRIPT);
+    const monitor = await monitorRedis(server.port);
+    try {
+      const leader = apps[0].locks.lead(key, new Terms().leadUntilAborted());
+      assert.ok(await eventually(() => leader.isLeader));
+      const follower = apps[1].locks.lead(key, new Terms().leadUntilAborted());
+      const attempts = (): number => scriptCalls(monitor.commands, ACQUIRE_SCRIPT, `lock:{${key}}`);
+      assert.ok(await eventually(() => attempts() >= 2), 'the follower never tried');
+      await follower.stop();
+      await leader.stop();
+      await monitor.caughtUp();
+      assert.equal(
+        scriptCalls(monitor.commands, RECORD_TERM_SCRIPT, `lock:{${key}}`),
+        1,
+        "the term's records",
+      );
+      const probes = monitor.commands.filter(
+        ({ source, args }) =>
+          source !== 'lua' && args[0] === 'exists' && args[1] === `lock:{${key}}`,
+      );
+      assert.deepEqual(probes, [], 'probed Redis before an attempt');
+    } finally {
+      monitor.stop();
+    }
+  });
+
+  it('a campaign started after onModuleDestroy ends as shutdown goes on, not after its pause between terms (found by mutation testing)', async () => {
+    const app = await startLockModule({
+      connection: server.url,
+      defaults: { retryInterval: 5_000 }, // a campaign's pause between terms
+    });
+    try {
+      await app.locks.onModuleDestroy(); // the leaderships stopped: lead() still allowed
+      let terms = 0;
+      const late = app.locks.lead(uniqueKey('leader'), () => void terms++);
+      let ended = false;
+      late.changes.subscribe({ complete: () => (ended = true) });
+      assert.ok(await eventually(() => terms === 1), 'never led');
+      await sleep(50); // its term over: in its pause
+      const stalls = watchStalls();
+      const started = performance.now();
+      await app.locks.onApplicationShutdown();
+      assert.ok(await eventually(() => ended, 6_000), 'the campaign never ended');
+      assertWithin(performance.now() - started, 0, stalls, 'the late campaign');
+      stalls.stop();
+    } finally {
+      await app.close();
+    }
   });
 
   it('stop() of a follower waiting for its turn logs nothing: its wait ends, no outage (found by mutation testing)', async () => {

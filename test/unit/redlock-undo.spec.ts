@@ -126,6 +126,7 @@ describe("Redlock fence of a caller's own token held on a majority (holderFence)
  */
 class ForcedNode {
   releases = 0;
+  raised = 0;
   constructor(
     private readonly fence: number,
     private readonly raises: boolean | 'never',
@@ -134,6 +135,7 @@ class ForcedNode {
     return Promise.resolve({ mode: 'exclusive', holders: 1, fence: this.fence });
   }
   raiseFence(): Promise<boolean> {
+    this.raised++;
     return this.raises === 'never' ? new Promise(() => {}) : Promise.resolve(this.raises);
   }
   release(): Promise<boolean> {
@@ -152,6 +154,20 @@ describe('Redlock forceRelease whose nodes counted different fences', () => {
     );
     const freed = await redlock(nodes as never).forceRelease('k');
     assert.deepEqual(freed, { mode: 'exclusive', holders: 1, fence: 30 });
+    assert.deepEqual(
+      nodes.map((node) => node.raised),
+      [1, 1, 1, 1, 1],
+    );
+  });
+
+  it('sends no second round where a majority already counted the highest fence (found by mutation testing)', async () => {
+    const nodes = [30, 30, 30, 10, 5].map((fence) => new ForcedNode(fence, true));
+    const freed = await redlock(nodes as never).forceRelease('k');
+    assert.deepEqual(freed, { mode: 'exclusive', holders: 1, fence: 30 });
+    assert.deepEqual(
+      nodes.map((node) => node.raised),
+      [0, 0, 0, 0, 0],
+    );
   });
 
   for (const refusal of [false, 'never'] as const) {
@@ -225,5 +241,34 @@ describe('Redlock acquisition of a generated token: a second round only where th
 
   it("a second round, to every node, where the majority's fences differ: their counters are raised to the highest", async () => {
     assert.deepEqual(await raisesFor([7, 8, 5]), [1, 1, 1]);
+  });
+});
+
+describe('Redlock term record (recordTerm)', () => {
+  /** A node with no leader recorded yet: it notes what each read of its record asked for. */
+  class RecordNode {
+    readonly reads: boolean[] = [];
+    records = 0;
+    election(_key: string, participants: boolean): Promise<unknown> {
+      this.reads.push(participants);
+      return Promise.resolve({ leader: null, transitions: 0, participants: [] });
+    }
+    recordTerm(): Promise<void> {
+      this.records++;
+      return Promise.resolve();
+    }
+  }
+
+  it("reads the majority's record without its participants, which it does not need, then writes on every node (found by mutation testing)", async () => {
+    const nodes = [0, 1, 2].map(() => new RecordNode());
+    await redlock(nodes as never).recordTerm('k', 't', 'me', 7, 10_000);
+    assert.deepEqual(
+      nodes.map((node) => [node.reads, node.records]),
+      [
+        [[false], 1],
+        [[false], 1],
+        [[false], 1],
+      ],
+    );
   });
 });
