@@ -448,6 +448,20 @@ redis.call('DEL', KEYS[1], KEYS[2])${NAME_NEXT}${ANNOUNCE(publish, 'ARGV[2]', 'm
 export const RELEASE_SCRIPT = release('PUBLISH');
 
 /**
+ * Redlock mode: the undo of a failed attempt's copy that frees nothing a waiter could use (a
+ * majority of nodes refused the attempt: another holder has the key there), so it announces
+ * nothing. KEYS[1] lock key, KEYS[2] the own token's fence record; ARGV[1] token. Returns 1 if the
+ * copy was this token's and is deleted, else 0. (Announced, each such undo woke the waiters, whose
+ * attempts failed and were undone in turn: thousands of attempts a second for as long as the
+ * holder kept its majority without one node's copy.)
+ */
+export const UNDO_QUIETLY_SCRIPT = `
+if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1], KEYS[2])
+return 1
+`;
+
+/**
  * The release on a Cluster of Redis >= 7: announced with `SPUBLISH` on the channel, which shares
  * the lock's hash slot, so only the node that owns the slot (and its replicas) carries the message
  * instead of every node in the cluster.

@@ -17,6 +17,7 @@ import {
   ANNOUNCE_REFUSED,
   FENCE_STRIDE,
   RELEASE_SCRIPT,
+  UNDO_QUIETLY_SCRIPT,
   RESTORE_COPY_SCRIPT,
 } from './lock.scripts.js';
 import { FairQueue } from './fair-queue.js';
@@ -293,20 +294,24 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
    * answered `NOSCRIPT` and the script re-sent behind whatever was written meanwhile: the next
    * attempt with the same token would then re-take the copy first and lose it to this late
    * release, leaving the lock on fewer nodes than its holder counts. The plain lock only (Redlock
-   * offers no other shape) and never with `fenceRetention: 0` (refused with `nodes`).
+   * offers no other shape) and never with `fenceRetention: 0` (refused with `nodes`). Announced
+   * with `message`, or, without one, not at all (see `UNDO_QUIETLY_SCRIPT`).
    */
-  async undoCopy(key: string, token: string, message: string): Promise<boolean> {
+  async undoCopy(key: string, token: string, message: string | undefined): Promise<boolean> {
     const lockKey = this.layout.lockKey(key);
-    const args = [
-      lockKey,
-      this.layout.ownFenceKey(lockKey),
-      token,
-      this.layout.releaseChannel(lockKey),
-      message,
-    ];
-    return this.released(
-      Number(await this.writes.track(this.client.eval(RELEASE_SCRIPT, 2, ...args))),
-    );
+    const keys = [lockKey, this.layout.ownFenceKey(lockKey)];
+    const reply =
+      message === undefined
+        ? this.client.eval(UNDO_QUIETLY_SCRIPT, 2, ...keys, token)
+        : this.client.eval(
+            RELEASE_SCRIPT,
+            2,
+            ...keys,
+            token,
+            this.layout.releaseChannel(lockKey),
+            message,
+          );
+    return this.released(Number(await this.writes.track(reply)));
   }
 
   /**

@@ -199,7 +199,9 @@ export class RedlockBackend implements LockBackend {
         return { acquired: true, fence, validity };
       }
     }
-    this.undo(key, token, id, attempt, round.replies);
+    // Refused by a majority, the key is another holder's: the copies undone free nothing a
+    // waiter could take, and announcing them would only wake waiters to fail again.
+    this.undo(key, token, id, attempt, round.replies, tally.no.length < this.quorum);
     if (tally.failed.length > this.nodes.length - this.quorum) throw this.votes.failure(tally);
     const waits = tally.no.flatMap(({ value }) =>
       !value.acquired && value.retryAfter !== undefined ? [value.retryAfter] : [],
@@ -217,7 +219,7 @@ export class RedlockBackend implements LockBackend {
    * (`renewed`): it may be the lock a holder with that token holds (another instance, another
    * request), which a failed re-acquisition must not take from it; it stays until that holder
    * releases it, or its TTL. Announced as one release (one id on every node), so the waiters it
-   * may concern wake once, not once per node.
+   * may concern wake once, not once per node; not at all unless `announce` (see `tryAcquire`).
    */
   private undo(
     key: string,
@@ -225,9 +227,10 @@ export class RedlockBackend implements LockBackend {
     id: string,
     attempt: number,
     replies: readonly Promise<AcquireAttempt>[],
+    announce: boolean,
   ): void {
     const current = (): boolean => this.attempts.get(id) === attempt;
-    const message = `${this.id}:${++this.releases}`;
+    const message = announce ? `${this.id}:${++this.releases}` : undefined;
     const undone = replies.map((reply, i) =>
       reply
         .then((granted) =>

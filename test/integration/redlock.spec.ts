@@ -1241,27 +1241,73 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     }
   });
 
-  it("a failed attempt's undo is announced as one release, with one id on every node, not an empty message per node", async () => {
+  it("a failed attempt's undo is announced as one release, with one id on every node, where it frees a node a majority could use; not where a majority refused it", async () => {
     const key = uniqueKey();
     const held = await locks.acquire(key, { ttl: 10_000 });
     assert.ok(await eventually(async () => (await holders(key, held.token)) === NODES));
-    // Nodes 3 and 4 forgot it: another app's attempt gets those two, not a majority, and undoes them.
-    await direct[3].del(`lock:{${key}}`);
-    await direct[4].del(`lock:{${key}}`);
     const heard: string[] = [];
     const listeners = [3, 4].map((i) => direct[i].duplicate().on('error', () => {}));
+    const { freeze, thaw } = freezer();
     try {
       for (const listener of listeners) {
         listener.on('message', (_channel: string, message: string) => heard.push(message));
         await listener.subscribe(`lock:{${key}}:released`);
       }
+      // Nodes 3 and 4 forgot it: another app's attempt gets those two, and the other three, a
+      // majority, refuse it. Its undo frees nothing anyone could take: it says nothing (found by
+      // a reviewer's script: announced, it woke the waiters, whose attempts failed and were
+      // undone in turn, thousands a second).
+      for (const i of [3, 4]) await direct[i].del(`lock:{${key}}`);
+      assert.equal(await other.locks.tryAcquire(key), null);
+      assert.ok(
+        await eventually(async () => (await holders(key, held.token, [3, 4].values())) === 0),
+      );
+      for (const i of [3, 4]) {
+        assert.equal(await direct[i].exists(`lock:{${key}}`), 0, `the undo left node ${i}`);
+        // Published after the undo on that node: heard after anything the undo announced there.
+        await direct[i].publish(`lock:{${key}}:released`, 'marker');
+      }
+      assert.ok(await eventually(() => heard.length >= 2), `heard ${heard.length}`);
+      assert.deepEqual(heard.splice(0), ['marker', 'marker'], 'a quiet undo announced');
+      // Node 2 forgot it too, and does not answer: two refusals, two grants, one silent node. The
+      // undo frees nodes 3 and 4, which with node 2 are a majority: it wakes whoever waits.
+      await direct[2].del(`lock:{${key}}`);
+      freeze(2);
       assert.equal(await other.locks.tryAcquire(key), null);
       assert.ok(await eventually(() => heard.length === 2), `heard ${heard.length}`);
       assert.notEqual(heard[0], '', 'an empty message wakes waiters once per node');
       assert.equal(heard[0], heard[1]);
     } finally {
+      thaw();
       for (const listener of listeners) listener.disconnect();
       await held.release();
+    }
+  });
+
+  it("waiters behind a holder whose copy one node lost do not spin: each failed attempt's undo is quiet, so they poll (found by a reviewer's script: thousands of attempts a second)", async () => {
+    const key = uniqueKey();
+    const held = await locks.acquire(key, { ttl: 10_000, autoExtend: false });
+    assert.ok(await eventually(async () => (await holders(key, held.token)) === NODES));
+    for (const i of [3, 4]) await direct[i].del(`lock:{${key}}`);
+    const scripts = async (): Promise<number> => {
+      const info = await direct[0].info('commandstats');
+      const calls = (name: string): number =>
+        Number(new RegExp(`cmdstat_${name}:calls=(\\d+)`).exec(info)?.[1] ?? 0);
+      return calls('evalsha') + calls('eval');
+    };
+    const waiters = [app, other].map((fixture) =>
+      fixture.locks.acquire(key, { ttl: 1_000, acquireTimeout: 10_000 }),
+    );
+    try {
+      await sleep(200); // each has tried, failed and undone its copies on nodes 3 and 4
+      const before = await scripts();
+      await sleep(1_000);
+      const sent = (await scripts()) - before;
+      // Each waiter asks again every retryInterval at most (with its jitter): a few a second.
+      assert.ok(sent < 50, `${sent} scripts in 1 s on node 0 while two waiters waited`);
+    } finally {
+      await held.release();
+      for (const lock of await Promise.all(waiters)) await lock.release();
     }
   });
 
@@ -1520,11 +1566,15 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     const backendId = (locks as unknown as { engine: { backend: { id: string } } }).engine.backend
       .id;
     const monitor = await monitorRedis(servers[3].port);
+    const { freeze, thaw } = freezer();
     try {
-      // Held on nodes 0–2 only: an attempt of `locks` takes nodes 3 and 4, fails, and undoes them.
+      // Held on nodes 0 and 1 only, node 2 silent: an attempt of `locks` takes nodes 3 and 4,
+      // fails (at commandTimeout, for node 2's answer), and undoes them, announced: with node 2
+      // they could be a majority (an undo that a majority refused frees nothing, and is quiet).
       const held = await other.locks.acquire(key, { ttl: 30_000 });
       assert.ok(await eventually(async () => (await holders(key, held.token)) === NODES));
-      for (const i of [3, 4]) await direct[i].del(`lock:{${key}}`);
+      for (const i of [2, 3, 4]) await direct[i].del(`lock:{${key}}`);
+      freeze(2);
       const failAndUndo = async (): Promise<void> => {
         assert.equal(await locks.tryAcquire(key), null);
         assert.ok(
@@ -1542,6 +1592,7 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
         await failAndUndo();
         await (await locks.acquire(freed)).release();
       }
+      thaw();
       await held.release();
       await monitor.caughtUp();
       const messages = monitor.commands
@@ -1550,6 +1601,7 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
       assert.equal(messages.length, 6, `announcements on node 3: ${messages.join(', ')}`);
       assert.equal(new Set(messages).size, 6, `repeated: ${messages.join(', ')}`);
     } finally {
+      thaw();
       monitor.stop();
     }
   });

@@ -100,6 +100,11 @@ export interface Deployment {
   owner(key: string): Promise<string[]>;
   /** The tokens with any copy of a model key (in Redlock mode, on any node). */
   copies(key: string): Promise<string[]>;
+  /**
+   * How many scripts (`EVALSHA` and `EVAL`) each server has run since it started: read before
+   * and after each step, to tell waiters that spin (see `SPIN_LIMIT`). Empty in memory.
+   */
+  scriptsRun(): Promise<number[]>;
   /** Every key the library wrote for the model keys of `prefix` (and fence counters), with PTTL. */
   ttls(prefix: string): Promise<[string, number][]>;
   /** Faults on slot 0's link to Redis (in Redlock mode, to its first node). */
@@ -347,6 +352,7 @@ abstract class Linked implements Deployment {
   abstract startApp(slot: number, generation: number): Promise<App>;
   abstract owner(key: string): Promise<string[]>;
   abstract copies(key: string): Promise<string[]>;
+  abstract scriptsRun(): Promise<number[]>;
   abstract ttls(prefix: string): Promise<[string, number][]>;
   abstract flushScripts(reload: readonly string[]): Promise<void>;
   abstract pauseNode(node: number, ms: number): Promise<void>;
@@ -390,6 +396,10 @@ class Standalone extends Linked {
 
   copies(key: string): Promise<string[]> {
     return this.owner(key);
+  }
+
+  scriptsRun(): Promise<number[]> {
+    return scriptsRunOn([this.redis]);
   }
 
   ttls(prefix: string): Promise<[string, number][]> {
@@ -471,6 +481,10 @@ class Redlock extends Linked {
 
   async copies(key: string): Promise<string[]> {
     return [...new Set((await this.perNode(key)).flat())];
+  }
+
+  scriptsRun(): Promise<number[]> {
+    return scriptsRunOn(this.direct);
   }
 
   async ttls(prefix: string): Promise<[string, number][]> {
@@ -566,6 +580,10 @@ class ClusterOfThree extends Linked {
     return this.owner(key);
   }
 
+  scriptsRun(): Promise<number[]> {
+    return scriptsRunOn(this.direct);
+  }
+
   async ttls(prefix: string): Promise<[string, number][]> {
     return (await Promise.all(this.direct.map((redis) => keyTtls(redis, prefix)))).flat();
   }
@@ -631,6 +649,10 @@ class InMemory implements Deployment {
     return this.owner(key);
   }
 
+  async scriptsRun(): Promise<number[]> {
+    return [];
+  }
+
   async ttls(prefix: string): Promise<[string, number][]> {
     return this.store
       .contents('')
@@ -661,4 +683,19 @@ class InMemory implements Deployment {
 
 export function inMemory(commandTimeout: number): Promise<Deployment> {
   return Promise.resolve(new InMemory(commandTimeout));
+}
+
+/**
+ * How many scripts each of `servers` has run (`INFO commandstats`: `evalsha` and `eval` calls); 0
+ * for a server that does not answer (paused, restarting).
+ */
+async function scriptsRunOn(servers: readonly Redis[]): Promise<number[]> {
+  return Promise.all(
+    servers.map(async (redis) => {
+      const info = await redis.info('commandstats').catch(() => '');
+      const calls = (name: string): number =>
+        Number(new RegExp(`cmdstat_${name}:calls=(\\d+)`).exec(info)?.[1] ?? 0);
+      return calls('evalsha') + calls('eval');
+    }),
+  );
 }

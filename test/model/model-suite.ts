@@ -39,6 +39,13 @@ const RANDOM_LIMIT_MS = RUNS === undefined ? 200_000 : undefined;
  * longest a 30 s lease, which no step waits out), so one that runs past this has hung.
  */
 const SEQUENCE_LIMIT_MS = 120_000;
+/**
+ * The most scripts one server may run a second, over any 200 ms or more of steps: far above what
+ * the steps ask for (a crowd of a dozen callers on a key runs tens), far below waiters that spin
+ * (each woken by the announcement of another's failed attempt, failing in turn: 3,000 to 85,000 a
+ * second in Redlock mode, found by a reviewer's script).
+ */
+const SPIN_LIMIT = 1_000;
 
 /**
  * Seeds whose first random sequence runs on every gate run, whatever `MODEL_RUNS` says: a fixed
@@ -104,11 +111,33 @@ export function modelSuite(
       // timeout would otherwise end the run without the sequence that hung). Armed first: an app
       // whose start hung was once no sequence's, and the run ended silent at the file's timeout.
       let at = 'starting';
+      /** Since when, and from what counts, the scripts each server runs are being counted. */
+      let counted: { since: number; from: number[]; steps: string[] } | undefined;
+      const countScripts = async (m: Model, step: string): Promise<void> => {
+        const now = performance.now();
+        if (counted && now - counted.since < 200) {
+          counted.steps.push(step);
+          return;
+        }
+        const ran = await deployment.scriptsRun();
+        if (counted) {
+          const { since, from, steps: during } = counted;
+          // (A server restarted meanwhile counts from 0 again.)
+          const most = Math.max(0, ...ran.map((n, i) => n - (from[i] ?? 0)));
+          if ((most * 1_000) / (now - since) > SPIN_LIMIT) {
+            m.violations.push(
+              `one server ran ${most} scripts in ${Math.round(now - since)} ms (more than ${SPIN_LIMIT} a second: waiters spinning?) during ${[...during, step].join(', ')}`,
+            );
+          }
+        }
+        counted = { since: performance.now(), from: ran, steps: [] };
+      };
       const steps = [...sequence].map((step) => ({
         check: (m: Readonly<Model>) => step.check(m),
         run: async (m: Model, r: Real) => {
           at = `step ${step.toString()}`;
           await step.run(m, r);
+          await countScripts(m, step.toString());
         },
         toString: () => step.toString(),
       }));
