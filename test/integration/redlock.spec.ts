@@ -39,6 +39,7 @@ import {
 import { createHash } from 'node:crypto';
 import { raceThenLock, transfersRaceThenLock } from '../support/processes.js';
 import { startRedis, type RedisServer } from '../support/redis-server.js';
+import { scriptsRunOn } from '../support/commandstats.js';
 import { assertWithin, watchStalls } from '../support/timing.js';
 import { assertElectionReadable } from '../support/election.js';
 
@@ -1289,12 +1290,7 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     const held = await locks.acquire(key, { ttl: 10_000, autoExtend: false });
     assert.ok(await eventually(async () => (await holders(key, held.token)) === NODES));
     for (const i of [3, 4]) await direct[i].del(`lock:{${key}}`);
-    const scripts = async (): Promise<number> => {
-      const info = await direct[0].info('commandstats');
-      const calls = (name: string): number =>
-        Number(new RegExp(`cmdstat_${name}:calls=(\\d+)`).exec(info)?.[1] ?? 0);
-      return calls('evalsha') + calls('eval');
-    };
+    const scripts = async (): Promise<number> => (await scriptsRunOn([direct[0]]))[0];
     const waiters = [app, other].map((fixture) =>
       fixture.locks.acquire(key, { ttl: 1_000, acquireTimeout: 10_000 }),
     );

@@ -13,6 +13,7 @@ import {
   type RedisLockTestingOptions,
 } from '../../lib/testing/index.js';
 import { FaultProxy } from '../support/fault-proxy.js';
+import { scriptsRunOn } from '../support/commandstats.js';
 import { startLockModule } from '../support/lock-module.js';
 import {
   startCluster,
@@ -683,19 +684,4 @@ class InMemory implements Deployment {
 
 export function inMemory(commandTimeout: number): Promise<Deployment> {
   return Promise.resolve(new InMemory(commandTimeout));
-}
-
-/**
- * How many scripts each of `servers` has run (`INFO commandstats`: `evalsha` and `eval` calls); 0
- * for a server that does not answer (paused, restarting).
- */
-async function scriptsRunOn(servers: readonly Redis[]): Promise<number[]> {
-  return Promise.all(
-    servers.map(async (redis) => {
-      const info = await redis.info('commandstats').catch(() => '');
-      const calls = (name: string): number =>
-        Number(new RegExp(`cmdstat_${name}:calls=(\\d+)`).exec(info)?.[1] ?? 0);
-      return calls('evalsha') + calls('eval');
-    }),
-  );
 }
