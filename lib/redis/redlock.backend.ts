@@ -199,9 +199,18 @@ export class RedlockBackend implements LockBackend {
         return { acquired: true, fence, validity };
       }
     }
-    // Refused by a majority, the key is another holder's: the copies undone free nothing a
-    // waiter could take, and announcing them would only wake waiters to fail again.
-    this.undo(key, token, id, attempt, round.replies, tally.no.length < this.quorum);
+    if (fresh) {
+      // Refused by a majority, the key is another holder's: the copies undone free nothing a
+      // waiter could take, and announcing them would only wake waiters to fail again.
+      this.undo(key, token, id, attempt, round.replies, tally.no.length < this.quorum);
+    } else if (this.attempts.get(id) === attempt) {
+      // A caller's own token: nothing is undone, as on one Redis. The copies this attempt wrote
+      // may by now be the lock of another holder of that token (another instance that took it
+      // meanwhile, re-taking them): deleted, they left that holder short of a majority and a
+      // third caller took the key beside it (found by a helper's script, 10 of 10). They stay
+      // until a holder of the token releases them, or their TTL.
+      this.attempts.delete(id);
+    }
     if (tally.failed.length > this.nodes.length - this.quorum) throw this.votes.failure(tally);
     const waits = tally.no.flatMap(({ value }) =>
       !value.acquired && value.retryAfter !== undefined ? [value.retryAfter] : [],
@@ -215,10 +224,9 @@ export class RedlockBackend implements LockBackend {
    * late (see `RedisLockBackend.undoCopy`: in order with the next attempt). Not once a later
    * attempt with the same token was sent: that one re-took (by re-entry) the copies this one left,
    * and keeps or undoes them itself. A late undo of an earlier attempt would otherwise delete the
-   * copy of the lock the later one holds. Nor a copy a caller's own token held already there
-   * (`renewed`): it may be the lock a holder with that token holds (another instance, another
-   * request), which a failed re-acquisition must not take from it; it stays until that holder
-   * releases it, or its TTL. Announced as one release (one id on every node), so the waiters it
+   * copy of the lock the later one holds. Nor a copy the token held already there (`renewed`).
+   * Generated tokens only: a caller's own token undoes nothing (see `tryAcquire`). Announced as
+   * one release (one id on every node), so the waiters it
    * may concern wake once, not once per node; not at all unless `announce` (see `tryAcquire`).
    */
   private undo(

@@ -47,11 +47,11 @@ function redlock(nodes: StandInNode[]): RedlockBackend {
   );
 }
 
-describe('Redlock undo of a failed attempt', () => {
+describe('Redlock undo of a failed attempt (a generated token, which a waiter reuses for its retries)', () => {
   it('releases a copy granted late when no later attempt was made', async () => {
     const nodes = [0, 1, 2].map(() => new StandInNode());
     const backend = redlock(nodes);
-    const first = backend.tryAcquire('k', 't', 10_000);
+    const first = backend.tryAcquire('k', 't', 10_000, undefined, undefined, true);
     nodes[0].pending[0](held);
     nodes[1].pending[0](held);
     assert.equal((await first).acquired, false);
@@ -63,12 +63,12 @@ describe('Redlock undo of a failed attempt', () => {
   it('leaves a late-granted copy to the later attempt with the same token that re-took it', async () => {
     const nodes = [0, 1, 2].map(() => new StandInNode());
     const backend = redlock(nodes);
-    const first = backend.tryAcquire('k', 't', 10_000);
+    const first = backend.tryAcquire('k', 't', 10_000, undefined, undefined, true);
     nodes[0].pending[0](held);
     nodes[1].pending[0](held);
     assert.equal((await first).acquired, false);
     // The waiter tries again (same token) before node 2 answered the first attempt.
-    const second = backend.tryAcquire('k', 't', 10_000);
+    const second = backend.tryAcquire('k', 't', 10_000, undefined, undefined, true);
     nodes[2].pending[0](granted); // late answer to the first attempt
     nodes[0].pending[1](granted);
     nodes[2].pending[1](granted); // re-entry: the same copy
@@ -269,6 +269,22 @@ describe('Redlock term record (recordTerm)', () => {
         [[false], 1],
         [[false], 1],
       ],
+    );
+  });
+});
+
+describe("Redlock attempt of a caller's own token that fails", () => {
+  it('undoes nothing, not even the copies it wrote: another holder of the token may have re-taken them', async () => {
+    const nodes = [0, 1, 2].map(() => new StandInNode());
+    const first = redlock(nodes).tryAcquire('k', 'mine', 10_000);
+    nodes[0].pending[0](held);
+    nodes[1].pending[0](held);
+    assert.equal((await first).acquired, false);
+    nodes[2].pending[0](granted);
+    await settle();
+    assert.deepEqual(
+      nodes.map((node) => node.releases),
+      [0, 0, 0],
     );
   });
 });
