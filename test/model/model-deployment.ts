@@ -88,7 +88,8 @@ export interface Deployment {
    * apps' clients with an ioredis `keyPrefix` of their own or without (odd variants), and slot 0's
    * app handing a released lock to its own waiters for the default turn or never (`handoffTurn`
    * 0: every release names the next process, variants 2 and 3 of every 4; not in Redlock mode,
-   * which passes nothing on in a process).
+   * which passes nothing on in a process, where those variants put every node, not only the
+   * first, behind slot 0's link).
    */
   begin(variant: number): void;
   /** What the sequence's clients prefix keys with (the library's keys are under it). */
@@ -455,10 +456,22 @@ class Redlock extends Linked {
     );
   }
 
+  /**
+   * Whether slot 0's app reaches every node through its link (two sequences in every four), not
+   * only node 0: its latency and partitions then slow or cut its whole majority (a grant that
+   * comes after its lease, while the other app takes the same own token, found by a helper).
+   */
+  private everyNode = false;
+
+  override begin(variant: number): void {
+    super.begin(variant);
+    this.everyNode = variant % 4 >= 2;
+  }
+
   startApp(slot: number, generation: number): Promise<App> {
     const nodes = this.servers.map((server, i) => ({
       host: '127.0.0.1',
-      port: slot === 0 && i === 0 ? this.link.proxies[0].port : server.port,
+      port: slot === 0 && (i === 0 || this.everyNode) ? this.link.proxies[i].port : server.port,
       keyPrefix: this.clientPrefix || undefined,
     }));
     // No handoffTurn: Redlock passes nothing on in a process (the option is refused with nodes).
@@ -525,7 +538,7 @@ class Redlock extends Linked {
 
 export async function redlock(commandTimeout: number): Promise<Deployment> {
   const servers = await Promise.all([0, 1, 2].map(() => startRedis()));
-  return new Redlock(commandTimeout, servers, await Link.to([servers[0].port]));
+  return new Redlock(commandTimeout, servers, await Link.to(servers.map((server) => server.port)));
 }
 
 /**
