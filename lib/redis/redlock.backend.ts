@@ -1,6 +1,6 @@
 import { PLAIN } from '../options/checks.js';
 import type { Logger } from '@nestjs/common';
-import type { Redis } from 'ioredis';
+import { ReplyError, type Redis } from 'ioredis';
 import { RedisLockConfigurationError } from '../errors/redis-lock.errors.js';
 import type {
   AcquireAttempt,
@@ -178,6 +178,17 @@ export class RedlockBackend implements LockBackend {
       (reply) => reply.acquired,
     );
     let tally = await round.decided;
+    if (
+      tally.yes.length + tally.no.length < this.quorum &&
+      tally.failed.some(({ error }) => !(error instanceof ReplyError))
+    ) {
+      // Decided with fewer than a majority answering, a node among them unreachable (silent, or
+      // its connection refused): whether the key is held is not known. The others' answers,
+      // within `commandTimeout`, tell a refusal from a majority down (`LockQuorumError`, not a
+      // busy key: it was, and `acquire()` waited out its acquireTimeout; found by a helper). A
+      // node whose write Redis refused (out of memory) answered: decided at once, as before.
+      tally = await this.votes.everyAnswer(round, (reply) => reply.acquired);
+    }
     if (tally.yes.length >= this.quorum) {
       // A caller's own token found on some nodes of the majority only: the others may have lost
       // their copies (a restart) or the token may not hold the lock (copies a release never

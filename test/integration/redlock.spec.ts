@@ -501,6 +501,25 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
         );
       }
       await assert.rejects(locks.isLocked(key), LockBackendError);
+      // Nor is their refusal a busy key: a key the live two say is held fails the same way, at
+      // once, for tryAcquire() and acquire() alike (they answered null and waited out
+      // acquireTimeout: found by a helper's script, with the nodes silent instead).
+      const busy = uniqueKey();
+      for (const node of [3, 4]) await direct[node].set(`lock:{${busy}}`, 'other', 'PX', 30_000);
+      for (const call of [
+        () => locks.tryAcquire(busy),
+        () => locks.acquire(busy, { acquireTimeout: 3_000 }),
+      ]) {
+        const stalls = watchStalls();
+        const from = performance.now();
+        await assert.rejects(
+          call(),
+          (error) => error instanceof LockBackendError && error.cause instanceof LockQuorumError,
+        );
+        assertWithin(performance.now() - from, 1_000, stalls, 'a refusal beside 3 of 5 nodes down');
+        stalls.stop();
+      }
+      for (const node of [3, 4]) await direct[node].del(`lock:{${busy}}`);
       // What two nodes say is no reading of the lock, nor of its election, either.
       for (const read of [() => locks.inspect(key), () => locks.leader(key)]) {
         await assert.rejects(
