@@ -237,8 +237,8 @@ export class RedlockBackend implements LockBackend {
    * and keeps or undoes them itself. A late undo of an earlier attempt would otherwise delete the
    * copy of the lock the later one holds. Nor a copy the token held already there (`renewed`).
    * Generated tokens only: a caller's own token undoes nothing (see `tryAcquire`). Announced as
-   * one release (one id on every node), so the waiters it
-   * may concern wake once, not once per node; not at all unless `announce` (see `tryAcquire`).
+   * one release (one id on every node), so the waiters it may concern wake once, not once per
+   * node; not at all unless `announce` (see `tryAcquire`).
    */
   private undo(
     key: string,
