@@ -16,6 +16,7 @@ import { PLAIN } from '../options/checks.js';
 import {
   ANNOUNCE_REFUSED,
   FENCE_STRIDE,
+  RAISE_FENCE_SCRIPT,
   RELEASE_SCRIPT,
   UNDO_QUIETLY_SCRIPT,
   RESTORE_COPY_SCRIPT,
@@ -330,7 +331,9 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
   /**
    * Redlock mode: raises this node's fence counter of `key` to at least `fence` if `token` holds
    * the lock here, and for a caller's `own` token records that fence (see `RAISE_FENCE_SCRIPT`).
-   * Resolves whether it does.
+   * Resolves whether it does. `inOrder`: sent with `EVAL`, never `EVALSHA`, so that it runs before
+   * whatever is sent to this node after it (a node that lost its scripts would answer `NOSCRIPT`
+   * and get the script re-sent behind those commands).
    */
   async raiseFence(
     key: string,
@@ -338,17 +341,20 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
     fence: number,
     ttl: number,
     own: boolean,
+    inOrder = false,
   ): Promise<boolean> {
-    const lockKey = this.layout.lockKey(key);
-    this.batcher?.beforeSend();
-    const raised = await this.commands.redisLockRaiseFence(
-      ...plainKeys(this.layout, lockKey),
+    const args = [
+      ...plainKeys(this.layout, this.layout.lockKey(key)),
       token,
       fence,
       this.counterTtl(ttl),
       own ? 1 : 0,
-    );
-    return raised === 1;
+    ] as const;
+    this.batcher?.beforeSend();
+    const raised = inOrder
+      ? await this.client.eval(RAISE_FENCE_SCRIPT, 3, ...args)
+      : await this.commands.redisLockRaiseFence(...args);
+    return Number(raised) === 1;
   }
 
   /**

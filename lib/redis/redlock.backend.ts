@@ -18,7 +18,7 @@ import { type RedisSource, type ResolvedModuleOptions } from '../options/module-
 import { InFlight } from '../utils/in-flight.js';
 import { freshToken } from '../utils/token.js';
 import { createClient, versionProblem } from './connections.js';
-import { Quorum, type Round, type Tally } from './quorum.js';
+import { Quorum, type Tally } from './quorum.js';
 import { RedisLockBackend } from './redis-lock.backend.js';
 import { ReleaseNotifier } from './release.notifier.js';
 
@@ -485,10 +485,11 @@ export class RedlockBackend implements LockBackend {
   /**
    * Frees the key on every node that answers, as a holder of its own: each node's script puts the
    * force's token in the freed holder's place (for two rounds' time), a majority must answer (else
-   * `LockQuorumError`: the holder may keep it), and where the nodes' fences differ a second round
-   * raises a majority's counters to the highest (as a holder's does); then the force releases the
-   * key, which announces it. So no holder takes the key between the rounds with a fence below the
-   * force's. Freed: the lock a majority of nodes held.
+   * `LockQuorumError`: the holder may keep it), and where the nodes' fences differ the next round
+   * raises a majority's counters to the highest (as a holder's does) right before the force
+   * releases the key on each node, which announces it. So no holder takes the key on any node with
+   * a fence below the force's, and the force takes two rounds, within the bound of every Redlock
+   * call (2 × `commandTimeout` + 100 ms). Freed: the lock a majority of nodes held.
    */
   async forceRelease(key: string): Promise<Freed> {
     const token = freshToken();
@@ -499,8 +500,9 @@ export class RedlockBackend implements LockBackend {
     );
     // Its own hold, released on each node once that node answered its force (or never does): a
     // release sent before would run first on a node still on the `NOSCRIPT` detour or frozen, and
-    // the force's hold would then block that node for its TTL. Announced as one release. Followed
-    // as the undos are, so that shutdown waits for it.
+    // the force's hold would then block that node for its TTL. Behind the raise, if one is sent
+    // (by `EVAL`: it runs first). Announced as one release. Followed as the undos are, so that
+    // shutdown waits for it.
     const message = `${this.id}:${++this.releases}`;
     const release = (): Promise<unknown> =>
       this.undos.track(
@@ -512,35 +514,24 @@ export class RedlockBackend implements LockBackend {
           (released) => released,
         ).decided,
       );
-    let freed: Freed;
-    try {
-      freed = await this.freeOnMajority(key, token, ttl, round);
-    } catch (error) {
-      void release(); // a failure is reported at once, not after this release's own bound
-      throw error;
-    }
-    await release();
-    return freed;
-  }
-
-  /** See `forceRelease`: its rounds up to its release. */
-  private async freeOnMajority(
-    key: string,
-    token: string,
-    ttl: number,
-    round: Round<Freed>,
-  ): Promise<Freed> {
     const tally = await this.votes.everyAnswer(round, () => true);
-    if (tally.yes.length < this.quorum) throw this.votes.failure(tally);
+    if (tally.yes.length < this.quorum) {
+      void release(); // a failure is reported at once, not after this release's own bound
+      throw this.votes.failure(tally);
+    }
     const freed = tally.yes.map(({ value }) => value);
     const fence = Math.max(...freed.map((each) => each.fence));
-    if (freed.filter((each) => each.fence === fence).length < this.quorum) {
-      const raise = await this.votes.ask(
-        (node) => node.raiseFence(key, token, fence, ttl, false),
-        (raised) => raised,
-      ).decided;
-      if (raise.yes.length < this.quorum) throw this.votes.failure(raise);
-    }
+    const raise =
+      freed.filter((each) => each.fence === fence).length < this.quorum
+        ? this.votes.ask(
+            (node) => node.raiseFence(key, token, fence, ttl, false, true),
+            (raised) => raised,
+          ).decided
+        : undefined;
+    const released = release();
+    const raised = await raise;
+    if (raised && raised.yes.length < this.quorum) throw this.votes.failure(raised);
+    await released;
     const held = freed.filter((each) => each.holders > 0).length >= this.quorum;
     return held ? { mode: 'exclusive', holders: 1, fence } : { mode: null, holders: 0, fence };
   }

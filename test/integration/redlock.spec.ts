@@ -844,6 +844,49 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     }
   });
 
+  it("forceRelease() whose nodes' fences differ, over links of 130 ms each way: two rounds, within the bound of every Redlock call (2 × commandTimeout + 100 ms), the raise right before each node's release (found by a helper's script: three rounds, and the call timed out)", async () => {
+    const proxies = await Promise.all(servers.map((server) => FaultProxy.start(() => server.port)));
+    const slow = await startLockModule({
+      nodes: proxies.map((proxy) => `redis://127.0.0.1:${proxy.port}`),
+      commandTimeout: 300,
+    });
+    try {
+      // Connected, the force's scripts loaded: no NOSCRIPT detour below.
+      await slow.locks.forceRelease(uniqueKey(), { reason: 'test: warm-up' });
+      const key = uniqueKey();
+      const counter = 'lock:{}:counter';
+      const [seconds, micros] = await direct[0].time();
+      const ahead = (Number(seconds) * 1_000_000 + Number(micros) + 1e12).toFixed(0);
+      await Promise.all([0, 1].map((i) => direct[i].set(counter, ahead, 'KEEPTTL')));
+      const lock = await locks.acquire(key, { ttl: 5_000 });
+      await Promise.all([2, 3, 4].map((i) => direct[i].del(counter)));
+      for (const proxy of proxies) proxy.setLatency(130);
+      const watch = watchStalls();
+      const started = performance.now();
+      const freed = await slow.locks.forceRelease(key, { reason: 'test: slow links' });
+      // Two round trips of 260 ms; a third (the raise, then the release) would pass 700.
+      assertWithin(performance.now() - started, 2 * 300 + 100, watch, 'the force on slow links');
+      watch.stop();
+      assert.ok(freed.fence > lock.fence, `the force's fence ${freed.fence} below ${lock.fence}`);
+      for (const proxy of proxies) proxy.setLatency(0);
+      // Released on every node, and the next holder on the three that had lost their counter is
+      // above the force all the same: each raise ran before its node's release.
+      const held = (): Promise<number[]> =>
+        Promise.all(direct.map((client) => client.exists(`lock:{${key}}`)));
+      assert.ok(await eventually(async () => !(await held()).includes(1)));
+      const next = await pausing([0, 1], () => other.locks.acquire(key, { acquireTimeout: 5_000 }));
+      try {
+        assert.ok(next.fence > freed.fence, `the next fence ${next.fence} below ${freed.fence}`);
+      } finally {
+        await next.release();
+      }
+    } finally {
+      for (const proxy of proxies) proxy.heal();
+      await slow.close();
+      for (const proxy of proxies) await proxy.close();
+    }
+  });
+
   it('forceRelease() frees a lock on a majority with two of five nodes paused: its fence above the holder’s, below the next; with three paused, LockQuorumError (and it runs when they wake)', async () => {
     const key = uniqueKey();
     const lock = await locks.acquire(key, { ttl: 3_000, autoExtend: true });
