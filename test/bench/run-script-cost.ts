@@ -15,7 +15,12 @@ import { Redis } from 'ioredis';
 import { randomBytes } from 'node:crypto';
 import { parseArgs } from 'node:util';
 import { LockService } from '../../lib/index.js';
-import { ACQUIRE_SCRIPT, FENCE_STRIDE, RELEASE_SCRIPT } from '../../lib/redis/lock.scripts.js';
+import {
+  ACQUIRE_SCRIPT,
+  EXTEND_SCRIPT,
+  FENCE_STRIDE,
+  RELEASE_SCRIPT,
+} from '../../lib/redis/lock.scripts.js';
 import { freshToken } from '../../lib/utils/token.js';
 import { percentile } from '../chaos/chaos-checker.js';
 import { startRedis } from '../support/redis-server.js';
@@ -61,6 +66,24 @@ redis.call('DEL', KEYS[1], KEYS[2])
 if not redis.call('ZRANGE', KEYS[3], 0, 1)[1] then return 1 end
 return 1 + redis.call('PUBLISH', ARGV[2], ARGV[3])`);
 const release = await load(RELEASE_SCRIPT);
+/** `script` with `from` replaced by `to` (exactly once: else the row would measure nothing). */
+function cut(script: string, from: string, to: string): string {
+  const parts = script.split(from);
+  if (parts.length !== 2) throw new Error(`the cut's text appears ${parts.length - 1} times`);
+  return parts.join(to);
+}
+/**
+ * The release cut (issue "Less work for Redis per lock"): for a generated token, the lock key
+ * alone deleted, not the own token's fence record beside it (a generated token has none).
+ */
+const releaseKeyAlone = await load(
+  cut(RELEASE_SCRIPT, "redis.call('DEL', KEYS[1], KEYS[2])", "redis.call('DEL', KEYS[1])"),
+);
+const extend = await load(EXTEND_SCRIPT);
+/** The extension cut: no `PEXPIRE` of the own token's fence record where there is none. */
+const extendLockAlone = await load(
+  cut(EXTEND_SCRIPT, "redis.call('PEXPIRE', KEYS[3], ARGV[2])\n", ''),
+);
 const processId = randomBytes(8).toString('base64url');
 const TTL = 10_000;
 /** The counter's TTL as the library sends it: the lock's TTL + the default fence retention. */
@@ -110,10 +133,25 @@ const releaseBy = async (
       '',
       ...queue,
     ),
-    script === release ? 'our release script' : 'the quiet release script',
+    script === release ? 'our release script' : 'a cut release script',
   );
 const announce = (i: number, token: string, ...queue: string[]): Promise<void> =>
   releaseBy(release, i, token, ...queue);
+/** An extension by `script` (ours, or the cut's) of a generated token's lock. */
+const extendBy = async (script: string, i: number, token: string): Promise<void> =>
+  took(
+    await client.evalsha(
+      script,
+      3,
+      key(i),
+      'cost:{}:counter',
+      `${key(i)}:fence`,
+      token,
+      TTL,
+      COUNTER_TTL,
+    ),
+    script === extend ? 'our extension script' : 'the cut extension script',
+  );
 const unlock = async (i: number, token: string): Promise<void> =>
   took(await client.evalsha(compareAndDelete, 1, key(i), token), 'compare-and-delete');
 
@@ -182,6 +220,32 @@ const ROWS: Row[] = [
       const token = freshToken();
       await ours(i, token);
       await releaseBy(quietRelease, i, token);
+    },
+  },
+  {
+    name: '… the release deleting the lock key alone (the generated-token cut)',
+    async pair(i) {
+      const token = freshToken();
+      await ours(i, token);
+      await releaseBy(releaseKeyAlone, i, token, processId);
+    },
+  },
+  {
+    name: 'what the library sends, with an extension between (3 commands)',
+    async pair(i) {
+      const token = freshToken();
+      await ours(i, token);
+      await extendBy(extend, i, token);
+      await announce(i, token, processId);
+    },
+  },
+  {
+    name: '… the extension without the record’s PEXPIRE (the extension cut)',
+    async pair(i) {
+      const token = freshToken();
+      await ours(i, token);
+      await extendBy(extendLockAlone, i, token);
+      await announce(i, token, processId);
     },
   },
   {
