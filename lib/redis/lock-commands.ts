@@ -6,6 +6,7 @@ import {
   ACQUIRE_OWN_TOKEN_SCRIPT,
   ACQUIRE_SCRIPT,
   ACQUIRE_UNRESERVED_SCRIPT,
+  ACQUIRE_REDLOCK_SCRIPT,
   EXTEND_SCRIPT,
   HANDOFF_SCRIPT,
   HANDOFF_UNRESERVED_SCRIPT,
@@ -103,6 +104,8 @@ export interface LockCommands {
   /** ARGV: token, ttl, the fence counter's TTL (ttl + retention; for a semaphore, then the limit). */
   redisLockAcquire(...args: LockScriptArgs): Promise<number>;
   redisLockAcquireUnreserved(...args: LockScriptArgs): Promise<number>;
+  /** Redlock, a generated token: `redisLockAcquireUnreserved`'s arguments, then a fence floor. */
+  redisLockAcquireRedlock(...args: LockScriptArgs): Promise<number>;
   redisLockAcquireOwnToken(...args: LockScriptArgs): Promise<number>;
   redisLockAcquireSemaphore(...args: LockScriptArgs): Promise<number>;
   redisLockAcquireRead(...args: LockScriptArgs): Promise<number>;
@@ -195,6 +198,7 @@ export function defineLockCommands(client: Redis | Cluster): LockCommands {
     redisLockDropMark: { numberOfKeys: 2, lua: DROP_MARK_SCRIPT },
     redisLockAcquire: { numberOfKeys: 3, lua: ACQUIRE_SCRIPT },
     redisLockAcquireUnreserved: { numberOfKeys: 3, lua: ACQUIRE_UNRESERVED_SCRIPT },
+    redisLockAcquireRedlock: { numberOfKeys: 3, lua: ACQUIRE_REDLOCK_SCRIPT },
     redisLockHandoff: { numberOfKeys: 2, lua: HANDOFF_SCRIPT },
     redisLockHandoffUnreserved: { numberOfKeys: 2, lua: HANDOFF_UNRESERVED_SCRIPT },
     redisLockPassOn: { numberOfKeys: 2, lua: PASS_ON_SCRIPT },

@@ -50,12 +50,22 @@ redis.call('PEXPIRE', ${counter}, ${ttl}, 'GT')`;
  * script: an addition in Lua turns two arguments into numbers and the sum back into a string for
  * the command, which measured ~2 µs of Redis time per acquire (a quarter of the acquire script's).
  */
-export const FENCE_OF = (counter: string, counterTtl: string, stride = 1): string => {
+export const FENCE_OF = (
+  counter: string,
+  counterTtl: string,
+  stride = 1,
+  floor?: string,
+): string => {
   const block = (fence: string): string =>
     `string.format('%.0f', ${fence}${stride > 1 ? ` + ${stride - 1}` : ''})`;
   return `
 local clock = redis.call('TIME')
-local fence = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+local fence = tonumber(clock[1]) * 1000000 + tonumber(clock[2])${
+    floor
+      ? `
+if fence < tonumber(${floor}) then fence = tonumber(${floor}) end`
+      : ''
+  }
 local last = redis.call('SET', ${counter}, ${block('fence')}, 'GET', 'KEEPTTL')
 if last then
   last = tonumber(last)
@@ -67,8 +77,14 @@ else
   redis.call('PEXPIRE', ${counter}, ${counterTtl})
 end`;
 };
-export const NEXT_FENCE = (counterTtl: string, stride = 1, after = '', tagged = false): string => `
-${FENCE_OF('KEYS[2]', counterTtl, stride)}${after}
+export const NEXT_FENCE = (
+  counterTtl: string,
+  stride = 1,
+  after = '',
+  tagged = false,
+  floor?: string,
+): string => `
+${FENCE_OF('KEYS[2]', counterTtl, stride, floor)}${after}
 return ${tagged ? '{ fence, 0 }' : 'fence'}
 `;
 
@@ -249,6 +265,7 @@ const ACQUIRE = (
   record = '',
   turns = false,
   tagged = false,
+  floor?: string,
 ): string => `
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   if redis.pcall('GET', KEYS[1]) == ARGV[1] then
@@ -261,7 +278,7 @@ if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
     ${WRITER_AFTER_READERS}
   end
 end
-${NEXT_FENCE('ARGV[3]', stride, record, tagged)}`;
+${NEXT_FENCE('ARGV[3]', stride, record, tagged, floor)}`;
 
 /**
  * The plain lock for a token this library generated: takes a block of `FENCE_STRIDE` fences and
@@ -271,6 +288,15 @@ export const ACQUIRE_SCRIPT = ACQUIRE(RENEW_RESENT, FENCE_STRIDE, '', true);
 
 /** The plain lock for a generated token where no fences are reserved (see `FENCE_STRIDE`). */
 export const ACQUIRE_UNRESERVED_SCRIPT = ACQUIRE(RENEW_RESENT, 1, '', true);
+
+/**
+ * Redlock mode, a generated token on one node: as `ACQUIRE_UNRESERVED_SCRIPT` (no queue of
+ * waiting processes), with ARGV[5] a floor for the fence, in µs: the fence is the highest of the
+ * server's clock, the counter's last value + 1 and the floor. The nodes of a majority that all
+ * answer the floor agree on the fence, and the second round that would bring their counters to it
+ * is not needed (see `RedlockBackend.fenceFloor`). A floor only ever raises a fence.
+ */
+export const ACQUIRE_REDLOCK_SCRIPT = ACQUIRE(RENEW_RESENT, 1, '', false, false, 'ARGV[5]');
 
 /**
  * The plain lock for the caller's own token (`AcquireOptions.token`): one fence per grant, so

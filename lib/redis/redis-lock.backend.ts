@@ -115,6 +115,7 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
   /** Semaphores and read locks work on one deployment. */
   readonly shapes = true;
 
+  /** `floor`: a Redlock node's attempt for a generated token (see `ACQUIRE_REDLOCK_SCRIPT`). */
   async tryAcquire(
     key: string,
     token: string,
@@ -122,9 +123,11 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
     shape: LockShape = PLAIN,
     queue = true,
     reserve = false,
+    floor?: number,
   ): Promise<AcquireAttempt> {
     const lockKey = this.layout.lockKey(key);
-    const queueStay = queue ? this.queueStay : 0;
+    // (A Redlock floor is ARGV[5]: ARGV[4] is always sent then.)
+    const queueStay = queue || floor !== undefined ? this.queueStay : 0;
     const counterTtl = this.counterTtl(ttl);
     // A generated token's plain lock that will wait joins the key's queue of waiting processes.
     const waiting = reserve && shape === PLAIN && !this.redlockNode ? this.processId : undefined;
@@ -152,6 +155,8 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
       }
     } else if (this.redlockNode && !reserve) {
       reply = await this.commands.redisLockAcquireOwnTokenRedlock(...args);
+    } else if (floor !== undefined) {
+      reply = await this.commands.redisLockAcquireRedlock(...args, floor);
     } else {
       reply = await this.commands[command](...args);
     }

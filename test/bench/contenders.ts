@@ -44,15 +44,17 @@ export interface Contender {
  * Our `LockService` on the client (in the Redlock section, on the nodes), its log silenced as the
  * other libraries' are.
  */
-async function lockService({ client, nodes }: Connections): Promise<LockService> {
+async function lockService(
+  { client, nodes }: Connections,
+  build = '../../lib/index.js',
+  keyPrefix = 'nrl:',
+): Promise<LockService> {
   const [{ Logger }, { LockService }] = await Promise.all([
     import('@nestjs/common'),
-    import('../../lib/index.js'),
+    import(build) as Promise<typeof import('../../lib/index.js')>,
   ]);
   Logger.overrideLogger(false);
-  return new LockService(
-    nodes.length > 1 ? { nodes, keyPrefix: 'nrl:' } : { client, keyPrefix: 'nrl:' },
-  );
+  return new LockService(nodes.length > 1 ? { nodes, keyPrefix } : { client, keyPrefix });
 }
 
 /** The hand-written minimum: SET NX PX, a 10 ms poll, compare-and-delete by EVALSHA. */
@@ -229,13 +231,9 @@ const baseline: Contender | undefined =
     ? undefined
     : {
         name: 'nestjs-redis-lock (baseline build)',
-        async create({ client }) {
-          const [{ Logger }, { LockService: Baseline }] = await Promise.all([
-            import('@nestjs/common'),
-            import(process.env.BENCH_BASELINE!) as Promise<typeof import('../../lib/index.js')>,
-          ]);
-          Logger.overrideLogger(false);
-          const locks = new Baseline({ client, keyPrefix: 'nrl-base:' });
+        topologies: ['single', 'redlock', 'cluster'],
+        async create(connections) {
+          const locks = await lockService(connections, process.env.BENCH_BASELINE, 'nrl-base:');
           return {
             acquire: (key, ttl, waitMs) => locks.acquire(key, { ttl, acquireTimeout: waitMs }),
             close: () => locks.onApplicationShutdown(),

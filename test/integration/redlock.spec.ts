@@ -820,6 +820,49 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     await direct[2].del(`lock:{${key}}`);
   });
 
+  it("a generated token's grants agree on their fence in one round: each attempt proposes a floor from its process's clock and the lead the nodes showed, so no second round is sent (2 scripts per lock on each node, not 3); a node's counter ahead costs one second round, then none", async () => {
+    const mine = await startLockModule({ nodes: servers.map((server) => server.url) });
+    try {
+      /** `n` locks one after another: the scripts each node ran for them, and their fences. */
+      const locksInARow = async (n: number): Promise<{ scripts: number[]; fences: number[] }> => {
+        const before = await scriptsRunOn(direct);
+        const fences: number[] = [];
+        for (let i = 0; i < n; i++) {
+          const lock = await mine.locks.acquire(uniqueKey());
+          fences.push(lock.fence);
+          assert.equal(await lock.release(), true);
+        }
+        const after = await scriptsRunOn(direct);
+        return { scripts: after.map((count, i) => count - before[i]), fences };
+      };
+      const increasing = (fences: number[]): boolean =>
+        fences.every((fence, i) => i === 0 || fence > fences[i - 1]);
+      await locksInARow(5); // connected, scripts loaded, the lead learned
+      const { scripts, fences } = await locksInARow(50);
+      assert.ok(increasing(fences), `fences ${fences.join(', ')}`);
+      // The grant and the release on each node (a node may miss a release it was not needed for:
+      // the call returns at a majority), a few more for other tests' work in flight.
+      for (const count of scripts)
+        assert.ok(count <= 2 * 50 + 3, `scripts per node: ${scripts.join(', ')}`);
+      // A node's counter 1,000 s ahead: its fence is the holder's, the others are raised to it in
+      // a second round once, and the floors are above it from then on.
+      const [seconds] = await direct[0].time();
+      await direct[0].set(
+        'lock:{}:counter',
+        String((Number(seconds) + 1_000) * 1_000_000),
+        'KEEPTTL',
+      );
+      const ahead = await locksInARow(50);
+      assert.ok(ahead.fences[0] > (Number(seconds) + 1_000) * 1_000_000, 'the counter ahead');
+      assert.ok(increasing([...fences, ...ahead.fences]), `fences ${ahead.fences.join(', ')}`);
+      for (const count of ahead.scripts) {
+        assert.ok(count <= 2 * 50 + 1 + 3, `scripts per node: ${ahead.scripts.join(', ')}`);
+      }
+    } finally {
+      await mine.close();
+    }
+  });
+
   it("forceRelease() whose nodes' fences differ: its fence is the highest, and a second round brings a majority's counters to it, so the next holder's is above it on any majority (found by mutation testing)", async () => {
     const key = uniqueKey();
     const counter = 'lock:{}:counter';
@@ -1706,8 +1749,9 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
   it('no lock from a second round a majority refuses: the copies its first round left on a minority are undone, and the call tries again (found by mutation testing)', async () => {
     // Three nodes whose replies are held: their grants are made, and deleted (lost, as a restart
     // loses them) before the call hears of them. Its first round then has a majority whose fences
-    // differ (each node's own counter), so it sends the second round, the raise, which finds the
-    // token no longer holding on a majority. No timing: the order is the test's.
+    // differ (node 2's counter pushed ahead of the floor the others answer), so it sends the
+    // second round, the raise, which finds the token no longer holding on a majority. No timing:
+    // the order is the test's.
     const proxies = await Promise.all(
       [2, 3, 4].map((i) => FaultProxy.start(() => servers[i].port)),
     );
@@ -1726,6 +1770,7 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
       await (await slow.locks.acquire(uniqueKey())).release();
       // A call that may wait tries again; one that may not fails, saying nobody held the key.
       for (const acquireTimeout of [5_000, 0]) {
+        await direct[2].incrby('lock:{}:counter', 1e12);
         for (const proxy of proxies) proxy.holdReplies();
         const key = uniqueKey();
         const pending = slow.locks

@@ -132,6 +132,13 @@ export interface Deployment {
   restartNode?(node: number): Promise<void>;
   /** Redlock mode: the tokens with a copy of a model key on each node. */
   perNode?(key: string): Promise<string[][]>;
+  /**
+   * Redlock mode: node `node`'s fence counter moves `us` ahead, as on a node whose clock runs
+   * ahead of the others' (where there is a counter: one written without a TTL would outlive the
+   * sequence), so that its fences exceed the floor the apps propose (see
+   * `RedlockBackend.fenceFloor`) until they learn the lead.
+   */
+  counterAhead?(node: number, us: number): Promise<void>;
   stop(): Promise<void>;
 }
 
@@ -516,6 +523,18 @@ class Redlock extends Linked {
   async channels(allowed: boolean): Promise<void> {
     // A node restarting comes back with its default user's channels allowed.
     await this.each((redis) => grantChannels(redis, allowed));
+  }
+
+  async counterAhead(node: number, us: number): Promise<void> {
+    const counter = `${this.clientPrefix}lock:{}:counter`;
+    await this.direct[node]
+      .eval(
+        "if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('INCRBY', KEYS[1], ARGV[1]) end",
+        1,
+        counter,
+        us,
+      )
+      .catch(() => undefined); // a node restarting: nothing moves
   }
 
   async restartNode(node: number): Promise<void> {

@@ -385,6 +385,31 @@ class RestartNodeStep extends Step {
 }
 
 /**
+ * Redlock mode: one node's fence counter jumps ahead by `us` (a clock ahead of the others'): the
+ * next grants there answer above the apps' fence floors, a second round raises the others, and
+ * the apps learn the lead. Fences must keep increasing, whichever majority answers.
+ */
+class CounterAheadStep extends Step {
+  readonly kind = 'ahead';
+  constructor(
+    readonly node: number,
+    readonly us: number,
+  ) {
+    super();
+  }
+  get args() {
+    return [this.node, this.us];
+  }
+  override check(model: Readonly<Model>): boolean {
+    return model.deployment.counterAhead !== undefined;
+  }
+  async run(model: Model, real: Real): Promise<void> {
+    await real.deployment.counterAhead!(this.node % real.deployment.nodes, this.us);
+    await model.check();
+  }
+}
+
+/**
  * A place in the semaphore (k2), a read or write lock (k3), or a fair lock on k0 (which other
  * steps take unfairly: fairness binds those who ask for it, exclusion everyone).
  */
@@ -1484,6 +1509,12 @@ const STEPS: [fc.Arbitrary<Step>, number][] = [
   [fc.nat({ max: 2 }).map((node) => new RestartNodeStep(node)), 1],
   [
     fc
+      .tuple(fc.nat({ max: 2 }), fc.constantFrom(1_000, 50_000, 1_000_000_000))
+      .map((args) => new CounterAheadStep(...args)),
+    1,
+  ],
+  [
+    fc
       .tuple(
         fc.integer({ min: 0, max: 1 }),
         fc.integer({ min: 0, max: 1 }),
@@ -1614,6 +1645,7 @@ export function replay(json: readonly unknown[]): Step {
     abort: AbortStep,
     pause: PauseNodeStep,
     restart: RestartNodeStep,
+    ahead: CounterAheadStep,
   };
   const step = kinds[kind as string];
   if (!step) throw new Error(`no model step "${String(kind)}"`);

@@ -20,7 +20,10 @@ class StandInNode {
   readonly pending: ((reply: AcquireAttempt) => void)[] = [];
   releases = 0;
   raises = 0;
-  tryAcquire(): Promise<AcquireAttempt> {
+  /** The fence floor each attempt proposed (the 7th argument; undefined for a caller's token). */
+  readonly floors: (number | undefined)[] = [];
+  tryAcquire(...args: unknown[]): Promise<AcquireAttempt> {
+    this.floors.push(args[6] as number | undefined);
     return new Promise((resolve) => this.pending.push(resolve));
   }
   undoCopy(): Promise<boolean> {
@@ -241,6 +244,55 @@ describe('Redlock acquisition of a generated token: a second round only where th
 
   it("a second round, to every node, where the majority's fences differ: their counters are raised to the highest", async () => {
     assert.deepEqual(await raisesFor([7, 8, 5]), [1, 1, 1]);
+  });
+
+  it("proposes a fence floor: this process's clock in µs, plus the lead the nodes' fences showed over it (+ 2 ms); a lead never shrinks; a caller's own token proposes none", async () => {
+    const nodes = [0, 1, 2].map(() => new StandInNode());
+    const backend = redlock(nodes);
+    const clockUs = (): number => (performance.timeOrigin + performance.now()) * 1_000;
+    /** One attempt whose nodes answer `answer(floor)`: the floor it proposed, less the clock. */
+    const attempt = async (answer: (floor: number) => number): Promise<number> => {
+      const before = clockUs();
+      const acquired = backend.tryAcquire('k', 't', 10_000, undefined, undefined, true);
+      const floor = nodes[0].floors.at(-1)!;
+      assert.ok(
+        nodes.every((node) => node.floors.at(-1) === floor),
+        'one floor to every node',
+      );
+      for (const node of nodes) {
+        node.pending.shift()!({ acquired: true, fence: answer(floor), validity: 10_000 });
+      }
+      await acquired;
+      await settle();
+      return floor - before;
+    };
+    // At first, the clock itself; every node answers it: nothing learned.
+    const first = await attempt((floor) => floor);
+    assert.ok(Math.abs(first) < 50_000, `the first floor ${first} µs off the clock`);
+    // The nodes answer above it, all alike (no second round), and the lead is learned.
+    const second = await attempt((floor) => floor + 1e9); // the nodes' clocks 1,000 s ahead
+    assert.ok(Math.abs(second) < 50_000, `the second floor ${second} µs off the clock`);
+    assert.deepEqual(
+      nodes.map((node) => node.raises),
+      [0, 0, 0],
+    );
+    // The next floor is that far ahead, with the margin: the nodes answer it, and agree.
+    const third = await attempt((floor) => floor);
+    assert.ok(third >= 1e9 + 2_000 && third < 1e9 + 60_000, `the third floor's lead ${third} µs`);
+    // Answered below it (another process's floor lower), the lead stays.
+    const fourth = await attempt((floor) => floor - 5e8);
+    assert.ok(
+      fourth >= 1e9 + 2_000 && fourth < 1e9 + 60_000,
+      `the fourth floor's lead ${fourth} µs`,
+    );
+    // A caller's own token: its fence is its record's, no floor.
+    const own = backend.tryAcquire('k', 'mine', 10_000);
+    assert.deepEqual(
+      nodes.map((node) => node.floors.at(-1)),
+      [undefined, undefined, undefined],
+    );
+    for (const node of nodes) node.pending.shift()!(granted);
+    await own;
   });
 });
 
