@@ -488,6 +488,23 @@ return 1
 `;
 
 /**
+ * Redlock mode: the undo of a failed attempt's copy with a caller's own token (KEYS[1] lock key,
+ * KEYS[2] the token's fence record; ARGV[1] token, ARGV[2] the provisional record this attempt's
+ * grant wrote here, `~` and its fence, see RECORD_OWN; ARGV[3] and ARGV[4], optional: release
+ * channel and message, to announce it). Only while that record is still there: another holder of
+ * the same token that re-took the copy since settled the record before it counted the copy (its
+ * second round, see RAISE_FENCE_SCRIPT), so a settled record means the copy is that holder's
+ * lock now and stays; an undo that lands first leaves that holder's second round without this
+ * node. Returns 1 if the copy is deleted, else 0.
+ */
+export const UNDO_OWN_SCRIPT = `
+if redis.pcall('GET', KEYS[1]) ~= ARGV[1] or redis.call('GET', KEYS[2]) ~= ARGV[2] then return 0 end
+redis.call('DEL', KEYS[1], KEYS[2])
+if ARGV[3] then redis.pcall('PUBLISH', ARGV[3], ARGV[4]) end
+return 1
+`;
+
+/**
  * The release on a Cluster of Redis >= 7: announced with `SPUBLISH` on the channel, which shares
  * the lock's hash slot, so only the node that owns the slot (and its replicas) carries the message
  * instead of every node in the cluster.

@@ -19,6 +19,7 @@ import {
   RAISE_FENCE_SCRIPT,
   RELEASE_SCRIPT,
   UNDO_QUIETLY_SCRIPT,
+  UNDO_OWN_SCRIPT,
   RESTORE_COPY_SCRIPT,
 } from './lock.scripts.js';
 import { FairQueue } from './fair-queue.js';
@@ -301,22 +302,32 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
    * attempt with the same token would then re-take the copy first and lose it to this late
    * release, leaving the lock on fewer nodes than its holder counts. The plain lock only (Redlock
    * offers no other shape) and never with `fenceRetention: 0` (refused with `nodes`). Announced
-   * with `message`, or, without one, not at all (see `UNDO_QUIETLY_SCRIPT`).
+   * with `message`, or, without one, not at all (see `UNDO_QUIETLY_SCRIPT`). With a caller's own
+   * token, the `fence` this attempt's grant wrote down here: only while its record is still
+   * there (see `UNDO_OWN_SCRIPT`).
    */
-  async undoCopy(key: string, token: string, message: string | undefined): Promise<boolean> {
+  async undoCopy(
+    key: string,
+    token: string,
+    message: string | undefined,
+    fence?: number,
+  ): Promise<boolean> {
     const lockKey = this.layout.lockKey(key);
     const keys = [lockKey, this.layout.ownFenceKey(lockKey)];
+    const announce = message === undefined ? [] : [this.layout.releaseChannel(lockKey), message];
     const reply =
-      message === undefined
-        ? this.client.eval(UNDO_QUIETLY_SCRIPT, 2, ...keys, token)
-        : this.client.eval(
-            RELEASE_SCRIPT,
-            2,
-            ...keys,
-            token,
-            this.layout.releaseChannel(lockKey),
-            message,
-          );
+      fence !== undefined
+        ? this.client.eval(UNDO_OWN_SCRIPT, 2, ...keys, token, `~${fence}`, ...announce)
+        : message === undefined
+          ? this.client.eval(UNDO_QUIETLY_SCRIPT, 2, ...keys, token)
+          : this.client.eval(
+              RELEASE_SCRIPT,
+              2,
+              ...keys,
+              token,
+              this.layout.releaseChannel(lockKey),
+              message,
+            );
     return this.released(Number(await this.writes.track(reply)));
   }
 

@@ -221,18 +221,12 @@ export class RedlockBackend implements LockBackend {
         return { acquired: true, fence, validity };
       }
     }
-    if (fresh) {
-      // Refused by a majority, the key is another holder's: the copies undone free nothing a
-      // waiter could take, and announcing them would only wake waiters to fail again.
-      this.undo(key, token, id, attempt, round.replies, tally.no.length < this.quorum);
-    } else if (this.attempts.get(id) === attempt) {
-      // A caller's own token: nothing is undone, as on one Redis. The copies this attempt wrote
-      // may by now be the lock of another holder of that token (another instance that took it
-      // meanwhile, re-taking them): deleted, they left that holder short of a majority and a
-      // third caller took the key beside it (found by a helper's script, 10 of 10). They stay
-      // until a holder of the token releases them, or their TTL.
-      this.attempts.delete(id);
-    }
+    // Refused by a majority, the key is another holder's: the copies undone free nothing a
+    // waiter could take, and announcing them would only wake waiters to fail again. A node whose
+    // write Redis refused (out of memory) refuses every waiter's alike: it counts so.
+    const refused =
+      tally.no.length + tally.failed.filter(({ error }) => error instanceof ReplyError).length;
+    this.undo(key, token, id, attempt, round.replies, refused < this.quorum, fresh);
     if (tally.failed.length > this.nodes.length - this.quorum) throw this.votes.failure(tally);
     const waits = tally.no.flatMap(({ value }) =>
       !value.acquired && value.retryAfter !== undefined ? [value.retryAfter] : [],
@@ -271,7 +265,12 @@ export class RedlockBackend implements LockBackend {
    * attempt with the same token was sent: that one re-took (by re-entry) the copies this one left,
    * and keeps or undoes them itself. A late undo of an earlier attempt would otherwise delete the
    * copy of the lock the later one holds. Nor a copy the token held already there (`renewed`).
-   * Generated tokens only: a caller's own token undoes nothing (see `tryAcquire`). Announced as
+   * A caller's own token (not `fresh`) undoes a copy only while the record its grant wrote there
+   * is still provisional: another instance with the same token may have re-taken the copy since,
+   * and then settled it as its lock (see `UNDO_OWN_SCRIPT`; undone unconditionally, such copies
+   * left that holder short of a majority and a third caller took the key: found by a helper;
+   * never undone, they kept a restarted node from a holder's write-back, so that a second
+   * restart gave the key to the waiter beside the live holder: found by another). Announced as
    * one release (one id on every node), so the waiters it may concern wake once, not once per
    * node; not at all unless `announce` (see `tryAcquire`).
    */
@@ -282,6 +281,7 @@ export class RedlockBackend implements LockBackend {
     attempt: number,
     replies: readonly Promise<AcquireAttempt>[],
     announce: boolean,
+    fresh: boolean,
   ): void {
     const current = (): boolean => this.attempts.get(id) === attempt;
     const message = announce ? `${this.id}:${++this.releases}` : undefined;
@@ -289,7 +289,7 @@ export class RedlockBackend implements LockBackend {
       reply
         .then((granted) =>
           granted.acquired && !granted.renewed && current()
-            ? this.nodes[i].undoCopy(key, token, message)
+            ? this.nodes[i].undoCopy(key, token, message, fresh ? undefined : granted.fence)
             : undefined,
         )
         .catch(() => {
@@ -526,7 +526,15 @@ export class RedlockBackend implements LockBackend {
    * a fence below the force's, and the force takes two rounds, within the bound of every Redlock
    * call (2 × `commandTimeout` + 100 ms). Freed: the lock a majority of nodes held.
    */
-  async forceRelease(key: string): Promise<Freed> {
+  forceRelease(key: string): Promise<Freed> {
+    // Followed from its first round on: a shutdown that begins before that round is answered
+    // waits for the force's own release too (its hold stayed on every node for its TTL, and
+    // nothing was announced: found by a helper, 8 of 12).
+    return this.undos.track(this.force(key));
+  }
+
+  /** See `forceRelease`. */
+  private async force(key: string): Promise<Freed> {
     const token = freshToken();
     const ttl = this.replyTimeout;
     const round = this.votes.ask(

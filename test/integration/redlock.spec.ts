@@ -930,6 +930,38 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     }
   });
 
+  it("close() while a forceRelease() waits for its first round's answers: shutdown waits for the force's own release, so its hold is not left on the nodes (found by a helper's script: left on every node, 8 of 12)", async () => {
+    const proxies = await Promise.all(servers.map((server) => FaultProxy.start(() => server.port)));
+    const slow = await startLockModule({
+      nodes: proxies.map((proxy) => `redis://127.0.0.1:${proxy.port}`),
+    });
+    let closed = false;
+    try {
+      await slow.locks.forceRelease(uniqueKey(), { reason: 'test: warm-up' });
+      const key = uniqueKey();
+      const held = await locks.acquire(key, { ttl: 10_000 });
+      for (const proxy of proxies) proxy.setLatency(100);
+      const forced = slow.locks
+        .forceRelease(key, { reason: 'test: closing' })
+        .catch((error: unknown) => error);
+      await sleep(120); // the force has reached the nodes; their answers are on the way back
+      await slow.close();
+      closed = true;
+      const freed = await forced;
+      assert.ok(!(freed instanceof Error), String(freed));
+      assert.deepEqual(
+        await Promise.all(direct.map((client) => client.exists(`lock:{${key}}`))),
+        [0, 0, 0, 0, 0],
+        "the force's own hold was left on the nodes",
+      );
+      assert.equal(await held.release(), false);
+    } finally {
+      for (const proxy of proxies) proxy.heal();
+      if (!closed) await slow.close();
+      for (const proxy of proxies) await proxy.close();
+    }
+  });
+
   it('forceRelease() frees a lock on a majority with two of five nodes paused: its fence above the holder’s, below the next; with three paused, LockQuorumError (and it runs when they wake)', async () => {
     const key = uniqueKey();
     const lock = await locks.acquire(key, { ttl: 3_000, autoExtend: true });
@@ -1390,27 +1422,32 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     }
   });
 
-  it("waiters behind a holder whose copy one node lost do not spin: each failed attempt's undo is quiet, so they poll (found by a reviewer's script: thousands of attempts a second)", async () => {
-    const key = uniqueKey();
-    const held = await locks.acquire(key, { ttl: 10_000, autoExtend: false });
-    assert.ok(await eventually(async () => (await holders(key, held.token)) === NODES));
-    for (const i of [3, 4]) await direct[i].del(`lock:{${key}}`);
-    const scripts = async (): Promise<number> => (await scriptsRunOn([direct[0]]))[0];
-    const waiters = [app, other].map((fixture) =>
-      fixture.locks.acquire(key, { ttl: 1_000, acquireTimeout: 10_000 }),
-    );
-    try {
-      await sleep(200); // each has tried, failed and undone its copies on nodes 3 and 4
-      const before = await scripts();
-      await sleep(1_000);
-      const sent = (await scripts()) - before;
-      // Each waiter asks again every retryInterval at most (with its jitter): a few a second.
-      assert.ok(sent < 50, `${sent} scripts in 1 s on node 0 while two waiters waited`);
-    } finally {
-      await held.release();
-      for (const lock of await Promise.all(waiters)) await lock.release();
-    }
-  });
+  for (const outOfMemory of [false, true]) {
+    it(`waiters behind a holder whose copy ${outOfMemory ? 'two nodes lost, a third node out of memory' : 'one node lost'} do not spin: each failed attempt's undo is quiet, so they poll (found by ${outOfMemory ? "a helper's script: 1,200 to 4,000 scripts a second, the node's refusal not counted" : "a reviewer's script: thousands of attempts a second"})`, async () => {
+      const key = uniqueKey();
+      const held = await locks.acquire(key, { ttl: 10_000, autoExtend: false });
+      assert.ok(await eventually(async () => (await holders(key, held.token)) === NODES));
+      for (const i of [3, 4]) await direct[i].del(`lock:{${key}}`);
+      // Out of memory, node 2 answers every script with an error at once: a refusal.
+      if (outOfMemory) await direct[2].config('SET', 'maxmemory', '1');
+      const scripts = async (): Promise<number> => (await scriptsRunOn([direct[0]]))[0];
+      const waiters = [app, other].map((fixture) =>
+        fixture.locks.acquire(key, { ttl: 1_000, acquireTimeout: 10_000 }),
+      );
+      try {
+        await sleep(200); // each has tried, failed and undone its copies on nodes 3 and 4
+        const before = await scripts();
+        await sleep(1_000);
+        const sent = (await scripts()) - before;
+        // Each waiter asks again every retryInterval at most (with its jitter): a few a second.
+        assert.ok(sent < 50, `${sent} scripts in 1 s on node 0 while two waiters waited`);
+      } finally {
+        await direct[2].config('SET', 'maxmemory', '0');
+        await held.release();
+        for (const lock of await Promise.all(waiters)) await lock.release();
+      }
+    });
+  }
 
   it('shutdown waits for the undo of a failed attempt whose copy a paused node grants late (found by the model suite)', async () => {
     const key = uniqueKey();
@@ -1627,7 +1664,32 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     }
   });
 
-  it("a failed attempt with a caller's own token undoes nothing: the copies it wrote may be another instance's lock by the time its answer comes (found by a helper's script: a third caller got the key beside that holder, 10 of 10)", async () => {
+  it("a failed attempt with a caller's own token that a majority refused undoes the copies it wrote: a holder's write-back finds the node free, so restarts do not add up behind a waiting own token (found by a helper's script: kept, they gave the waiter the key beside the live holder after a second restart, 6 of 9)", async () => {
+    const key = uniqueKey();
+    const holder = await locks.acquire(key, { ttl: 10_000, autoExtend: false });
+    assert.ok(await eventually(async () => (await holders(key, holder.token)) === NODES));
+    // Two nodes lose the holder's copy (restarted empty): it keeps nodes 0 to 2.
+    for (const i of [3, 4]) await direct[i].del(`lock:{${key}}`);
+    const token = `own-${key}`;
+    for (let attempt = 0; attempt < 3; attempt++) {
+      assert.equal(await other.locks.tryAcquire(key, { token, ttl: 10_000 }), null);
+      // The copies it got on nodes 3 and 4 are undone (with their records).
+      assert.ok(
+        await eventually(async () => (await holders(key, token)) === 0, 1_000),
+        `attempt ${attempt}: the waiter's copies stayed on ${await holders(key, token)} node(s)`,
+      );
+      assert.equal(await direct[3].exists(`lock:{${key}}:fence`), 0);
+    }
+    // The holder's extension writes its copies back where the key is free.
+    await holder.extend();
+    assert.ok(
+      await eventually(async () => (await holders(key, holder.token)) === NODES),
+      'the holder was not written back on nodes 3 and 4',
+    );
+    assert.equal(await holder.release(), true);
+  });
+
+  it("a failed attempt with a caller's own token leaves the copies it wrote that another instance with the token re-took and settled meanwhile (found by a helper's script: undone, a third caller got the key beside that holder, 10 of 10)", async () => {
     // An instance whose links add 150 ms each way: its grant of a 250 ms lease comes back after
     // the lease, and its attempt fails. Meanwhile another instance takes the same token, re-taking
     // the copies that attempt wrote.

@@ -139,6 +139,11 @@ export interface Deployment {
    * `RedlockBackend.fenceFloor`) until they learn the lead.
    */
   counterAhead?(node: number, us: number): Promise<void>;
+  /**
+   * Redlock mode: node `node` runs out of memory for `ms` (`maxmemory` 1 byte): it answers every
+   * lock script with an error at once, a refusal that costs no time, unlike a paused node's.
+   */
+  outOfMemory?(node: number, ms: number): Promise<void>;
   stop(): Promise<void>;
 }
 
@@ -535,6 +540,14 @@ class Redlock extends Linked {
         us,
       )
       .catch(() => undefined); // a node restarting: nothing moves
+  }
+
+  async outOfMemory(node: number, ms: number): Promise<void> {
+    const limit = (bytes: string): Promise<unknown> =>
+      this.direct[node].config('SET', 'maxmemory', bytes).catch(() => undefined);
+    await limit('1');
+    await new Promise((resolve) => setTimeout(resolve, ms));
+    await limit('0'); // (a node restarted meanwhile came back without the limit)
   }
 
   async restartNode(node: number): Promise<void> {

@@ -385,6 +385,30 @@ class RestartNodeStep extends Step {
 }
 
 /**
+ * Redlock mode: one node runs out of memory for `ms`: it refuses every write at once (waiters
+ * beside a holder that lost a copy elsewhere must not spin on it: found by a helper).
+ */
+class OutOfMemoryStep extends Step {
+  readonly kind = 'oom';
+  constructor(
+    readonly node: number,
+    readonly ms: number,
+  ) {
+    super();
+  }
+  get args() {
+    return [this.node, this.ms];
+  }
+  override check(model: Readonly<Model>): boolean {
+    return model.deployment.outOfMemory !== undefined;
+  }
+  async run(model: Model, real: Real): Promise<void> {
+    await real.deployment.outOfMemory!(this.node % real.deployment.nodes, this.ms);
+    await model.check();
+  }
+}
+
+/**
  * Redlock mode: one node's fence counter jumps ahead by `us` (a clock ahead of the others'): the
  * next grants there answer above the apps' fence floors, a second round raises the others, and
  * the apps learn the lead. Fences must keep increasing, whichever majority answers.
@@ -1515,6 +1539,12 @@ const STEPS: [fc.Arbitrary<Step>, number][] = [
   ],
   [
     fc
+      .tuple(fc.nat({ max: 2 }), fc.constantFrom(200, 1_000))
+      .map((args) => new OutOfMemoryStep(...args)),
+    1,
+  ],
+  [
+    fc
       .tuple(
         fc.integer({ min: 0, max: 1 }),
         fc.integer({ min: 0, max: 1 }),
@@ -1646,6 +1676,7 @@ export function replay(json: readonly unknown[]): Step {
     pause: PauseNodeStep,
     restart: RestartNodeStep,
     ahead: CounterAheadStep,
+    oom: OutOfMemoryStep,
   };
   const step = kinds[kind as string];
   if (!step) throw new Error(`no model step "${String(kind)}"`);

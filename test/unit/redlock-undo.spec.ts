@@ -26,8 +26,11 @@ class StandInNode {
     this.floors.push(args[6] as number | undefined);
     return new Promise((resolve) => this.pending.push(resolve));
   }
-  undoCopy(): Promise<boolean> {
+  /** The fence each undo passed (a caller's own token), or undefined (a generated one). */
+  readonly undone: (number | undefined)[] = [];
+  undoCopy(_key: string, _token: string, _message: unknown, fence?: number): Promise<boolean> {
     this.releases++;
+    this.undone.push(fence);
     return Promise.resolve(true);
   }
   raiseFence(): Promise<boolean> {
@@ -326,17 +329,19 @@ describe('Redlock term record (recordTerm)', () => {
 });
 
 describe("Redlock attempt of a caller's own token that fails", () => {
-  it('undoes nothing, not even the copies it wrote: another holder of the token may have re-taken them', async () => {
-    const nodes = [0, 1, 2].map(() => new StandInNode());
+  it('undoes the copies it wrote, each only while the provisional record of its grant is there (its fence passed along), and none the token held already', async () => {
+    const nodes = [0, 1, 2, 3, 4].map(() => new StandInNode());
     const first = redlock(nodes).tryAcquire('k', 'mine', 10_000);
     nodes[0].pending[0](held);
     nodes[1].pending[0](held);
+    nodes[2].pending[0](held);
     assert.equal((await first).acquired, false);
-    nodes[2].pending[0](granted);
+    nodes[3].pending[0](granted); // written by this attempt: its record reads ~7
+    nodes[4].pending[0]({ ...granted, renewed: true, settled: true }); // the token's already
     await settle();
     assert.deepEqual(
-      nodes.map((node) => node.releases),
-      [0, 0, 0],
+      nodes.map((node) => node.undone),
+      [[], [], [], [7], []],
     );
   });
 });
