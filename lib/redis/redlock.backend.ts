@@ -39,7 +39,12 @@ const LEAD_MARGIN = 2_000;
  * own token that still holds the lock on a majority (`renewed` there) keeps the fence it was
  * granted: any such majority shares a node with the majority whose records
  * the second round settled before that grant returned; a record a node wrote at its own grant, not
- * settled yet, may differ, and counts only when no node answers a settled one. Otherwise the
+ * settled yet, may differ, and counts unless a majority answers a settled one (the caller waits
+ * for every node's answer where fewer do). Then the highest record is the fence: a provisional one
+ * may be a sibling's, another instance's first acquisition with the token at the same moment,
+ * counted after a holder with another token whom a settled record on fewer nodes predates (a
+ * node that was paused kept that copy: the fence went below that holder's, found by a helper's
+ * script, 5 of 10). Otherwise the
  * token does not provably hold the lock (copies a release never reached, on a minority): the
  * fence is a new one, the highest the majority answered, so that it is above every fence granted
  * since those copies' record.
@@ -51,7 +56,7 @@ function holderFence(
   const renewed = grants.filter((grant) => grant.renewed);
   if (renewed.length < quorum) return Math.max(...grants.map((grant) => grant.fence));
   const settled = renewed.filter((grant) => grant.settled);
-  return Math.max(...(settled.length > 0 ? settled : renewed).map((grant) => grant.fence));
+  return Math.max(...(settled.length >= quorum ? settled : renewed).map((grant) => grant.fence));
 }
 
 /**
@@ -202,9 +207,14 @@ export class RedlockBackend implements LockBackend {
     if (tally.yes.length >= this.quorum) {
       // A caller's own token found on some nodes of the majority only: the others may have lost
       // their copies (a restart) or the token may not hold the lock (copies a release never
-      // reached). Every node's answer tells which (see `holderFence`).
-      const found = grantsOf(tally).filter((grant) => grant.renewed).length;
-      if (found > 0 && found < this.quorum) {
+      // reached). Every node's answer tells which (see `holderFence`); also where fewer than a
+      // majority answered the token's settled record.
+      const found = grantsOf(tally).filter((grant) => grant.renewed);
+      const settled = found.filter((grant) => grant.settled).length;
+      if (
+        (found.length > 0 && found.length < this.quorum) ||
+        (settled > 0 && settled < this.quorum)
+      ) {
         tally = await this.votes.everyAnswer(round, (reply) => reply.acquired);
       }
       const grants = grantsOf(tally);
