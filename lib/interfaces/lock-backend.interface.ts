@@ -31,6 +31,8 @@ export type AcquireAttempt =
        * waiter whose turn it is not, a grant whose reply came after its lease had run out.
        */
       held: boolean;
+      /** Redlock mode, one node's refusal: the token that holds the key there. */
+      holder?: string;
     };
 
 /** What a holder takes on a key. */

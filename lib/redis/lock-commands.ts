@@ -105,7 +105,7 @@ export interface LockCommands {
   redisLockAcquire(...args: LockScriptArgs): Promise<number>;
   redisLockAcquireUnreserved(...args: LockScriptArgs): Promise<number>;
   /** Redlock, a generated token: `redisLockAcquireUnreserved`'s arguments, then a fence floor. */
-  redisLockAcquireRedlock(...args: LockScriptArgs): Promise<number>;
+  redisLockAcquireRedlock(...args: LockScriptArgs): Promise<number | [number, string]>;
   redisLockAcquireOwnToken(...args: LockScriptArgs): Promise<number>;
   redisLockAcquireSemaphore(...args: LockScriptArgs): Promise<number>;
   redisLockAcquireRead(...args: LockScriptArgs): Promise<number>;
@@ -129,7 +129,9 @@ export interface LockCommands {
    * Redlock, a caller's own token: `[fence, how]` when granted (`how`: 0 a new fence, 1 the fence
    * this node recorded at its grant, 2 the holder's fence), else a number.
    */
-  redisLockAcquireOwnTokenRedlock(...args: LockScriptArgs): Promise<number | [number, number]>;
+  redisLockAcquireOwnTokenRedlock(
+    ...args: LockScriptArgs
+  ): Promise<number | [number, number] | [number, string]>;
   redisLockRaiseFence(
     lockKey: string,
     counterKey: string,

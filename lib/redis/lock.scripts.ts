@@ -257,7 +257,9 @@ end`;
  * integer (one reply to decode): the fence (> 0) when the caller holds the lock afterwards; when
  * someone else does, -2 - the holder's remaining TTL in ms (or -1 when that lock has no TTL). A
  * free key costs SET NX + TIME + SET GET + PEXPIRE GT of the counter (see FENCE_OF). A key held
- * by readers: see WRITER_AFTER_READERS.
+ * by readers: see WRITER_AFTER_READERS. `named` (Redlock mode): a refusal answers
+ * `{ -2 - pttl, holder }` (or `{ -1, holder }`), the token that holds the key on this node, so that
+ * the caller can tell a split vote from a holder's majority (see `RedlockBackend.splitVote`).
  */
 const ACQUIRE = (
   renewOwn: string,
@@ -266,14 +268,23 @@ const ACQUIRE = (
   turns = false,
   tagged = false,
   floor?: string,
+  named = false,
 ): string => `
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  if redis.pcall('GET', KEYS[1]) == ARGV[1] then
+  local holder = redis.pcall('GET', KEYS[1])
+  if holder == ARGV[1] then
     ${renewOwn}
   elseif redis.call('TYPE', KEYS[1]).ok ~= 'hash' then${turns ? JOIN_TURNS('KEYS[3]', 'ARGV[5]', 'ARGV[4]') : ''}
-    local pttl = redis.call('PTTL', KEYS[1])
+    local pttl = redis.call('PTTL', KEYS[1])${
+      named
+        ? `
+    if type(holder) ~= 'string' then holder = '' end
+    if pttl < 0 then return { -1, holder } end
+    return { -2 - pttl, holder }`
+        : `
     if pttl < 0 then return -1 end
-    return -2 - pttl
+    return -2 - pttl`
+    }
   else
     ${WRITER_AFTER_READERS}
   end
@@ -296,7 +307,7 @@ export const ACQUIRE_UNRESERVED_SCRIPT = ACQUIRE(RENEW_RESENT, 1, '', true);
  * answer the floor agree on the fence, and the second round that would bring their counters to it
  * is not needed (see `RedlockBackend.fenceFloor`). A floor only ever raises a fence.
  */
-export const ACQUIRE_REDLOCK_SCRIPT = ACQUIRE(RENEW_RESENT, 1, '', false, false, 'ARGV[5]');
+export const ACQUIRE_REDLOCK_SCRIPT = ACQUIRE(RENEW_RESENT, 1, '', false, false, 'ARGV[5]', true);
 
 /**
  * The plain lock for the caller's own token (`AcquireOptions.token`): one fence per grant, so
@@ -315,6 +326,8 @@ export const ACQUIRE_OWN_TOKEN_REDLOCK_SCRIPT = ACQUIRE(
   1,
   RECORD_OWN('KEYS[3]', true),
   false,
+  true,
+  undefined,
   true,
 );
 

@@ -146,7 +146,7 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
     const reserving = reserve && familyOf(shape) === 0 && !shape.fair && this.stride > 1;
     const command = acquireCommand(shape, reserve, reserving);
     this.batcher?.beforeSend();
-    let reply: number | [number, number];
+    let reply: number | [number, number] | [number, string];
     if (this.replicaAck) {
       let acknowledged: number;
       [reply, acknowledged] = await replicated(this.client, this.replicaAck, command, args);
@@ -161,8 +161,18 @@ export class RedisLockBackend extends RedisDeployment implements LockBackend {
     } else {
       reply = await this.commands[command](...args);
     }
+    if (Array.isArray(reply) && reply[0] < 0) {
+      // Redlock mode: refused, naming the token that holds the key here.
+      const [code, holder] = reply;
+      return {
+        acquired: false,
+        retryAfter: code <= -2 ? -2 - code : undefined,
+        held: true,
+        holder: String(holder),
+      };
+    }
     if (Array.isArray(reply)) {
-      const [fence, renewed] = reply;
+      const [fence, renewed] = reply as [number, number];
       const validity = this.validity(ttl);
       return { acquired: true, fence, validity, renewed: renewed > 0, settled: renewed === 2 };
     }

@@ -224,7 +224,10 @@ function universal(retry: 'defaults' | '10 ms'): Contender {
 
 /**
  * With `BENCH_BASELINE=<path to another build's lib/index.js>`: that build of this library beside
- * this one, in the same run (for a change that must not cost speed: a refactor, a dependency).
+ * this one, in the same run (for a change that must not cost speed: a refactor, a dependency), on
+ * every topology. Its `node_modules` must be a link to this checkout's: the Redlock and Cluster
+ * sections hand it this run's ioredis clients, which another copy of ioredis does not take for
+ * clients (its runs never finished).
  */
 const baseline: Contender | undefined =
   process.env.BENCH_BASELINE === undefined

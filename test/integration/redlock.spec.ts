@@ -1473,6 +1473,39 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     }
   });
 
+  it("a split vote (the nodes that refused name holders, none of which holds a majority) is tried again within retryJitter, not at the next poll; a holder's majority is waited for (found by a helper's script: the key stayed free ~1 s after each split)", async () => {
+    const key = uniqueKey();
+    const name = `lock:{${key}}`;
+    // Other waiters' attempts, each on some nodes (a on 0 and 1, b on 2): the next attempt gets 3
+    // and 4, and is refused by three nodes, no two of them one holder's majority.
+    await Promise.all([0, 1].map((i) => direct[i].set(name, 'waiter-a', 'PX', 10_000)));
+    await direct[2].set(name, 'waiter-b', 'PX', 10_000);
+    const ran = async (): Promise<number> => (await scriptsRunOn([direct[3]]))[0];
+    const ranBefore = await ran();
+    const started = performance.now();
+    const pending = locks.acquire(key, { ttl: 5_000, acquireTimeout: 5_000 });
+    // Its first attempt and that attempt's undo ran on node 3.
+    assert.ok(await eventually(async () => (await ran()) >= ranBefore + 2, 1_000));
+    // Their undos (no announcement: a majority refused them, too).
+    await Promise.all([0, 1, 2].map((i) => direct[i].del(name)));
+    const lock = await pending;
+    const took = performance.now() - started;
+    // Within a few tries of ≤ 50 ms jitter, not at retryInterval (1 s).
+    assert.ok(took < 500, `the split attempt tried again after ${took.toFixed(0)} ms`);
+    await lock.release();
+
+    // A holder on three nodes (its copies on 3 and 4 lost): the attempt waits for its release.
+    const holder = await other.locks.acquire(key, { ttl: 10_000 });
+    for (const i of [3, 4]) await direct[i].del(name);
+    const before = (await scriptsRunOn([direct[0]]))[0];
+    const waiting = locks.acquire(key, { ttl: 5_000, acquireTimeout: 5_000 });
+    await sleep(500);
+    const tried = (await scriptsRunOn([direct[0]]))[0] - before;
+    assert.ok(tried <= 3, `${tried} attempts in 500 ms behind a holder's majority`);
+    await holder.release();
+    await (await waiting).release();
+  });
+
   it('a refusal says the key is busy and when to try again: the least TTL the nodes that refused have left (found by mutation testing)', async () => {
     const key = uniqueKey();
     const held = await other.locks.acquire(key, { ttl: 30_000 });
@@ -1811,7 +1844,7 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
   it('no lock from a second round a majority refuses: the copies its first round left on a minority are undone, and the call tries again (found by mutation testing)', async () => {
     // Three nodes whose replies are held: their grants are made, and deleted (lost, as a restart
     // loses them) before the call hears of them. Its first round then has a majority whose fences
-    // differ (node 2's counter pushed ahead of the floor the others answer), so it sends the
+    // differ (nodes 2 to 4's counters pushed ahead of the floor the others answer), so it sends the
     // second round, the raise, which finds the token no longer holding on a majority. No timing:
     // the order is the test's.
     const proxies = await Promise.all(
@@ -1832,7 +1865,9 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
       await (await slow.locks.acquire(uniqueKey())).release();
       // A call that may wait tries again; one that may not fails, saying nobody held the key.
       for (const acquireTimeout of [5_000, 0]) {
-        await direct[2].incrby('lock:{}:counter', 1e12);
+        // (Every majority holds one of nodes 2 to 4: with only node 2 ahead, a majority of
+        // nodes 0, 1 and 3 answered the floor alike and took no second round, 1 in 3 full runs.)
+        await Promise.all([2, 3, 4].map((i) => direct[i].incrby('lock:{}:counter', 1e12 * i)));
         for (const proxy of proxies) proxy.holdReplies();
         const key = uniqueKey();
         const pending = slow.locks
