@@ -33,6 +33,11 @@ export type AcquireAttempt =
       held: boolean;
       /** Redlock mode, one node's refusal: the token that holds the key there. */
       holder?: string;
+      /**
+       * Redlock mode: refused by a split vote (no holder has a majority): worth trying again soon
+       * (see `RedlockBackend.splitVote`).
+       */
+      split?: boolean;
     };
 
 /** What a holder takes on a key. */

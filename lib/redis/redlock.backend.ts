@@ -250,7 +250,7 @@ export class RedlockBackend implements LockBackend {
     const held = tally.no.some(({ value }) => !value.acquired && value.held);
     // A split vote frees the key as soon as the other attempts' undos land: try again within
     // `retryJitter`, not at the next poll (a refusal by a holder's majority waits for its release).
-    if (this.splitVote(tally)) return { acquired: false, retryAfter: 0, held };
+    if (this.splitVote(tally)) return { acquired: false, retryAfter: 0, held, split: true };
     return { acquired: false, retryAfter: waits.length > 0 ? Math.min(...waits) : undefined, held };
   }
 

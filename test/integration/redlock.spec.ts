@@ -1506,6 +1506,27 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     await (await waiting).release();
   });
 
+  it("split votes in a row back off (10, 30, 70 ms… up to retryInterval): copies nobody undoes (their processes died mid-split) are not asked about 40 times a second by every waiter (found by a helper's script: 150 scripts a second per process)", async () => {
+    const key = uniqueKey();
+    const name = `lock:{${key}}`;
+    // Two dead waiters' copies, two nodes each: every attempt gets node 4 only, a split.
+    await Promise.all([0, 1].map((i) => direct[i].set(name, 'dead-a', 'PX', 3_000)));
+    await Promise.all([2, 3].map((i) => direct[i].set(name, 'dead-b', 'PX', 3_000)));
+    const waiters = [locks, other.locks].map((service) =>
+      service.acquire(key, { ttl: 1_000, acquireTimeout: 6_000 }),
+    );
+    try {
+      await sleep(100);
+      const before = (await scriptsRunOn([direct[0]]))[0];
+      await sleep(1_000);
+      const asked = (await scriptsRunOn([direct[0]]))[0] - before;
+      assert.ok(asked < 30, `${asked} attempts in 1 s by two waiters behind a split that stays`);
+    } finally {
+      // Both get the key once the copies run out (the second at the first's release).
+      await Promise.all(waiters.map(async (waiting) => (await waiting).release()));
+    }
+  });
+
   it('a refusal says the key is busy and when to try again: the least TTL the nodes that refused have left (found by mutation testing)', async () => {
     const key = uniqueKey();
     const held = await other.locks.acquire(key, { ttl: 30_000 });
