@@ -84,6 +84,24 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
     return count;
   };
 
+  /**
+   * `key` held by `locks` (5 s) with the nodes' fences apart for whoever comes next: two nodes'
+   * counters ahead of the clock (~11 days; they stay safe integers), from which the holder takes
+   * its fence (its second round brings every node's counter to it); then three nodes lose their
+   * counter (a restart), so their next fences come from the clock, below the holder's, and the two
+   * others' above it.
+   */
+  async function heldWithFencesApart(key: string): Promise<Lock> {
+    const counter = 'lock:{}:counter';
+    const [seconds, micros] = await direct[0].time();
+    const ahead = (Number(seconds) * 1_000_000 + Number(micros) + 1e12).toFixed(0);
+    await Promise.all([0, 1].map((i) => direct[i].set(counter, ahead, 'KEEPTTL')));
+    const lock = await locks.acquire(key, { ttl: 5_000 });
+    assert.ok(lock.fence > Number(ahead), `the holder's fence ${lock.fence}`);
+    await Promise.all([2, 3, 4].map((i) => direct[i].del(counter)));
+    return lock;
+  }
+
   /** Runs `fn` while the given nodes are frozen (SIGSTOP). */
   async function pausing<T>(indexes: number[], fn: () => Promise<T>): Promise<T> {
     for (const i of indexes) servers[i].signal('SIGSTOP');
@@ -865,17 +883,7 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
 
   it("forceRelease() whose nodes' fences differ: its fence is the highest, and a second round brings a majority's counters to it, so the next holder's is above it on any majority (found by mutation testing)", async () => {
     const key = uniqueKey();
-    const counter = 'lock:{}:counter';
-    // Two nodes' counters ahead of the clock (~11 days; they stay safe integers): the holder
-    // takes its fence from them, and its second round brings every node's counter to it.
-    const [seconds, micros] = await direct[0].time();
-    const ahead = (Number(seconds) * 1_000_000 + Number(micros) + 1e12).toFixed(0);
-    await Promise.all([0, 1].map((i) => direct[i].set(counter, ahead, 'KEEPTTL')));
-    const lock = await locks.acquire(key, { ttl: 5_000 });
-    assert.ok(lock.fence > Number(ahead), `the holder's fence ${lock.fence}`);
-    // Three nodes lose their counter (a restart): their fences for the force come from the clock,
-    // below the holder's; the two others' above it.
-    await Promise.all([2, 3, 4].map((i) => direct[i].del(counter)));
+    const lock = await heldWithFencesApart(key);
     const freed = await other.locks.forceRelease(key, { reason: 'test: fences apart' });
     assert.ok(freed.fence > lock.fence, `the force's fence ${freed.fence} below ${lock.fence}`);
     // The next holder on the three that had lost it: above the force's all the same.
@@ -897,12 +905,7 @@ describe('Redlock mode (nodes: 5 independent masters)', () => {
       // Connected, the force's scripts loaded: no NOSCRIPT detour below.
       await slow.locks.forceRelease(uniqueKey(), { reason: 'test: warm-up' });
       const key = uniqueKey();
-      const counter = 'lock:{}:counter';
-      const [seconds, micros] = await direct[0].time();
-      const ahead = (Number(seconds) * 1_000_000 + Number(micros) + 1e12).toFixed(0);
-      await Promise.all([0, 1].map((i) => direct[i].set(counter, ahead, 'KEEPTTL')));
-      const lock = await locks.acquire(key, { ttl: 5_000 });
-      await Promise.all([2, 3, 4].map((i) => direct[i].del(counter)));
+      const lock = await heldWithFencesApart(key);
       for (const proxy of proxies) proxy.setLatency(130);
       const watch = watchStalls();
       const started = performance.now();

@@ -327,9 +327,12 @@ class AcquireOwnStep extends Step {
   }
 }
 
-/** A server stops for everyone for a while (`CLIENT PAUSE`): in Redlock mode, one node. */
+/**
+ * A server stops for everyone for a while (`CLIENT PAUSE`): in Redlock mode, one node. The other
+ * faults of one node (`ms` their amount) override `check` and `apply`.
+ */
 class PauseNodeStep extends Step {
-  readonly kind = 'pause';
+  readonly kind: string = 'pause';
   constructor(
     readonly node: number,
     readonly ms: number,
@@ -342,8 +345,12 @@ class PauseNodeStep extends Step {
   override check(model: Readonly<Model>): boolean {
     return model.deployment.faults;
   }
+  /** The fault, on `node` of `deployment`'s servers. */
+  protected apply(deployment: Deployment, node: number): Promise<void> {
+    return deployment.pauseNode(node, this.ms);
+  }
   async run(model: Model, real: Real): Promise<void> {
-    await real.deployment.pauseNode(this.node % real.deployment.nodes, this.ms);
+    await this.apply(real.deployment, this.node % real.deployment.nodes);
     await model.check();
   }
 }
@@ -388,48 +395,28 @@ class RestartNodeStep extends Step {
  * Redlock mode: one node runs out of memory for `ms`: it refuses every write at once (waiters
  * beside a holder that lost a copy elsewhere must not spin on it: found by a helper).
  */
-class OutOfMemoryStep extends Step {
-  readonly kind = 'oom';
-  constructor(
-    readonly node: number,
-    readonly ms: number,
-  ) {
-    super();
-  }
-  get args() {
-    return [this.node, this.ms];
-  }
+class OutOfMemoryStep extends PauseNodeStep {
+  override readonly kind = 'oom';
   override check(model: Readonly<Model>): boolean {
     return model.deployment.outOfMemory !== undefined;
   }
-  async run(model: Model, real: Real): Promise<void> {
-    await real.deployment.outOfMemory!(this.node % real.deployment.nodes, this.ms);
-    await model.check();
+  protected override apply(deployment: Deployment, node: number): Promise<void> {
+    return deployment.outOfMemory!(node, this.ms);
   }
 }
 
 /**
- * Redlock mode: one node's fence counter jumps ahead by `us` (a clock ahead of the others'): the
- * next grants there answer above the apps' fence floors, a second round raises the others, and
- * the apps learn the lead. Fences must keep increasing, whichever majority answers.
+ * Redlock mode: one node's fence counter jumps ahead by `ms` µs (a clock ahead of the others'):
+ * the next grants there answer above the apps' fence floors, a second round raises the others,
+ * and the apps learn the lead. Fences must keep increasing, whichever majority answers.
  */
-class CounterAheadStep extends Step {
-  readonly kind = 'ahead';
-  constructor(
-    readonly node: number,
-    readonly us: number,
-  ) {
-    super();
-  }
-  get args() {
-    return [this.node, this.us];
-  }
+class CounterAheadStep extends PauseNodeStep {
+  override readonly kind = 'ahead';
   override check(model: Readonly<Model>): boolean {
     return model.deployment.counterAhead !== undefined;
   }
-  async run(model: Model, real: Real): Promise<void> {
-    await real.deployment.counterAhead!(this.node % real.deployment.nodes, this.us);
-    await model.check();
+  protected override apply(deployment: Deployment, node: number): Promise<void> {
+    return deployment.counterAhead!(node, this.ms);
   }
 }
 
