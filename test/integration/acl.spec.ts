@@ -328,11 +328,18 @@ describe("a least-privilege Redis user: the recipe's extras", () => {
       );
       onReplica.disconnect();
       assert.ok(linked, 'the replica follows the master');
+      // And acknowledges what the master wrote (a replica whose link is up may still be loading
+      // the master's data). The acknowledgements get 2.5 s each: with a CPU burner on both cores
+      // beside the whole suite (`test:repeat --burn`), a replica once took over 1 s, twice in a
+      // row; the property here is that every write is confirmed, not how fast.
+      await admin.set('acl-probe', '1');
+      assert.equal(await admin.call('WAIT', '1', '10000'), 1, 'the replica acknowledges writes');
+      await admin.del('acl-probe');
       const lines = await twoApps(
         {
           connection: { host: master.host, port: master.port, username: 'locks', password: 'pw' },
-          replicaAck: { replicas: 1, timeout: 1_000 },
-          commandTimeout: 3_000,
+          replicaAck: { replicas: 1, timeout: 2_500 },
+          commandTimeout: 5_000,
         },
         false,
       );
